@@ -1,0 +1,72 @@
+"""The ingress' per-session cache of token chains: what it already sent, so it never re-renders.
+
+A cache only: losing it (restart, another replica) costs a full render and a ``rendered`` step,
+never correctness. Chains hold token ids as packed int32 (4 bytes a token) because a replica
+keeps thousands of long sessions.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ingress.turn import Message
+
+MAX_CHAINS_PER_SESSION = 16
+
+
+@dataclass(frozen=True, eq=False)  # identity: comparing token arrays would be O(length)
+class Chain:
+    chain_id: str
+    tools_key: str
+    match_keys: tuple[tuple[Any, ...], ...]
+    tokens: array[
+        int
+    ]  # prompt + completion of the head step, exactly as the engine saw/produced them
+    head_step_id: str
+    ends_with_terminator: bool
+
+
+class ChainStore:
+    def __init__(self, max_sessions: int) -> None:
+        self._sessions: OrderedDict[str, list[Chain]] = OrderedDict()
+        self._max_sessions = max_sessions
+
+    def find(
+        self, session_id: str, messages: Sequence[Message], tools_key: str
+    ) -> tuple[Chain, int] | None:
+        """The longest chain whose messages the request extends, and how many it covers."""
+        chains = self._sessions.get(session_id)
+        if not chains:
+            return None
+        self._sessions.move_to_end(session_id)
+        keys = [m.match_key() for m in messages]
+        best: tuple[Chain, int] | None = None
+        for chain in chains:
+            covered = len(chain.match_keys)
+            if (
+                chain.tools_key == tools_key
+                and covered < len(keys)
+                and (best is None or covered > best[1])
+                and tuple(keys[:covered]) == chain.match_keys
+            ):
+                best = (chain, covered)
+        return best
+
+    def advance(self, session_id: str, parent: Chain | None, head: Chain) -> None:
+        """Record ``head`` as the new tip; it replaces ``parent`` unless another request moved
+        that chain on meanwhile, in which case both tips are kept (a fork)."""
+        chains = self._sessions.setdefault(session_id, [])
+        self._sessions.move_to_end(session_id)
+        if parent is not None and parent in chains:
+            chains.remove(parent)
+        chains.append(head)
+        del chains[:-MAX_CHAINS_PER_SESSION]
+        while len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)

@@ -1,0 +1,103 @@
+"""The one internal model every wire format (OpenAI chat, later Anthropic and Responses) maps to."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str = Field(description="JSON text exactly as the client or the model wrote it.")
+
+    def arguments_value(self) -> Any:
+        """Arguments as the template expects them (a mapping); raw text if not valid JSON."""
+        try:
+            return json.loads(self.arguments)
+        except ValueError:
+            return self.arguments
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as HF chat templates read it."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_value()},
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    def match_key(self) -> tuple[Any, ...]:
+        """What must be equal for a client's echo of this message to count as the same message.
+
+        Reasoning is left out: clients rarely send it back, and the tokens that carried it are
+        already in the chain. Tool arguments compare as parsed JSON, not as text.
+        """
+        calls = tuple(
+            (call.id, call.name, json.dumps(call.arguments_value(), sort_keys=True))
+            for call in self.tool_calls
+        )
+        return (self.role, self.content, calls, self.tool_call_id)
+
+
+class SamplingOptions(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+class SessionRef(BaseModel):
+    """Who a call belongs to: from the URL path, headers, or body fallbacks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    instance_id: str | None = None
+    turn_id: str | None = None
+
+
+class ChatTurn(BaseModel):
+    """One request to the policy, whatever API it came in through."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session: SessionRef
+    api: Literal["openai.chat"]
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    sampling: SamplingOptions = SamplingOptions()
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    def tools_key(self) -> str:
+        """Chains continue only under the same tools and template switches: they shape prompts."""
+        return json.dumps([list(self.tools), self.template_kwargs], sort_keys=True)

@@ -1,0 +1,66 @@
+"""Packed encodings of the large numeric arrays in events.
+
+Token ids, logprobs and masks dominate event bytes, so they travel as base64 of little-endian
+fixed-width values (int32 token ids, float32 logprobs, uint8 masks/sources) instead of JSON lists.
+vLLM computes logprobs in float32, so float32 packing keeps the engine's values exactly.
+In Python they are plain lists; validation accepts either a list or the packed string, so
+hand-written events and replays of old JSON stay readable. Decoding elsewhere:
+``numpy.frombuffer(base64.b64decode(s), dtype="<i4")`` (``"<f4"``, ``"u1"``).
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from array import array
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+
+_NEEDS_SWAP = sys.byteorder != "little"
+
+
+def pack(values: list[int] | list[float], typecode: str) -> str:
+    packed = array(typecode, values)
+    if _NEEDS_SWAP:
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def unpack(data: str, typecode: str) -> list[Any]:
+    packed = array(typecode)
+    packed.frombytes(base64.b64decode(data, validate=True))
+    if _NEEDS_SWAP:
+        packed.byteswap()
+    return packed.tolist()
+
+
+def _checked_width(typecode: str, width: int) -> str:
+    if array(typecode).itemsize != width:
+        raise RuntimeError(f"array typecode {typecode!r} is not {width} bytes wide here")
+    return typecode
+
+
+def _packed(typecode: str, numpy_dtype: str) -> tuple[Any, ...]:
+    """Validator, serializer and JSON Schema of one packed array type."""
+
+    def parse(value: Any) -> Any:
+        return unpack(value, typecode) if isinstance(value, str) else value
+
+    return (
+        BeforeValidator(parse),
+        PlainSerializer(lambda v: pack(v, typecode), return_type=str, when_used="json"),
+        WithJsonSchema(
+            {
+                "type": "string",
+                "contentEncoding": "base64",
+                "description": f"base64 of a packed little-endian {numpy_dtype} array",
+            },
+            mode="serialization",
+        ),
+    )
+
+
+Int32Array = Annotated[list[int], *_packed(_checked_width("i", 4), "int32 (numpy '<i4')")]
+Float32Array = Annotated[list[float], *_packed(_checked_width("f", 4), "float32 (numpy '<f4')")]
+UInt8Array = Annotated[list[int], *_packed(_checked_width("B", 1), "uint8 (numpy 'u1')")]

@@ -1,0 +1,172 @@
+"""Every event on every titoflow topic: the contract trainers and tools code against.
+
+Topics (``<prefix>`` is configurable):
+
+- ``<prefix>.steps``, key = session id: :class:`SessionOpened`, :class:`StepRecorded`,
+  :class:`SessionFinalized` — one ordered log per session, so a finalize never overtakes a step.
+- ``<prefix>.segments``, key = instance id (else session id): :class:`SegmentFinalized`.
+- ``<prefix>.dlq``: :class:`DeadLetter` — events no worker could use, with the reason.
+
+Every event has ``schema_version``; a reader that meets a version it does not know must not guess.
+Large arrays are packed (see :mod:`schemas.arrays`). Events are JSON (UTF-8) on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from schemas.arrays import Float32Array, Int32Array, UInt8Array
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+class _Event(BaseModel):
+    # Readers ignore fields they do not know, so adding a field is not a breaking change.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    session_id: str = Field(description="Scaffold session: one agent run.")
+    event_time: float = Field(description="Unix seconds at the producer when the event was made.")
+
+
+class SessionOpened(_Event):
+    """A session announced before its first call (optional: sessions also start implicitly)."""
+
+    type: Literal["session_opened"] = "session_opened"
+    instance_id: str | None = Field(None, description="The prompt/task this session samples.")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class VersionSpan(BaseModel):
+    """Completion tokens ``[start, end)`` were sampled by weights labelled ``version``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: str
+    start: int
+    end: int
+
+
+class StepRecorded(_Event):
+    """One call of the policy: the exact prompt and completion token ids the engine saw and made.
+
+    The full prompt is ``tokens(parent_step)[:prefix_len] + prompt_tail_ids`` where
+    ``tokens(step)`` is that step's full prompt followed by its completion. ``prefix == "tito"``
+    means the ingress reused the parent's tokens verbatim (``prefix_len`` of them);
+    ``prefix == "rendered"`` means it rendered the whole conversation (no parent,
+    ``prefix_len == 0``, ``prompt_tail_ids`` is the whole prompt).
+    """
+
+    type: Literal["step_recorded"] = "step_recorded"
+    step_id: str = Field(
+        description="Deterministic: derived from session, parent step and prompt tail."
+    )
+    chain_id: str = Field(description="Lineage of steps this one extends (id of its first step).")
+    parent_step_id: str | None = None
+    prefix: Literal["tito", "rendered"]
+    prefix_len: int = Field(ge=0)
+    prompt_tail_ids: Int32Array
+    completion_ids: Int32Array
+    completion_logprobs: Float32Array = Field(
+        description="Logprob the engine reported for each sampled completion token."
+    )
+    weight_versions: list[VersionSpan] = Field(
+        default_factory=list, description="Engine-reported spans over completion tokens, if any."
+    )
+    finish_reason: str
+    instance_id: str | None = None
+    turn_id: str | None = None
+    api: Literal["openai.chat"]
+    model: str
+    engine_url: str
+    engine_request_id: str
+    new_messages: list[dict[str, Any]] = Field(
+        description="Request messages this step added beyond its parent (all of them if rendered)."
+    )
+    response_message: dict[str, Any] = Field(description="The assistant message the client got.")
+    tool_parse_error: str | None = None
+    render_ms: float
+    engine_ms: float
+
+
+class SessionFinalized(_Event):
+    """The scaffold (or rollout driver) declared the session done; workers emit its segments."""
+
+    type: Literal["session_finalized"] = "session_finalized"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+StepsTopicEvent = Annotated[
+    SessionOpened | StepRecorded | SessionFinalized, Field(discriminator="type")
+]
+steps_topic_adapter: TypeAdapter[SessionOpened | StepRecorded | SessionFinalized] = TypeAdapter(
+    StepsTopicEvent
+)
+
+
+class SegmentStep(BaseModel):
+    """Where one step's tokens sit in a segment: prompt tail ``[prompt_start, completion_start)``
+    (loss mask 0), completion ``[completion_start, completion_end)`` (loss mask 1)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step_id: str
+    prompt_start: int
+    completion_start: int
+    completion_end: int
+    prefix: Literal["tito", "rendered"]
+    finish_reason: str
+
+
+LOGPROB_SOURCE_NONE = 0
+LOGPROB_SOURCE_SAMPLED = 1
+
+
+class SegmentFinalized(_Event):
+    """One training sample: a linear chain of steps with their exact tokens.
+
+    ``token_ids``, ``loss_mask``, ``logprobs`` and ``logprob_source`` are aligned. Context tokens
+    (prompts) have loss mask 0 and logprob source 0 (``none``, logprob 0.0 is a placeholder, not a
+    value); generated tokens have loss mask 1 and source 1 (``sampled``: the engine's logprob).
+    ``segment_id`` is derived from content, so a replay re-emits byte-identical segments and
+    consumers drop duplicates by id.
+    """
+
+    type: Literal["segment_finalized"] = "segment_finalized"
+    segment_id: str
+    chain_id: str
+    instance_id: str | None = None
+    token_ids: Int32Array
+    loss_mask: UInt8Array
+    logprobs: Float32Array
+    logprob_source: UInt8Array = Field(description="0 = none (context), 1 = sampled.")
+    steps: list[SegmentStep]
+    finalize_reason: Literal["finalized", "idle"]
+    split_reason: str | None = Field(
+        None, description="Why this segment did not continue an earlier one (None: it is a root)."
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeadLetter(BaseModel):
+    """An event a worker could not use. The original bytes are kept so nothing is lost."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["dead_letter"] = "dead_letter"
+    reason: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: str | None
+    value_b64: str
+    event_time: float
+
+
+ALL_EVENTS: dict[str, type[BaseModel]] = {
+    cls.__name__: cls
+    for cls in (SessionOpened, StepRecorded, SessionFinalized, SegmentFinalized, DeadLetter)
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything titoflow needs on a fresh machine (idempotent): the core environment
+# (.venv), the vLLM CPU engine environment (.venv-engine), and the tiny local model (.models).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+.venv/bin/python -c "import titoflow, aiokafka, transformers" # fails loudly if the install did
+bash scripts/setup-engine.sh
+.venv/bin/titoflow build-model >/dev/null

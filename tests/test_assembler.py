@@ -1,0 +1,151 @@
+"""Segment assembly (concat/TITO) on hand-made step events: exact tokens, masks, logprobs,
+forks, divergence, duplicates, late and replayed events, and the commit watermark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.events import SegmentFinalized, StepRecorded
+from workers.assembler import Assembler
+
+
+def step(
+    step_id: str,
+    tail: list[int],
+    completion: list[int],
+    parent: str | None = None,
+    prefix_len: int = 0,
+    session: str = "s",
+    **extra: Any,
+) -> StepRecorded:
+    return StepRecorded(
+        session_id=session,
+        event_time=float(len(step_id)),
+        step_id=step_id,
+        chain_id=extra.pop("chain_id", "c"),
+        parent_step_id=parent,
+        prefix="tito" if parent else "rendered",
+        prefix_len=prefix_len,
+        prompt_tail_ids=tail,
+        completion_ids=completion,
+        completion_logprobs=[-0.5 * (i + 1) for i in range(len(completion))],
+        finish_reason="stop",
+        api="openai.chat",
+        model="m",
+        engine_url="u",
+        engine_request_id="r",
+        new_messages=[],
+        response_message={},
+        render_ms=0.0,
+        engine_ms=0.0,
+        **extra,
+    )
+
+
+THREE_TURNS = [
+    step("a", [1, 2, 3], [10, 11], instance_id="i1"),
+    step("b", [4], [12], parent="a", prefix_len=5),
+    step("c", [5, 6], [13, 14, 15], parent="b", prefix_len=7),
+]
+
+
+def assemble(events: list[StepRecorded], session: str = "s") -> list[SegmentFinalized]:
+    assembler = Assembler()
+    for offset, event in enumerate(events):
+        assembler.add_step(event, partition=0, offset=offset)
+    return assembler.finalize(session, "finalized", {"reward": 1.0})
+
+
+def test_concat_segment_holds_every_token_with_mask_logprob_and_source() -> None:
+    [segment] = assemble(THREE_TURNS)
+    assert segment.token_ids == [1, 2, 3, 10, 11, 4, 12, 5, 6, 13, 14, 15]
+    assert segment.loss_mask == [0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1]
+    assert segment.logprob_source == segment.loss_mask
+    generated = [lp for lp, m in zip(segment.logprobs, segment.loss_mask, strict=True) if m]
+    assert generated == [-0.5, -1.0, -0.5, -0.5, -1.0, -1.5]
+    assert [(s.prompt_start, s.completion_start, s.completion_end) for s in segment.steps] == [
+        (0, 3, 5),
+        (5, 6, 7),
+        (7, 9, 12),
+    ]
+    assert segment.instance_id == "i1" and segment.metadata == {"reward": 1.0}
+    assert segment.split_reason is None
+
+
+def test_replay_is_byte_identical_and_ids_name_the_last_step() -> None:
+    first, again = assemble(THREE_TURNS), assemble(THREE_TURNS)
+    assert [s.model_dump_json() for s in first] == [s.model_dump_json() for s in again]
+    # Re-reading a finished session from mid-way rebuilds a tail with the same id (dropped).
+    assembler = Assembler()
+    rendered_c = step("c", [1, 2, 3, 10, 11, 4, 12, 5, 6], [13, 14, 15])
+    assembler.add_step(rendered_c, 0, 2)
+    [tail] = assembler.finalize("s", "finalized")
+    assert tail.segment_id == first[0].segment_id
+
+
+def test_step_from_an_earlier_point_forks_a_segment() -> None:
+    events = [*THREE_TURNS, step("d", [7], [16], parent="a", prefix_len=5)]
+    main, fork = assemble(events)
+    assert fork.split_reason == "fork"
+    assert fork.token_ids == [1, 2, 3, 10, 11, 7, 16]
+    assert main.token_ids[:5] == fork.token_ids[:5]
+    assert main.segment_id != fork.segment_id
+
+
+def test_rendered_step_extends_when_its_prompt_starts_with_the_segment() -> None:
+    cache_miss = step("b2", [1, 2, 3, 10, 11, 4], [12])  # another replica rendered the same
+    [segment] = assemble([THREE_TURNS[0], cache_miss])
+    assert segment.token_ids == [1, 2, 3, 10, 11, 4, 12]
+    assert segment.steps[1].prefix == "rendered"
+
+
+def test_rendered_step_that_diverges_starts_a_new_segment() -> None:
+    rewrite = step("b2", [1, 2, 99, 4], [12])  # history rewritten: prefix does not match
+    _, second = assemble([THREE_TURNS[0], rewrite])
+    assert second.split_reason == "rendered_prefix_diverged"
+    assert second.token_ids == [1, 2, 99, 4, 12]
+
+
+def test_duplicates_late_steps_and_replayed_orphans() -> None:
+    assembler = Assembler()
+    assert assembler.add_step(THREE_TURNS[0], 0, 0).skipped_reason is None
+    assert assembler.add_step(THREE_TURNS[0], 0, 1).skipped_reason == "duplicate step id"
+    assert len(assembler.finalize("s", "finalized")) == 1
+    late = assembler.add_step(THREE_TURNS[1], 0, 2)
+    assert late.dead_letter_reason == "step for a session already finalized"
+
+    fresh = Assembler()  # a worker started after the session's first step was committed past
+    assert fresh.add_step(THREE_TURNS[1], 0, 5).skipped_reason
+    assert fresh.open_sessions == [] and fresh.finalize("s", "finalized") == []
+
+
+def test_wrong_prefix_length_is_a_dead_letter_not_a_wrong_segment() -> None:
+    assembler = Assembler()
+    assembler.add_step(THREE_TURNS[0], 0, 0)
+    outcome = assembler.add_step(step("b", [4], [12], parent="a", prefix_len=4), 0, 1)
+    assert outcome.dead_letter_reason == "prefix_length_mismatch"
+
+
+def test_commit_watermark_stays_at_the_oldest_open_session() -> None:
+    assembler = Assembler()
+    assembler.add_step(step("x", [1], [2], session="s1"), 3, 10)
+    assembler.add_step(step("y", [1], [2], session="s2"), 3, 12)
+    assembler.add_step(step("z", [1], [2], session="s3"), 4, 7)
+    assert assembler.oldest_open_offset(3) == 10
+    assembler.finalize("s1", "finalized")
+    assert assembler.oldest_open_offset(3) == 12
+    assert assembler.drop_partitions({4}) == ["s3"]
+    assert assembler.oldest_open_offset(4) is None
+
+
+def test_a_retried_step_replaces_the_first_try_the_client_never_saw() -> None:
+    retry_of_b = step("b", [4], [77, 78], parent="a", prefix_len=5)
+    after_retry = step("c", [5], [13], parent="b", prefix_len=8)
+    [segment] = assemble([THREE_TURNS[0], THREE_TURNS[1], retry_of_b, after_retry])
+    assert segment.token_ids == [1, 2, 3, 10, 11, 4, 77, 78, 5, 13]
+    assert [s.step_id for s in segment.steps] == ["a", "b", "c"]
+
+    assembler = Assembler()
+    for offset, event in enumerate([*THREE_TURNS[:3], retry_of_b]):
+        outcome = assembler.add_step(event, 0, offset)
+    assert outcome.dead_letter_reason == "retried step after its chain moved on"

@@ -1,0 +1,229 @@
+"""The event bus against a real broker: topics, acknowledged publishes, groups, broker outages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from titoflow.broker import start_tansu
+from titoflow.bus import (
+    BrokerUnavailable,
+    Publisher,
+    TopicLayoutError,
+    ensure_topics,
+    make_consumer,
+)
+from titoflow.procs import ManagedProcess, free_port
+from titoflow.settings import Settings
+
+# Only keeps a broken test from hanging the run; no assertion depends on it.
+HANG_GUARD_S = 60.0
+# A short publish budget keeps the outage tests quick; nothing asserts how long a call took.
+OUTAGE_PUBLISH_TIMEOUT_S = 2.0
+
+
+async def read(consumer: AIOKafkaConsumer, count: int) -> list[ConsumerRecord]:
+    records: list[ConsumerRecord] = []
+    async with asyncio.timeout(HANG_GUARD_S):
+        while len(records) < count:
+            batch = await consumer.getmany(timeout_ms=500)
+            for partition_records in batch.values():
+                records.extend(partition_records)
+    return records
+
+
+@pytest.fixture
+def own_brokers() -> Iterator[list[ManagedProcess]]:
+    """Brokers a test starts for itself (to kill them); stopped at the end whatever happened."""
+    procs: list[ManagedProcess] = []
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+def outage_settings(bootstrap: str) -> Settings:
+    return Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix="outage",
+        publish_timeout_s=OUTAGE_PUBLISH_TIMEOUT_S,
+    )
+
+
+async def test_topics_have_configured_partition_counts(settings: Settings) -> None:
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        await consumer.topics()  # refreshes metadata for all topics
+        counts = {
+            name: len(consumer.partitions_for_topic(settings.topic(name)) or ())
+            for name in ("steps", "segments", "control", "dlq")
+        }
+    finally:
+        await consumer.stop()
+    assert counts == {
+        "steps": settings.steps_partitions,
+        "segments": settings.segments_partitions,
+        "control": 1,
+        "dlq": settings.dlq_partitions,
+    }
+
+
+async def test_ensure_topics_is_idempotent(settings: Settings) -> None:
+    await ensure_topics(settings)
+
+
+async def test_ensure_topics_rejects_an_existing_topic_with_fewer_partitions(
+    settings: Settings,
+) -> None:
+    more = settings.model_copy(update={"steps_partitions": settings.steps_partitions + 1})
+    with pytest.raises(TopicLayoutError, match="fewer than"):
+        await ensure_topics(more)
+
+
+async def test_ensure_topics_rejects_a_control_topic_with_several_partitions(
+    settings: Settings,
+) -> None:
+    fresh = settings.model_copy(update={"topic_prefix": settings.topic_prefix + "-ctl"})
+    admin = AIOKafkaAdminClient(bootstrap_servers=fresh.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(fresh.topic("control"), 2, 1)])
+    finally:
+        await admin.close()
+    with pytest.raises(TopicLayoutError, match="exactly 1"):
+        await ensure_topics(fresh)
+
+
+async def test_publish_returns_the_acked_position_and_consumer_reads_it_back(
+    settings: Settings,
+) -> None:
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        partition, offset = await publisher.publish(
+            settings.topic("steps"), "session-1", b"payload", {"event": "StepRecorded", "v": "1"}
+        )
+    finally:
+        await publisher.stop()
+
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        tp = TopicPartition(settings.topic("steps"), partition)
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        (record,) = await read(consumer, 1)
+    finally:
+        await consumer.stop()
+    assert (record.partition, record.offset) == (partition, offset)
+    assert record.key == b"session-1"
+    assert record.value == b"payload"
+    assert [(k, v) for k, v in record.headers] == [("event", b"StepRecorded"), ("v", b"1")]
+
+
+async def test_same_key_same_partition_in_publish_order(settings: Settings) -> None:
+    publisher = Publisher(settings)
+    try:
+        same = [
+            await publisher.publish(settings.topic("steps"), "session-a", b"%d" % i)
+            for i in range(5)
+        ]
+        others = {
+            (await publisher.publish(settings.topic("steps"), f"session-{i}", b"x"))[0]
+            for i in range(20)
+        }
+    finally:
+        await publisher.stop()
+    assert len({partition for partition, _ in same}) == 1
+    offsets = [offset for _, offset in same]
+    assert offsets == sorted(set(offsets))
+    # The key decides the partition, so different sessions spread over the topic.
+    assert len(others) > 1
+
+
+async def test_group_resumes_from_committed_offset_after_restart(settings: Settings) -> None:
+    topic = settings.topic("steps")
+    group = f"{settings.topic_prefix}-workers"
+    publisher = Publisher(settings)
+    try:
+        positions = [await publisher.publish(topic, "one-session", b"%d" % i) for i in range(6)]
+    finally:
+        await publisher.stop()
+    partition = positions[0][0]
+    tp = TopicPartition(topic, partition)
+
+    first = make_consumer(settings, topic, group_id=group)
+    await first.start()
+    try:
+        records = await read(first, 6)
+        assert [r.value for r in records] == [b"%d" % i for i in range(6)]
+        # Commit only what is "done" (the first three), as a worker commits below its oldest
+        # open session; then crash-like stop without committing the rest.
+        await first.commit({tp: records[2].offset + 1})
+    finally:
+        await first.stop()
+
+    second = make_consumer(settings, topic, group_id=group)
+    await second.start()
+    try:
+        assert await second.committed(tp) == records[2].offset + 1
+        resumed = await read(second, 3)
+    finally:
+        await second.stop()
+    assert [r.value for r in resumed] == [b"3", b"4", b"5"]
+    assert resumed[0].offset == records[3].offset
+
+
+async def test_healthy_on_a_live_broker(settings: Settings) -> None:
+    publisher = Publisher(settings)
+    try:
+        assert await publisher.healthy()
+    finally:
+        await publisher.stop()
+
+
+async def test_publish_raises_broker_unavailable_when_the_broker_dies(
+    tmp_path: Path, own_brokers: list[ManagedProcess]
+) -> None:
+    proc, bootstrap = start_tansu(tmp_path)
+    own_brokers.append(proc)
+    settings = outage_settings(bootstrap)
+    await ensure_topics(settings)
+    publisher = Publisher(settings)
+    try:
+        await publisher.publish(settings.topic("steps"), "s", b"before")
+        proc.kill()
+        with pytest.raises(BrokerUnavailable):
+            await publisher.publish(settings.topic("steps"), "s", b"after")
+        assert not await publisher.healthy()
+    finally:
+        await publisher.stop()
+
+
+async def test_publisher_that_failed_to_start_connects_once_a_broker_is_up(
+    tmp_path: Path, own_brokers: list[ManagedProcess]
+) -> None:
+    port = free_port()  # nothing listens here until the broker below starts
+    settings = outage_settings(f"127.0.0.1:{port}")
+    publisher = Publisher(settings)
+    try:
+        with pytest.raises(BrokerUnavailable):
+            await publisher.start()
+        with pytest.raises(BrokerUnavailable):
+            await publisher.publish(settings.topic("steps"), "s", b"while down")
+        assert not await publisher.healthy()
+
+        proc, _ = start_tansu(tmp_path, port=port)
+        own_brokers.append(proc)
+        await ensure_topics(settings)
+        partition, offset = await publisher.publish(settings.topic("steps"), "s", b"up")
+        assert await publisher.healthy()
+    finally:
+        await publisher.stop()
+    assert partition in range(settings.steps_partitions)
+    assert offset == 0  # the publish that failed left nothing behind

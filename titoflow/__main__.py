@@ -1,0 +1,3 @@
+from titoflow.cli import main
+
+raise SystemExit(main())

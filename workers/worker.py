@@ -1,0 +1,159 @@
+"""The assembly worker: a consumer-group member on ``<prefix>.steps`` publishing segments.
+
+Crash safety (at-least-once, deterministic output): segments are published (acked) before
+offsets are committed, and a partition's committed offset never passes the first event of a
+session still open in it, so a restarted or rebalanced worker re-reads every open session from
+its start and rebuilds identical segments; consumers drop the duplicates by segment id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import Iterable
+
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from pydantic import ValidationError
+
+from schemas.events import (
+    DeadLetter,
+    SegmentFinalized,
+    SessionFinalized,
+    SessionOpened,
+    StepRecorded,
+    steps_topic_adapter,
+)
+from titoflow.bus import Publisher, make_consumer
+from titoflow.settings import Settings
+from workers.assembler import Assembler
+
+log = logging.getLogger("titoflow.worker")
+
+POLL_TIMEOUT_MS = 500
+MAX_RECORDS = 1000
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.worker.commit()
+        self.worker.forget(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.assembler = Assembler()
+        self.publisher = Publisher(settings)
+        self.steps_topic = settings.topic("steps")
+        self.consumer = make_consumer(settings, group_id=settings.worker_group)
+        self._next_offset: dict[TopicPartition, int] = {}
+        self._last_seen: dict[str, float] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.publisher.start()
+        self.consumer.subscribe([self.steps_topic], listener=_Rebalance(self))
+        await self.consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await self.consumer.getmany(
+                    timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS
+                )
+                segments: list[SegmentFinalized] = []
+                for tp, records in batch.items():
+                    for record in records:
+                        segments += await self._handle(record)
+                        self._next_offset[tp] = record.offset + 1
+                segments += self._finalize_idle()
+                await self._publish_segments(segments)
+                await self.commit()
+        finally:
+            await self.commit()
+            await self.consumer.stop()
+            await self.publisher.stop()
+
+    async def _handle(self, record: ConsumerRecord) -> list[SegmentFinalized]:
+        try:
+            event = steps_topic_adapter.validate_json(record.value)
+        except ValidationError as exc:
+            await self._dead_letter(record, f"undecodable or unknown event: {exc.errors()[:3]}")
+            return []
+        self._last_seen[event.session_id] = time.monotonic()
+        if isinstance(event, StepRecorded):
+            log.debug(
+                "step %s of session %s at offset %d", event.step_id, event.session_id, record.offset
+            )
+            outcome = self.assembler.add_step(event, record.partition, record.offset)
+            if outcome.dead_letter_reason:
+                await self._dead_letter(record, outcome.dead_letter_reason)
+            elif outcome.skipped_reason:
+                log.info("step %s skipped: %s", event.step_id, outcome.skipped_reason)
+            return []
+        if isinstance(event, SessionFinalized):
+            self._last_seen.pop(event.session_id, None)
+            return self.assembler.finalize(event.session_id, "finalized", event.metadata)
+        assert isinstance(event, SessionOpened)
+        return []
+
+    def _finalize_idle(self) -> Iterable[SegmentFinalized]:
+        cutoff = time.monotonic() - self.settings.idle_finalize_s
+        idle = [sid for sid, seen in self._last_seen.items() if seen < cutoff]
+        for session_id in idle:
+            del self._last_seen[session_id]
+            yield from self.assembler.finalize(session_id, "idle")
+
+    async def _publish_segments(self, segments: list[SegmentFinalized]) -> None:
+        topic = self.settings.topic("segments")
+        for segment in segments:
+            await self.publisher.publish(
+                topic, segment.instance_id or segment.session_id, segment.model_dump_json().encode()
+            )
+            log.info(
+                "segment %s of session %s: %d tokens, %d steps",
+                segment.segment_id,
+                segment.session_id,
+                len(segment.token_ids),
+                len(segment.steps),
+            )
+
+    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
+        log.warning(
+            "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+        letter = DeadLetter(
+            reason=reason,
+            source_topic=record.topic,
+            source_partition=record.partition,
+            source_offset=record.offset,
+            key=record.key.decode("utf-8", "replace") if record.key else None,
+            value_b64=base64.b64encode(record.value or b"").decode("ascii"),
+            event_time=time.time(),
+        )
+        await self.publisher.publish(
+            self.settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
+        )
+
+    def forget(self, partitions: list[TopicPartition]) -> None:
+        """Drop state of partitions another worker now owns; it re-reads them from the commit."""
+        for session_id in self.assembler.drop_partitions({tp.partition for tp in partitions}):
+            self._last_seen.pop(session_id, None)
+        for tp in partitions:
+            self._next_offset.pop(tp, None)
+
+    async def commit(self) -> None:
+        offsets = {}
+        for tp, next_offset in self._next_offset.items():
+            oldest_open = self.assembler.oldest_open_offset(tp.partition)
+            offsets[tp] = min(next_offset, oldest_open) if oldest_open is not None else next_offset
+        assigned = self.consumer.assignment()
+        offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
+        if offsets:
+            await self.consumer.commit(offsets)
