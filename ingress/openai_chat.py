@@ -103,8 +103,9 @@ def parse_request(body: Any, path_session: str | None, headers: dict[str, str]) 
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"])
-        raise InvalidRequest(f"{param}: {first['msg']}", param) from exc
+        param = ".".join(str(part) for part in first["loc"]) or None
+        message = f"{param}: {first['msg']}" if param else f"the body: {first['msg']}"
+        raise InvalidRequest(message, param) from exc
     if request.stream:
         raise InvalidRequest("stream=true is not supported yet; send stream=false", "stream")
     session_id = path_session or headers.get("x-session-id") or _body_field(request, "session_id")

@@ -68,8 +68,8 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         str(port),
         # Without it /inference/v1/generate (token in, token out) answers 403.
         "--enable-scale-out",
-        # On CPU this is the share of RAM reserved for the KV cache; the default 0.92
-        # refuses to start on a shared machine.
+        # On CPU this is the share of the NUMA node's RAM the worker claims up front; the
+        # default 0.92 refuses to start on a shared machine.
         "--gpu-memory-utilization",
         "0.1",
         # The automatic KV size (that share of RAM minus the worker's footprint) came out at
@@ -95,8 +95,8 @@ def _healthy(client: httpx.Client) -> bool:
 
 
 def _generates(client: httpx.Client) -> bool:
-    """One 1-token generation: /health turns 200 before the token API is wired."""
-    body = {"token_ids": [151644], "sampling_params": {"max_tokens": 1}}
+    """One 1-token generation: a healthy server can still refuse the token API (403)."""
+    body = {"token_ids": [0], "sampling_params": {"max_tokens": 1}}
     try:
         response = client.post("/inference/v1/generate", json=body, timeout=60.0)
     except httpx.HTTPError:
