@@ -122,6 +122,6 @@ def _engine_failure(response: httpx.Response) -> Exception:
     text = response.text[:2000]
     if response.status_code in (502, 503, 504):
         return EngineUnavailable(f"engine answered {response.status_code}: {text}")
-    if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
+    if response.status_code == 400 and "maximum model length" in text:
         return ContextOverflow(f"the prompt does not fit the model's context window: {text}")
     return EngineError(f"engine answered {response.status_code}: {text}")
