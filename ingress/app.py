@@ -17,7 +17,7 @@ from ingress.render import ChatRenderer
 from ingress.service import ChatService
 from ingress.turn import SessionRef
 from schemas.events import SessionFinalized, StepRecorded
-from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher
+from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine import VLLMEngine
 from titoflow.errors import (
     IngressError,
@@ -58,6 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
             default_max_tokens=settings.default_max_tokens,
         )
         try:
+            await ensure_topics(settings)  # before the producer's metadata request auto-creates
             await publisher.start()
         except BrokerUnavailable as exc:  # stateless: serve anyway, publishes retry the broker
             log.warning("broker not reachable at startup: %s", exc)

@@ -145,12 +145,7 @@ def completion_response(result: TurnResult, model: str) -> dict[str, Any]:
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in parsed.tool_calls
+            call.function_call(parsed_arguments=False) for call in parsed.tool_calls
         ]
     finish = (
         "tool_calls"

@@ -15,6 +15,15 @@ class ToolCall(BaseModel):
     name: str
     arguments: str = Field(description="JSON text exactly as the client or the model wrote it.")
 
+    def function_call(self, parsed_arguments: bool) -> dict[str, Any]:
+        """The OpenAI-style call: arguments as text (wire) or parsed (chat templates)."""
+        arguments = self.arguments_value() if parsed_arguments else self.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
+
     def arguments_value(self) -> Any:
         """Arguments as the template expects them (a mapping); raw text if not valid JSON."""
         try:
@@ -40,12 +49,7 @@ class Message(BaseModel):
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments_value()},
-                }
-                for call in self.tool_calls
+                call.function_call(parsed_arguments=True) for call in self.tool_calls
             ]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id

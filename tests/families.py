@@ -32,3 +32,15 @@ def llama3_style() -> Any:
 
 
 FAMILIES = {"qwen3": qwen3, "llama3_style": llama3_style}
+
+
+def path_tool(name: str, description: str) -> dict[str, Any]:
+    """An OpenAI function tool taking one string ``path``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }

@@ -9,18 +9,9 @@ import pytest
 
 from ingress.render import ChatRenderer
 from ingress.turn import Message, ToolCall
-from tests.families import FAMILIES
+from tests.families import FAMILIES, path_tool
 
-TOOLS = (
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    },
-)
+TOOLS = (path_tool("read_file", "Read a file"),)
 
 
 def call(idx: int, path: str) -> ToolCall:

@@ -14,19 +14,10 @@ from ingress.service import ChatService
 from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef, ToolCall
 from schemas.events import StepRecorded
 from tests.doubles import RecordingPublisher, ScriptedEngine
-from tests.families import qwen3
+from tests.families import path_tool, qwen3
 from titoflow.errors import ContextOverflow, PublishFailed
 
-TOOLS = (
-    {
-        "type": "function",
-        "function": {
-            "name": "ls",
-            "description": "list a directory",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    },
-)
+TOOLS = (path_tool("ls", "list a directory"),)
 
 
 def make_service(

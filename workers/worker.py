@@ -26,7 +26,7 @@ from schemas.events import (
     StepRecorded,
     steps_topic_adapter,
 )
-from titoflow.bus import Publisher, make_consumer
+from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.settings import Settings
 from workers.assembler import Assembler
 
@@ -59,6 +59,9 @@ class Worker:
         self._last_seen: dict[str, float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
+        # Before any client touches a topic: a broker that auto-creates topics would otherwise
+        # pick its own partition counts.
+        await ensure_topics(self.settings)
         await self.publisher.start()
         self.consumer.subscribe([self.steps_topic], listener=_Rebalance(self))
         await self.consumer.start()
