@@ -1,35 +1,40 @@
-"""The ingress HTTP service: transport only. Routes parse, call the service, shape the answer."""
+"""The ingress HTTP service: transport only. Each wire adapter brings its router; this module
+wires the service, the session operations, discovery and health routes."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ingress import openai_chat
+from ingress import anthropic_messages, openai_chat, openai_responses, session_routes
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
-from ingress.service import ChatService
-from ingress.turn import SessionRef
+from ingress.service import ChatService, ServiceOptions
 from schemas.events import SessionFinalized, StepRecorded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine import VLLMEngine
-from titoflow.errors import (
-    IngressError,
-    InvalidRequest,
-    MissingSession,
-    PayloadTooLarge,
-    PublishFailed,
-)
+from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
 from titoflow.tokenizer import load_tokenizer
 
 log = logging.getLogger("titoflow.ingress")
+
+
+async def unknown_route_response(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods answer in the error shape of the API the path belongs to."""
+    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 404
+    error: IngressError = NotFound(f"no such operation: {request.method} {request.url.path}")
+    if status == 405:
+        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}")
+    if "/v1/messages" in request.url.path:
+        return anthropic_messages.error_response(error)
+    return openai_chat.error_response(error)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -48,14 +53,22 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = load_tokenizer(settings.model_path)
+        app.state.settings = settings
         app.state.service = ChatService(
             renderer=ChatRenderer(tokenizer),
-            decoder=tokenizer,
+            tokenizer=tokenizer,
             engine=engine,
             publish=publish,
             chains=ChainStore(settings.session_cache_size),
-            max_model_len=settings.engine_max_model_len,
-            default_max_tokens=settings.default_max_tokens,
+            options=ServiceOptions(
+                max_model_len=settings.engine_max_model_len,
+                default_max_tokens=settings.default_max_tokens,
+                max_tokens_cap=settings.max_tokens_cap,
+                context_policy=settings.context_policy,
+                max_steps_per_session=settings.max_steps_per_session,
+                tool_parser=settings.tool_parser,
+                matcher=settings.matcher,
+            ),
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates
@@ -67,72 +80,25 @@ def create_app(settings: Settings) -> FastAPI:
         await engine.close()
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
+    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes):
+        app.include_router(adapter.router())
 
-    @app.exception_handler(IngressError)
-    async def ingress_error(request: Request, exc: IngressError) -> JSONResponse:
-        if exc.status >= 500:
-            log.warning("request failed: %s", exc.message)
-        headers = {"Retry-After": "1"} if exc.retryable else None
-        return JSONResponse(openai_chat.error_body(exc), status_code=exc.status, headers=headers)
+    app.add_exception_handler(StarletteHTTPException, unknown_route_response)
 
-    async def chat(request: Request, session: str | None) -> JSONResponse:
-        turn = openai_chat.parse_request(await _json_body(request), session, _headers(request))
-        result = await request.app.state.service.complete(turn)
-        return JSONResponse(openai_chat.completion_response(result, turn.model))
-
-    @app.post("/sess/{session}/v1/chat/completions")
-    async def chat_in_session(request: Request, session: str) -> JSONResponse:
-        return await chat(request, session)
-
-    @app.post("/v1/chat/completions")
-    async def chat_by_header(request: Request) -> JSONResponse:
-        return await chat(request, None)
-
-    async def finalize(request: Request, session: str | None) -> JSONResponse:
-        body = await _json_body(request, allow_empty=True)
-        if not isinstance(body, dict):
-            raise InvalidRequest("the body must be a JSON object")
-        session_id = session or request.headers.get("x-session-id") or body.get("session_id")
-        if not session_id:
-            raise MissingSession("finalize needs a session: path, X-Session-Id or session_id")
-        metadata = body.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            raise InvalidRequest("metadata must be an object", "metadata")
-        event = await request.app.state.service.finalize(
-            SessionRef(session_id=str(session_id)), metadata
-        )
-        return JSONResponse({"session_id": event.session_id, "finalized": True})
-
-    @app.post("/sess/{session}/finalize")
-    async def finalize_in_session(request: Request, session: str) -> JSONResponse:
-        return await finalize(request, session)
-
-    @app.post("/finalize")
-    async def finalize_by_header(request: Request) -> JSONResponse:
-        return await finalize(request, None)
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/ready")
-    async def ready() -> Response:
+    async def ready(request: Request) -> Response:
+        loaded = hasattr(request.app.state, "service")
         broker_ok, engine_ok = await publisher.healthy(), await engine.healthy()
-        status = 200 if broker_ok and engine_ok else 503
-        return JSONResponse({"broker": broker_ok, "engine": engine_ok}, status_code=status)
+        status = 200 if loaded and broker_ok and engine_ok else 503
+        body = {"tokenizer": loaded, "broker": broker_ok, "engine": engine_ok}
+        return JSONResponse(body, status_code=status)
 
     return app
-
-
-def _headers(request: Request) -> dict[str, str]:
-    return {key.lower(): value for key, value in request.headers.items()}
-
-
-async def _json_body(request: Request, allow_empty: bool = False) -> Any:
-    raw = await request.body()
-    if not raw and allow_empty:
-        return {}
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc

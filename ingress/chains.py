@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.turn import Message
+from ingress.turn import Matcher, Message
 
 MAX_CHAINS_PER_SESSION = 16
 
@@ -28,6 +28,7 @@ class Chain:
     ]  # prompt + completion of the head step, exactly as the engine saw/produced them
     head_step_id: str
     ends_with_terminator: bool
+    depth: int  # steps in this chain, for the per-session step limit
 
 
 class ChainStore:
@@ -36,14 +37,14 @@ class ChainStore:
         self._max_sessions = max_sessions
 
     def find(
-        self, session_id: str, messages: Sequence[Message], tools_key: str
+        self, session_id: str, messages: Sequence[Message], tools_key: str, matcher: Matcher
     ) -> tuple[Chain, int] | None:
         """The longest chain whose messages the request extends, and how many it covers."""
         chains = self._sessions.get(session_id)
         if not chains:
             return None
         self._sessions.move_to_end(session_id)
-        keys = [m.match_key() for m in messages]
+        keys = [m.match_key(matcher) for m in messages]
         best: tuple[Chain, int] | None = None
         for chain in chains:
             covered = len(chain.match_keys)

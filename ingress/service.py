@@ -3,9 +3,10 @@
 Invariants:
 - Exact tokens: the prompt is the cached chain's tokens plus the template's continuation (TITO)
   or a full render on a cache miss; the completion is the engine's ids and logprobs, unchanged.
-- A result means durable: :meth:`ChatService.complete` returns only after ``publish`` returned
-  (the broker acknowledged the step); any failure before that raises and leaves the cache as it
-  was, so a retry extends the same chain.
+- A result means durable: :meth:`ChatService.complete` returns, and :meth:`ChatService.stream`
+  yields :class:`TurnDone`, only after ``publish`` returned (the broker acknowledged the step).
+  Any failure before that raises and leaves the cache as it was, so a retry extends the same
+  chain with the same step id.
 """
 
 from __future__ import annotations
@@ -14,23 +15,37 @@ import hashlib
 import time
 import uuid
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+from ingress import metrics
 from ingress.chains import Chain, ChainStore
-from ingress.parsing import ParsedOutput, parse_output
+from ingress.detokenize import IncrementalDecoder
+from ingress.output import OutputDelta, OutputParser, ParsedOutput
+from ingress.parsers import make_parser
 from ingress.render import ChatRenderer
-from ingress.turn import ChatTurn, Message, SessionRef
+from ingress.turn import ChatTurn, Matcher, Message, SessionRef
 from schemas.events import SessionFinalized, StepRecorded
 from titoflow.engine import Engine, GenerateParams, Generation
-from titoflow.errors import ContextOverflow
+from titoflow.errors import ContextOverflow, InvalidRequest, SessionStepLimit
 
 Publish = Callable[[StepRecorded | SessionFinalized], Awaitable[None]]
 
 
-class Decoder(Protocol):
+class Tokenizer(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    max_model_len: int
+    default_max_tokens: int
+    max_tokens_cap: int = 0  # 0: no cap beyond the context window
+    context_policy: Literal["clamp", "refuse"] = "clamp"
+    max_steps_per_session: int = 0  # 0: no limit
+    tool_parser: str = "qwen3"
+    matcher: Matcher = "strict"
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,49 @@ class TurnResult:
     parsed: ParsedOutput
     generation: Generation
     prompt_len: int
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    """First event of a stream: ids and counts an adapter's opening event needs."""
+
+    step_id: str
+    prompt_len: int
+    created: float
+
+
+@dataclass(frozen=True)
+class TokensSampled:
+    """Tokens as they arrive, before their text: for adapters that return logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    result: TurnResult
+
+
+TurnEvent = TurnStarted | OutputDelta | TokensSampled | TurnDone
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    turn: ChatTurn
+    parent: Chain | None
+    covered: int
+    tail: array[int]
+    prompt: array[int]
+    step_id: str
+    request_id: str  # unique per attempt: vLLM aborts by request id; retries share the step id
+    params: GenerateParams
+    started: float  # perf_counter at the start of the turn
+    render_ms: float
+
+
+_ID_PREFIX = {"anthropic.messages": "toolu_"}
 
 
 def step_id_for(session_id: str, parent_step_id: str | None, prompt_tail: array[int]) -> str:
@@ -52,37 +110,93 @@ class ChatService:
     def __init__(
         self,
         renderer: ChatRenderer,
-        decoder: Decoder,
+        tokenizer: Tokenizer,
         engine: Engine,
         publish: Publish,
         chains: ChainStore,
-        max_model_len: int,
-        default_max_tokens: int,
+        options: ServiceOptions,
     ) -> None:
         self.renderer = renderer
-        self.decoder = decoder
+        self.tokenizer = tokenizer
         self.engine = engine
         self.publish = publish
         self.chains = chains
-        self.max_model_len = max_model_len
-        self.default_max_tokens = default_max_tokens
+        self.options = options
+
+    def count_prompt_tokens(self, turn: ChatTurn) -> int:
+        return len(self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs))
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
+        prepared = self._prepare(turn)
         started = time.perf_counter()
-        tools_key = turn.tools_key()
-        found = self.chains.find(turn.session.session_id, turn.messages, tools_key)
+        generation = await self.engine.generate(
+            prepared.prompt.tolist(), prepared.params, prepared.request_id
+        )
+        engine_ms = (time.perf_counter() - started) * 1000
+        parser = self._parser(prepared)
+        parser.feed(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
+        _, parsed = parser.finish()
+        return await self._record(prepared, generation, parsed, engine_ms, stream=False)
+
+    async def stream(self, turn: ChatTurn) -> AsyncIterator[TurnEvent]:
+        """Deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
+        prepared = self._prepare(turn)
+        yield TurnStarted(prepared.step_id, len(prepared.prompt), time.time())
+        started = time.perf_counter()
+        parser = self._parser(prepared)
+        decoder = IncrementalDecoder(self.tokenizer)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        top: list[list[tuple[int, float]]] = []
+        finish_reason, versions = "stop", []
+        async for chunk in self.engine.generate_stream(
+            prepared.prompt.tolist(), prepared.params, prepared.request_id
+        ):
+            ids += chunk.token_ids
+            logprobs += chunk.logprobs
+            top += chunk.top_logprobs
+            if chunk.token_ids:
+                yield TokensSampled(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
+                for delta in parser.feed(decoder.push(chunk.token_ids)):
+                    yield delta
+            if chunk.finish_reason is not None:
+                finish_reason, versions = chunk.finish_reason, chunk.weight_versions
+        engine_ms = (time.perf_counter() - started) * 1000
+        for delta in parser.feed(decoder.flush()):
+            yield delta
+        last, parsed = parser.finish()
+        for delta in last:
+            yield delta
+        generation = Generation(
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            request_id=prepared.request_id,
+            engine_url=self.engine.url,
+            weight_versions=versions,
+            top_logprobs=top,
+        )
+        yield TurnDone(await self._record(prepared, generation, parsed, engine_ms, stream=True))
+
+    def _prepare(self, turn: ChatTurn) -> _Prepared:
+        started = time.perf_counter()
+        matcher = self.options.matcher
+        found = self.chains.find(turn.session.session_id, turn.messages, turn.tools_key(), matcher)
         if found:
             parent, covered = found
-            tail = array(
-                "i",
-                self.renderer.continuation(
-                    turn.messages,
-                    covered,
-                    parent.ends_with_terminator,
-                    turn.tools,
-                    turn.template_kwargs,
-                ),
+            if 0 < self.options.max_steps_per_session <= parent.depth:
+                raise SessionStepLimit(
+                    f"session {turn.session.session_id} reached its limit of "
+                    f"{self.options.max_steps_per_session} steps"
+                )
+            continuation = self.renderer.continuation(
+                turn.messages,
+                covered,
+                parent.ends_with_terminator,
+                turn.tools,
+                turn.template_kwargs,
             )
+            tail = array("i", continuation)
             prompt = parent.tokens + tail
         else:
             parent, covered = None, 0
@@ -92,30 +206,71 @@ class ChatService:
             prompt = tail
         parent_step_id = parent.head_step_id if parent else None
         step_id = step_id_for(turn.session.session_id, parent_step_id, tail)
-        render_ms = (time.perf_counter() - started) * 1000
+        return _Prepared(
+            turn=turn,
+            parent=parent,
+            covered=covered,
+            tail=tail,
+            prompt=prompt,
+            step_id=step_id,
+            request_id=f"{step_id}-{uuid.uuid4().hex[:8]}",
+            params=self._params(turn, len(prompt)),
+            started=started,
+            render_ms=(time.perf_counter() - started) * 1000,
+        )
 
-        room = self.max_model_len - len(prompt)
-        if room <= 0:
+    def _params(self, turn: ChatTurn, prompt_len: int) -> GenerateParams:
+        room = self.options.max_model_len - prompt_len
+        wanted = turn.sampling.max_tokens or self.options.default_max_tokens
+        if self.options.max_tokens_cap:
+            wanted = min(wanted, self.options.max_tokens_cap)
+        if room <= 0 or (self.options.context_policy == "refuse" and wanted > room):
             raise ContextOverflow(
-                f"the prompt has {len(prompt)} tokens; the model's context is {self.max_model_len}"
+                f"the prompt has {prompt_len} tokens and asks for {wanted} more; the model's "
+                f"context is {self.options.max_model_len} tokens"
             )
-        params = GenerateParams(
-            max_tokens=min(turn.sampling.max_tokens or self.default_max_tokens, room),
+        structured = None
+        if turn.tool_choice in ("required", "named"):
+            from ingress.constraints import tool_call_constraint  # TEMPORARY lazy import
+
+            try:
+                structured = tool_call_constraint(
+                    turn.tools, turn.tool_choice, turn.tool_choice_name, self.options.tool_parser
+                )
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), "tool_choice") from exc
+        return GenerateParams(
+            max_tokens=min(wanted, room),
             temperature=turn.sampling.temperature,
             top_p=turn.sampling.top_p,
             seed=turn.sampling.seed,
             stop_token_ids=(self.renderer.terminator_id,),
+            stop=turn.sampling.stop,
+            top_logprobs=turn.sampling.logprobs or 0,
+            structured=structured,
         )
-        engine_started = time.perf_counter()
-        # Unique per attempt: the engine rejects concurrent requests sharing an id.
-        generation = await self.engine.generate(
-            prompt.tolist(), params, request_id=f"{step_id}-{uuid.uuid4().hex[:8]}"
-        )
-        engine_ms = (time.perf_counter() - engine_started) * 1000
 
-        parsed = parse_output(
-            self.decoder.decode(generation.token_ids, skip_special_tokens=True), step_id
+    def _parser(self, prepared: _Prepared) -> OutputParser:
+        turn = prepared.turn
+        prompt_end = self.tokenizer.decode(prepared.prompt[-4:].tolist(), skip_special_tokens=False)
+        return make_parser(
+            self.options.tool_parser,
+            prepared.step_id,
+            id_prefix=_ID_PREFIX.get(turn.api, "call_"),
+            tools=turn.tools,
+            parse_tools=bool(turn.tools) and turn.tool_choice != "none",
+            reasoning_open=prompt_end.rstrip("\n").endswith("<think>"),
         )
+
+    async def _record(
+        self,
+        prepared: _Prepared,
+        generation: Generation,
+        parsed: ParsedOutput,
+        engine_ms: float,
+        stream: bool,
+    ) -> TurnResult:
+        turn, parent = prepared.turn, prepared.parent
         answer = Message(
             role="assistant",
             content=parsed.content,
@@ -125,12 +280,12 @@ class ChatService:
         step = StepRecorded(
             session_id=turn.session.session_id,
             event_time=time.time(),
-            step_id=step_id,
-            chain_id=parent.chain_id if parent else step_id,
-            parent_step_id=parent_step_id,
+            step_id=prepared.step_id,
+            chain_id=parent.chain_id if parent else prepared.step_id,
+            parent_step_id=parent.head_step_id if parent else None,
             prefix="tito" if parent else "rendered",
             prefix_len=len(parent.tokens) if parent else 0,
-            prompt_tail_ids=tail.tolist(),
+            prompt_tail_ids=prepared.tail.tolist(),
             completion_ids=generation.token_ids,
             completion_logprobs=generation.logprobs,
             weight_versions=generation.weight_versions,
@@ -138,16 +293,24 @@ class ChatService:
             instance_id=turn.session.instance_id,
             turn_id=turn.session.turn_id,
             api=turn.api,
+            stream=stream,
+            matcher=self.options.matcher,
             model=turn.model,
             engine_url=generation.engine_url,
             engine_request_id=generation.request_id,
-            new_messages=[m.template_dict() for m in turn.messages[covered:]],
+            new_messages=[m.template_dict() for m in turn.messages[prepared.covered :]],
             response_message=answer.template_dict(),
             tool_parse_error=parsed.parse_error,
-            render_ms=render_ms,
+            render_ms=prepared.render_ms,
             engine_ms=engine_ms,
         )
         await self.publish(step)
+        metrics.STEPS.labels(turn.api, step.prefix).inc()
+        metrics.TOKENS.labels("prompt").inc(len(prepared.prompt))
+        metrics.TOKENS.labels("completion").inc(len(generation.token_ids))
+        metrics.TURN_SECONDS.labels(turn.api).observe(time.perf_counter() - prepared.started)
+        if parsed.parse_error:
+            metrics.TOOL_PARSE_ERRORS.labels(turn.api).inc()
 
         completion = array("i", generation.token_ids)
         self.chains.advance(
@@ -155,15 +318,18 @@ class ChatService:
             parent,
             Chain(
                 chain_id=step.chain_id,
-                tools_key=tools_key,
-                match_keys=tuple(m.match_key() for m in (*turn.messages, answer)),
-                tokens=prompt + completion,
-                head_step_id=step_id,
+                tools_key=turn.tools_key(),
+                match_keys=tuple(
+                    m.match_key(self.options.matcher) for m in (*turn.messages, answer)
+                ),
+                tokens=prepared.prompt + completion,
+                head_step_id=step.step_id,
                 ends_with_terminator=bool(completion)
                 and completion[-1] == self.renderer.terminator_id,
+                depth=parent.depth + 1 if parent else 1,
             ),
         )
-        return TurnResult(step=step, parsed=parsed, generation=generation, prompt_len=len(prompt))
+        return TurnResult(step, parsed, generation, len(prepared.prompt))
 
     async def finalize(self, session: SessionRef, metadata: dict[str, Any]) -> SessionFinalized:
         event = SessionFinalized(

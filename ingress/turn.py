@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+Api = Literal["openai.chat", "anthropic.messages", "openai.responses"]
+Matcher = Literal["strict", "tool_call_id"]
+
 
 class ToolCall(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -57,12 +60,16 @@ class Message(BaseModel):
             out["name"] = self.name
         return out
 
-    def match_key(self) -> tuple[Any, ...]:
+    def match_key(self, matcher: Matcher) -> tuple[Any, ...]:
         """What must be equal for a client's echo of this message to count as the same message.
 
         Reasoning is left out: clients rarely send it back, and the tokens that carried it are
-        already in the chain. Tool arguments compare as parsed JSON, not as text.
+        already in the chain. ``strict`` compares tool arguments as parsed JSON; ``tool_call_id``
+        anchors an assistant turn that called tools on the call ids alone, because Claude Code
+        re-serializes arguments and renames tools (Task → Agent) between turns.
         """
+        if matcher == "tool_call_id" and self.tool_calls:
+            return (self.role, tuple(call.id for call in self.tool_calls))
         calls = tuple(
             (call.id, call.name, json.dumps(call.arguments_value(), sort_keys=True))
             for call in self.tool_calls
@@ -77,6 +84,10 @@ class SamplingOptions(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = Field(
+        None, description="None: not asked; 0: the sampled token's; k: also the top k."
+    )
 
 
 class SessionRef(BaseModel):
@@ -95,10 +106,14 @@ class ChatTurn(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     session: SessionRef
-    api: Literal["openai.chat"]
+    api: Api
     model: str
     messages: tuple[Message, ...]
-    tools: tuple[dict[str, Any], ...] = ()
+    tools: tuple[dict[str, Any], ...] = Field(
+        (), description="OpenAI function-tool schemas, as chat templates take them."
+    )
+    tool_choice: Literal["auto", "none", "required", "named"] = "auto"
+    tool_choice_name: str | None = None
     sampling: SamplingOptions = SamplingOptions()
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
 

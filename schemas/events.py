@@ -78,7 +78,11 @@ class StepRecorded(_Event):
     finish_reason: str
     instance_id: str | None = None
     turn_id: str | None = None
-    api: Literal["openai.chat"]
+    api: Literal["openai.chat", "anthropic.messages", "openai.responses"]
+    stream: bool = Field(False, description="Whether the client asked for a streamed answer.")
+    matcher: Literal["strict", "tool_call_id"] = Field(
+        "strict", description="How the request's history was matched to the cached chain."
+    )
     model: str
     engine_url: str
     engine_request_id: str

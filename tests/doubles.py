@@ -5,10 +5,11 @@ real vLLM CPU engine (see tests/test_e2e_openai.py)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 from schemas.events import SessionFinalized, StepRecorded
-from titoflow.engine import GenerateParams, Generation
+from titoflow.engine import GenerateParams, Generation, GenerationChunk
 
 
 class ScriptedEngine:
@@ -26,13 +27,28 @@ class ScriptedEngine:
         ids = self.tokenizer.encode(self.replies.popleft(), add_special_tokens=False)
         ids = ids[: params.max_tokens]
         stopped = bool(ids) and ids[-1] in params.stop_token_ids
+        logprobs = [-0.25 - i / 64 for i in range(len(ids))]
         return Generation(
             token_ids=ids,
-            logprobs=[-0.25 - i / 64 for i in range(len(ids))],
+            logprobs=logprobs,
             finish_reason="stop" if stopped else "length",
             request_id=request_id,
             engine_url=self.url,
+            top_logprobs=[[(t, lp)] for t, lp in zip(ids, logprobs, strict=True)],
         )
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        whole = await self.generate(prompt_ids, params, request_id)
+        for at in range(0, len(whole.token_ids), 3):  # a few tokens per chunk, like the engine
+            end = min(at + 3, len(whole.token_ids))
+            yield GenerationChunk(
+                token_ids=whole.token_ids[at:end],
+                logprobs=whole.logprobs[at:end],
+                top_logprobs=whole.top_logprobs[at:end],
+                finish_reason=whole.finish_reason if end == len(whole.token_ids) else None,
+            )
 
     async def healthy(self) -> bool:
         return True

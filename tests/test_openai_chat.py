@@ -13,15 +13,18 @@ def body(**extra: object) -> dict[str, object]:
 
 
 def test_session_from_path_then_header_then_body_then_metadata() -> None:
-    assert parse_request(body(session_id="b"), "p", {"x-session-id": "h"}).session.session_id == "p"
     assert (
-        parse_request(body(session_id="b"), None, {"x-session-id": "h"}).session.session_id == "h"
+        parse_request(body(session_id="b"), "p", {"x-session-id": "h"})[0].session.session_id == "p"
     )
-    assert parse_request(body(session_id="b"), None, {}).session.session_id == "b"
-    ref = parse_request(body(metadata={"session_id": "m", "turn_id": 3}), None, {}).session
+    assert (
+        parse_request(body(session_id="b"), None, {"x-session-id": "h"})[0].session.session_id
+        == "h"
+    )
+    assert parse_request(body(session_id="b"), None, {})[0].session.session_id == "b"
+    ref = parse_request(body(metadata={"session_id": "m", "turn_id": 3}), None, {})[0].session
     assert (ref.session_id, ref.turn_id) == ("m", "3")
     headers = {"x-session-id": "h", "x-instance-id": "i", "x-turn-id": "t"}
-    ref = parse_request(body(), None, headers).session
+    ref = parse_request(body(), None, headers)[0].session
     assert (ref.instance_id, ref.turn_id) == ("i", "t")
 
 
@@ -49,7 +52,7 @@ def test_shapes_scaffolds_send() -> None:
             "tool_calls": [{"id": "c2", "function": {"name": "sh", "arguments": {"cmd": "pwd"}}}],
         },
     ]
-    turn = parse_request(
+    turn, _ = parse_request(
         body(messages=messages, reasoning_effort="high", prompt_cache_key="k", stream_options={}),
         "s",
         {},
@@ -61,7 +64,8 @@ def test_shapes_scaffolds_send() -> None:
     assert result.content == "a.txt" and result.tool_call_id == "c1"
     assert call2.tool_calls[0].arguments == '{"cmd": "pwd"}'
     assert (
-        parse_request(body(max_completion_tokens=5, max_tokens=9), "s", {}).sampling.max_tokens == 5
+        parse_request(body(max_completion_tokens=5, max_tokens=9), "s", {})[0].sampling.max_tokens
+        == 5
     )
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
-from ingress.service import ChatService
-from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef, ToolCall
+from ingress.service import ChatService, ServiceOptions
+from ingress.turn import ChatTurn, Matcher, Message, SamplingOptions, SessionRef, ToolCall
 from schemas.events import StepRecorded
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
@@ -21,19 +21,18 @@ TOOLS = (path_tool("ls", "list a directory"),)
 
 
 def make_service(
-    replies: list[str], max_model_len: int = 4096
+    replies: list[str], max_model_len: int = 4096, matcher: Matcher = "strict"
 ) -> tuple[ChatService, ScriptedEngine, RecordingPublisher]:
     tokenizer = qwen3()
     engine = ScriptedEngine(tokenizer, replies)
     publisher = RecordingPublisher()
     service = ChatService(
         renderer=ChatRenderer(tokenizer),
-        decoder=tokenizer,
+        tokenizer=tokenizer,
         engine=engine,
         publish=publisher,
         chains=ChainStore(100),
-        max_model_len=max_model_len,
-        default_max_tokens=64,
+        options=ServiceOptions(max_model_len=max_model_len, default_max_tokens=64, matcher=matcher),
     )
     return service, engine, publisher
 
@@ -152,3 +151,41 @@ async def test_prompt_beyond_the_context_window_is_refused() -> None:
     with pytest.raises(ContextOverflow):
         await service.complete(turn([Message(role="user", content="a long question " * 4)]))
     assert publisher.events == []
+
+
+@pytest.mark.parametrize(("matcher", "prefix"), [("strict", "rendered"), ("tool_call_id", "tito")])
+async def test_claude_code_style_echo_matches_only_when_anchored_on_call_ids(
+    matcher: Matcher, prefix: str
+) -> None:
+    """Claude Code renames tools (Task → Agent) and re-serializes arguments when it echoes a
+    tool call back; anchoring on call ids keeps the chain, strict matching cannot."""
+    reply = '<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp", "all": true}}\n</tool_call>'
+    service, _, _ = make_service([reply + "<|im_end|>", "ok<|im_end|>"], matcher=matcher)
+    history = [Message(role="user", content="list")]
+    first = await service.complete(turn(history, tools=TOOLS))
+    [call] = first.parsed.tool_calls
+    rewritten = ToolCall(id=call.id, name="ls_v2", arguments='{"all":true,"path":"/tmp/"}')
+    history += [
+        Message(role="assistant", content="", tool_calls=(rewritten,)),
+        Message(role="tool", content="a.txt", tool_call_id=call.id),
+    ]
+    second = await service.complete(turn(history, tools=TOOLS))
+    assert second.step.prefix == prefix and second.step.matcher == matcher
+
+
+async def test_max_tokens_cap_bounds_what_scaffolds_ask_for() -> None:
+    tokenizer = qwen3()
+    engine = ScriptedEngine(tokenizer, ["one two three four five six"])
+    service = ChatService(
+        renderer=ChatRenderer(tokenizer),
+        tokenizer=tokenizer,
+        engine=engine,
+        publish=RecordingPublisher(),
+        chains=ChainStore(10),
+        options=ServiceOptions(max_model_len=4096, default_max_tokens=64, max_tokens_cap=3),
+    )
+    asked = turn([Message(role="user", content="x")]).model_copy(
+        update={"sampling": SamplingOptions(max_tokens=32_000)}
+    )
+    result = await service.complete(asked)
+    assert len(result.step.completion_ids) == 3 and result.step.finish_reason == "length"

@@ -2,12 +2,15 @@
 
 vLLM: ``POST /inference/v1/generate`` (served with ``--enable-scale-out``) takes ``token_ids``
 and ``sampling_params`` and returns the sampled ``token_ids`` with per-token logprobs and the
-``weight_versions`` spans that sampled them. Ids come from the engine, never from re-encoding.
+``weight_versions`` spans that sampled them; with ``stream`` it sends one SSE event per engine
+step carrying only the new tokens. Ids come from the engine, never from re-encoding text.
 """
 
 from __future__ import annotations
 
+import json
 import socket
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,6 +18,8 @@ import httpx
 
 from schemas.events import VersionSpan
 from titoflow.errors import ContextOverflow, EngineError, EngineUnavailable
+
+TopLogprobs = list[list[tuple[int, float]]]
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,20 @@ class GenerateParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    structured: dict[str, Any] | None = None  # extra sampling params of constrained decoding
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """New tokens of a streamed generation; the last chunk has ``finish_reason``."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: TopLogprobs
+    finish_reason: str | None = None
+    weight_versions: list[VersionSpan] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,7 @@ class Generation:
     request_id: str
     engine_url: str
     weight_versions: list[VersionSpan] = field(default_factory=list)
+    top_logprobs: TopLogprobs = field(default_factory=list)
 
 
 class Engine(Protocol):
@@ -42,6 +62,10 @@ class Engine(Protocol):
     async def generate(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str
     ) -> Generation: ...
+
+    def generate_stream(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]: ...
 
     async def healthy(self) -> bool: ...
 
@@ -65,33 +89,80 @@ class VLLMEngine:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
 
-    async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
-    ) -> Generation:
+    def _body(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, stream: bool
+    ) -> dict[str, Any]:
         sampling: dict[str, Any] = {
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "logprobs": 0,  # the sampled token's own logprob, no alternatives
+            "logprobs": params.top_logprobs,  # 0: just the sampled token's own logprob
             "stop_token_ids": list(params.stop_token_ids),
         }
         if params.seed is not None:
             sampling["seed"] = params.seed
-        body = {"request_id": request_id, "token_ids": prompt_ids, "sampling_params": sampling}
+        if params.stop:
+            sampling["stop"] = list(params.stop)
+        sampling.update(params.structured or {})
+        return {
+            "request_id": request_id,
+            "token_ids": prompt_ids,
+            "sampling_params": sampling,
+            "stream": stream,
+        }
+
+    async def generate(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+    ) -> Generation:
+        body = self._body(prompt_ids, params, request_id, stream=False)
         try:
             response = await self._client.post("/inference/v1/generate", json=body)
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
         if response.status_code != 200:
-            raise _engine_failure(response)
-        return self._parse(response.json(), request_id)
+            raise _engine_failure(response.status_code, response.text)
+        payload = response.json()
+        chunk = self._chunk(payload)
+        return Generation(
+            token_ids=chunk.token_ids,
+            logprobs=chunk.logprobs,
+            finish_reason=chunk.finish_reason or "stop",
+            request_id=str(payload.get("request_id", request_id)),
+            engine_url=self.url,
+            weight_versions=chunk.weight_versions,
+            top_logprobs=chunk.top_logprobs,
+        )
 
-    def _parse(self, payload: dict[str, Any], request_id: str) -> Generation:
+    async def generate_stream(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        body = self._body(prompt_ids, params, request_id, stream=True)
+        try:
+            async with self._client.stream("POST", "/inference/v1/generate", json=body) as response:
+                if response.status_code != 200:
+                    raise _engine_failure(response.status_code, (await response.aread()).decode())
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    payload = json.loads(line[len("data: ") :])
+                    if "error" in payload:  # vLLM reports request errors inside a 200 stream
+                        error = payload["error"]
+                        raise _engine_failure(int(error.get("code", 500)), json.dumps(error))
+                    if payload.get("choices"):
+                        yield self._chunk(payload)
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
+
+    def _chunk(self, payload: dict[str, Any]) -> GenerationChunk:
         try:
             choice = payload["choices"][0]
-            token_ids = [int(t) for t in choice["token_ids"]]
+            token_ids = [int(t) for t in choice.get("token_ids") or []]
             entries = (choice.get("logprobs") or {}).get("content") or []
             logprobs = [float(entry["logprob"]) for entry in entries]
+            top = [
+                [(int(alt["token_id"]), float(alt["logprob"])) for alt in entry["top_logprobs"]]
+                for entry in entries
+            ]
             spans = [VersionSpan(**span) for span in choice.get("weight_versions") or []]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise EngineError(f"unexpected generate response from {self.url}: {exc!r}") from exc
@@ -99,14 +170,7 @@ class VLLMEngine:
             raise EngineError(
                 f"engine returned {len(token_ids)} tokens but {len(logprobs)} logprobs"
             )
-        return Generation(
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=str(choice.get("finish_reason") or "stop"),
-            request_id=str(payload.get("request_id", request_id)),
-            engine_url=self.url,
-            weight_versions=spans,
-        )
+        return GenerationChunk(token_ids, logprobs, top, choice.get("finish_reason"), spans)
 
     async def healthy(self) -> bool:
         try:
@@ -118,10 +182,10 @@ class VLLMEngine:
         await self._client.aclose()
 
 
-def _engine_failure(response: httpx.Response) -> Exception:
-    text = response.text[:2000]
-    if response.status_code in (502, 503, 504):
-        return EngineUnavailable(f"engine answered {response.status_code}: {text}")
-    if response.status_code == 400 and "maximum model length" in text:
+def _engine_failure(status: int, text: str) -> Exception:
+    text = text[:2000]
+    if status in (502, 503, 504):
+        return EngineUnavailable(f"engine answered {status}: {text}")
+    if status == 400 and "maximum model length" in text:
         return ContextOverflow(f"the prompt does not fit the model's context window: {text}")
-    return EngineError(f"engine answered {response.status_code}: {text}")
+    return EngineError(f"engine answered {status}: {text}")

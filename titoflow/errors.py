@@ -31,6 +31,15 @@ class ContextOverflow(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class SessionStepLimit(InvalidRequest):
+    code = "session_step_limit"
+
+
+class UnknownModel(IngressError):
+    status = 404
+    code = "model_not_found"
+
+
 class PayloadTooLarge(IngressError):
     status = 413
     code = "request_too_large"

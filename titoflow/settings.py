@@ -67,6 +67,31 @@ class Settings(BaseSettings):
     ingress_host: str = Field("127.0.0.1", description="Ingress bind address.")
     ingress_port: int = Field(0, description="Ingress port; 0 picks a free one (printed at start).")
     default_max_tokens: int = Field(256, description="max_tokens when a request gives none.")
+    max_tokens_cap: int = Field(
+        0,
+        description="Upper bound on any request's max_tokens (scaffolds ask for 32k+); 0: only "
+        "the context window bounds it.",
+    )
+    context_policy: Literal["clamp", "refuse"] = Field(
+        "clamp",
+        description="When prompt + max_tokens exceed the context: clamp max_tokens to what "
+        "remains, or refuse with a context_length_exceeded error.",
+    )
+    max_steps_per_session: int = Field(
+        0, description="Steps a session's chain may take; 0: no limit."
+    )
+    max_request_bytes: int = Field(32 * 1024 * 1024, description="Largest request body accepted.")
+    accepted_models: str = Field(
+        "*",
+        description="Comma-separated model names clients may ask for; '*' accepts any (scaffolds "
+        "send their own defaults, e.g. Claude Code's).",
+    )
+    tool_parser: str = Field("qwen3", description="Tool-call/reasoning parser: qwen3, qwen3_coder.")
+    matcher: Literal["strict", "tool_call_id"] = Field(
+        "strict",
+        description="How a request's history is matched to a cached chain: strict message "
+        "equality, or assistant tool-call turns anchored on their call ids.",
+    )
     session_cache_size: int = Field(4096, description="Sessions whose token chains stay cached.")
 
     # --- worker -------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""What every wire adapter's routes share: the service, bounded JSON bodies, session refs,
+model checks and SSE responses. Adapters own their routes and error shapes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ingress.service import ChatService
+from ingress.turn import SessionRef
+from titoflow.errors import InvalidRequest, MissingSession, PayloadTooLarge, UnknownModel
+from titoflow.settings import Settings
+
+
+def service(request: Request) -> ChatService:
+    svc: ChatService = request.app.state.service
+    return svc
+
+
+def settings(request: Request) -> Settings:
+    config: Settings = request.app.state.settings
+    return config
+
+
+def lower_headers(request: Request) -> dict[str, str]:
+    return {key.lower(): value for key, value in request.headers.items()}
+
+
+async def read_json(request: Request, allow_empty: bool = False) -> Any:
+    limit = settings(request).max_request_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body has {declared} bytes; the limit is {limit}")
+    raw = bytearray()
+    async for chunk in request.stream():  # bounded even without a Content-Length
+        raw += chunk
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
+    if not raw and allow_empty:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+
+
+def session_ref(
+    path_session: str | None,
+    headers: dict[str, str],
+    body_fields: dict[str, Any],
+) -> SessionRef:
+    """Session id from the path, then ``X-Session-Id``, then the body (``session_id``, then
+    ``metadata.session_id``); instance and turn ids likewise from their headers and fields."""
+    metadata = body_fields.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+
+    def pick(header: str, field: str) -> str | None:
+        value = headers.get(header) or body_fields.get(field) or metadata.get(field)
+        return str(value) if value is not None else None
+
+    session_id = path_session or pick("x-session-id", "session_id")
+    if not session_id:
+        raise MissingSession(
+            "no session: use a /sess/<id>/v1 base URL, an X-Session-Id header, "
+            "or a session_id field",
+            "session_id",
+        )
+    return SessionRef(
+        session_id=session_id,
+        instance_id=pick("x-instance-id", "instance_id"),
+        turn_id=pick("x-turn-id", "turn_id"),
+    )
+
+
+def check_model(request: Request, model: str) -> None:
+    accepted = settings(request).accepted_models
+    if accepted != "*" and model not in {m.strip() for m in accepted.split(",")}:
+        raise UnknownModel(
+            f"the model {model!r} is not served here; use one of: {accepted}", "model"
+        )
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )

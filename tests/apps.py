@@ -1,0 +1,47 @@
+"""In-process ingress apps on the SCRIPTED ENGINE DOUBLE (tests/doubles.py), for fast adapter
+tests with the official SDKs over httpx's ASGI transport. Nothing here replaces the end-to-end
+tests on the real engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+from fastapi import APIRouter, FastAPI
+
+from ingress.chains import ChainStore
+from ingress.render import ChatRenderer
+from ingress.service import ChatService, ServiceOptions
+from tests.doubles import RecordingPublisher, ScriptedEngine
+from tests.families import qwen3
+from titoflow.settings import Settings
+
+
+def scripted_app(
+    replies: list[str],
+    routers: list[Callable[[], APIRouter]],
+    settings: Settings | None = None,
+    options: ServiceOptions | None = None,
+) -> tuple[FastAPI, ScriptedEngine, RecordingPublisher]:
+    """An app whose engine answers with the token ids of ``replies``, one per call."""
+    tokenizer = qwen3()
+    engine = ScriptedEngine(tokenizer, replies)
+    publisher = RecordingPublisher()
+    app = FastAPI()
+    app.state.settings = settings or Settings()
+    app.state.service = ChatService(
+        renderer=ChatRenderer(tokenizer),
+        tokenizer=tokenizer,
+        engine=engine,
+        publish=publisher,
+        chains=ChainStore(100),
+        options=options or ServiceOptions(max_model_len=4096, default_max_tokens=64),
+    )
+    for make_router in routers:
+        app.include_router(make_router())
+    return app, engine, publisher
+
+
+def asgi_client(app: FastAPI) -> httpx.AsyncClient:
+    """An httpx client that calls ``app`` in-process (pass it to the SDKs as http_client)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ingress")
