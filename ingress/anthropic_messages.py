@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ingress import http
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef, ToolCall
-from titoflow.errors import IngressError, InvalidRequest
+from titoflow.errors import ContextOverflow, IngressError, InvalidRequest
 
 API = "anthropic.messages"
 
@@ -246,45 +246,36 @@ def _turn(request: CountTokensRequest, session: SessionRef) -> ChatTurn:
     )
 
 
-_Request = TypeVar("_Request", bound=CountTokensRequest)
-
-
-def _validated(model: type[_Request], body: Any) -> _Request:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        message = f"{param}: {first['msg']}" if param else f"the body: {first['msg']}"
-        raise InvalidRequest(message, param) from exc
-
-
 def parse_request(
     body: Any, path_session: str | None, headers: dict[str, str]
 ) -> tuple[ChatTurn, MessagesRequest]:
     """Validate a messages body into a turn (session: path, header, then body)."""
-    request = _validated(MessagesRequest, body)
+    request = http.validated(MessagesRequest, body)
     session = http.session_ref(path_session, headers, body)
     return _turn(request, session), request
 
 
 def parse_count_request(body: Any) -> ChatTurn:
     """A count_tokens body as a turn; counting records nothing, so it needs no session."""
-    return _turn(_validated(CountTokensRequest, body), SessionRef(session_id=""))
+    return _turn(http.validated(CountTokensRequest, body), SessionRef(session_id=""))
 
 
-def _stop_reason(result: TurnResult) -> str:
-    # The engine does not say which stop string matched, so a stop sequence reads as end_turn.
+def _stop(result: TurnResult) -> tuple[str, str | None]:
+    """stop_reason and stop_sequence (the engine names the stop string that matched)."""
     if result.parsed.tool_calls:
-        return "tool_use"
-    return "max_tokens" if result.generation.finish_reason == "length" else "end_turn"
+        return "tool_use", None
+    if result.generation.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(result.generation.stop_reason, str):
+        return "stop_sequence", result.generation.stop_reason
+    return "end_turn", None
 
 
 def _message(
     step_id: str,
     model: str,
     content: list[dict[str, Any]],
-    stop_reason: str | None,
+    stop: tuple[str | None, str | None],
     usage: dict[str, int],
 ) -> dict[str, Any]:
     return {
@@ -293,8 +284,8 @@ def _message(
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
         "usage": usage,
     }
 
@@ -311,7 +302,7 @@ def message_response(result: TurnResult, model: str) -> dict[str, Any]:
         for call in parsed.tool_calls
     ]
     usage = {"input_tokens": result.prompt_len, "output_tokens": len(result.generation.token_ids)}
-    return _message(result.step.step_id, model, content, _stop_reason(result), usage)
+    return _message(result.step.step_id, model, content, _stop(result), usage)
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -347,7 +338,7 @@ async def _stream_events(
     turn: ChatTurn, started: TurnStarted, events: AsyncIterator[TurnEvent]
 ) -> AsyncIterator[str]:
     usage = {"input_tokens": started.prompt_len, "output_tokens": 0}
-    opening = _message(started.step_id, turn.model, [], None, usage)
+    opening = _message(started.step_id, turn.model, [], (None, None), usage)
     yield _sse({"type": "message_start", "message": opening})
     blocks = _Blocks()
     try:
@@ -377,7 +368,9 @@ async def _stream_events(
                 yield _sse(
                     {
                         "type": "message_delta",
-                        "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+                        "delta": dict(
+                            zip(("stop_reason", "stop_sequence"), _stop(result), strict=True)
+                        ),
                         "usage": {"output_tokens": len(result.generation.token_ids)},
                     }
                 )
@@ -399,7 +392,10 @@ def _status_and_type(error: IngressError) -> tuple[int, str]:
 
 def error_body(error: IngressError) -> dict[str, Any]:
     _, kind = _status_and_type(error)
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    message = error.message
+    if isinstance(error, ContextOverflow):  # Claude Code recognises this wording (offers /compact)
+        message = f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def error_response(error: IngressError) -> JSONResponse:

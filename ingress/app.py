@@ -4,6 +4,7 @@ wires the service, the session operations, discovery and health routes."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ingress import anthropic_messages, openai_chat, openai_responses, session_routes
+from ingress import anthropic_messages, metrics, openai_chat, openai_responses, session_routes
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions
@@ -37,18 +38,31 @@ async def unknown_route_response(request: Request, exc: Exception) -> Response:
     return openai_chat.error_response(error)
 
 
+async def unexpected_error_response(request: Request, exc: Exception) -> Response:
+    """A bug still answers in the API's own error shape (a 500), never as plain text."""
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    error = IngressError(f"internal error: {type(exc).__name__}")
+    if "/v1/messages" in request.url.path:
+        return anthropic_messages.error_response(error)
+    return openai_chat.error_response(error)
+
+
 def create_app(settings: Settings) -> FastAPI:
     publisher = Publisher(settings)
     engine = VLLMEngine(settings.engine_url, settings.engine_timeout_s)
     steps_topic = settings.topic("steps")
 
     async def publish(event: StepRecorded | SessionFinalized) -> None:
+        started = time.perf_counter()
         try:
             await publisher.publish(steps_topic, event.session_id, event.model_dump_json().encode())
         except BrokerUnavailable as exc:
+            metrics.PUBLISH_FAILURES.inc()
             raise PublishFailed(f"the step could not be recorded: {exc}") from exc
         except EventTooLarge as exc:
+            metrics.PUBLISH_FAILURES.inc()
             raise PayloadTooLarge(f"the step is too large to record: {exc}") from exc
+        metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,6 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(adapter.router())
 
     app.add_exception_handler(StarletteHTTPException, unknown_route_response)
+    app.add_exception_handler(Exception, unexpected_error_response)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

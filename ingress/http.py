@@ -5,15 +5,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ValidationError
 
 from ingress.service import ChatService
 from ingress.turn import SessionRef
 from titoflow.errors import InvalidRequest, MissingSession, PayloadTooLarge, UnknownModel
 from titoflow.settings import Settings
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def validated(model: type[_Model], data: Any, at: str = "") -> _Model:
+    """``data`` as ``model``, or a 400 naming the first offending field (``at`` prefixes it)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in (*([at] if at else []), *first["loc"])) or None
+        message = f"{param}: {first['msg']}" if param else f"the body: {first['msg']}"
+        raise InvalidRequest(message, param) from exc
 
 
 def service(request: Request) -> ChatService:

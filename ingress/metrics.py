@@ -6,7 +6,8 @@ from prometheus_client import Counter, Histogram
 
 STEPS = Counter(
     "titoflow_ingress_steps_total",
-    "Steps recorded (published and acknowledged), by API and prefix source (tito or rendered).",
+    "Steps recorded (published and acknowledged), by API and prefix: tito is a TITO cache hit, "
+    "rendered a miss (first turn of a chain, or another replica's session).",
     ["api", "prefix"],
 )
 TOOL_PARSE_ERRORS = Counter(
@@ -19,9 +20,25 @@ TOKENS = Counter(
     "Tokens sent to (prompt) and received from (completion) the engine.",
     ["direction"],
 )
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TURN_SECONDS = Histogram(
     "titoflow_ingress_turn_seconds",
     "Whole turn, render to durable step, by API.",
     ["api"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    buckets=_LATENCY_BUCKETS,
+)
+OVERHEAD_SECONDS = Histogram(
+    "titoflow_ingress_overhead_seconds",
+    "What the ingress adds to a turn (render, parse, publish): turn time minus engine time.",
+    ["api"],
+    buckets=_LATENCY_BUCKETS,
+)
+PUBLISH_SECONDS = Histogram(
+    "titoflow_ingress_publish_seconds",
+    "From sending an event to the broker's acknowledgement.",
+    buckets=_LATENCY_BUCKETS,
+)
+PUBLISH_FAILURES = Counter(
+    "titoflow_ingress_publish_failures_total",
+    "Events the broker did not acknowledge (the client got a retryable error).",
 )

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ingress import http
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
@@ -107,21 +107,11 @@ def _message(raw: _Message) -> Message:
     )
 
 
-def _validated(body: Any) -> ChatCompletionRequest:
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        message = f"{param}: {first['msg']}" if param else f"the body: {first['msg']}"
-        raise InvalidRequest(message, param) from exc
-
-
 def parse_request(
     body: Any, path_session: str | None, headers: dict[str, str]
 ) -> tuple[ChatTurn, ChatCompletionRequest]:
     """Validate a chat.completions body into a turn (session: path, header, then body)."""
-    request = _validated(body)
+    request = http.validated(ChatCompletionRequest, body)
     choice = request.tool_choice
     named = choice.function.get("name") if isinstance(choice, _NamedChoice) else None
     session = http.session_ref(path_session, headers, body if isinstance(body, dict) else {})

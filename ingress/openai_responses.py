@@ -15,11 +15,11 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from ingress import http
 from ingress.openai_chat import error_response
@@ -87,20 +87,6 @@ class _FunctionTool(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-def _validated(model: type[_Model], data: Any, at: str = "") -> _Model:
-    """``data`` as ``model``, or a 400 naming the first offending field (``at`` prefixes it)."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in (*([at] if at else []), *first["loc"])) or None
-        message = f"{param}: {first['msg']}" if param else f"the body: {first['msg']}"
-        raise InvalidRequest(message, param) from exc
-
-
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
@@ -164,7 +150,7 @@ class _Transcript:
         if kind in _IGNORED_ITEMS:
             return
         if kind == "message":
-            message = _validated(_InputMessage, raw, at)
+            message = http.validated(_InputMessage, raw, at)
             text = _text(message.content, f"{at}.content")
             if message.role == "assistant":
                 self._assistant("message", content=text)
@@ -173,16 +159,16 @@ class _Transcript:
                     Message(role="user" if message.role == "user" else "system", content=text)
                 )
         elif kind == "function_call":
-            fc = _validated(_FunctionCall, raw, at)
+            fc = http.validated(_FunctionCall, raw, at)
             self._assistant(
                 kind, call=ToolCall(id=fc.call_id, name=fc.name, arguments=fc.arguments)
             )
         elif kind == "function_call_output":
-            output = _validated(_FunctionCallOutput, raw, at)
+            output = http.validated(_FunctionCallOutput, raw, at)
             text = _text(output.output, f"{at}.output")
             self._other(Message(role="tool", content=text, tool_call_id=output.call_id))
         elif kind == "reasoning":
-            item = _validated(_Reasoning, raw, at)
+            item = http.validated(_Reasoning, raw, at)
             self._reasoning.append("".join(part.text for part in item.content or item.summary))
         elif kind == "item_reference":
             raise InvalidRequest(
@@ -200,7 +186,7 @@ def _chat_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     chat = []
     for index, tool in enumerate(tools):
         if tool.get("type") == "function":
-            function = _validated(_FunctionTool, tool, f"tools.{index}")
+            function = http.validated(_FunctionTool, tool, f"tools.{index}")
             # "strict" is an API switch, not part of the tool the model reads.
             chat.append({"type": "function", "function": function.model_dump(exclude_none=True)})
     return tuple(chat)
@@ -210,7 +196,7 @@ def parse_request(
     body: Any, path_session: str | None, headers: dict[str, str]
 ) -> tuple[ChatTurn, ResponsesRequest]:
     """Validate a responses body into a turn (session: path, header, then body)."""
-    request = _validated(ResponsesRequest, body)
+    request = http.validated(ResponsesRequest, body)
     for stateful in ("previous_response_id", "conversation"):
         if getattr(request, stateful) is not None:
             raise InvalidRequest(

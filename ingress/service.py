@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from array import array
@@ -21,6 +22,7 @@ from typing import Any, Literal, Protocol
 
 from ingress import metrics
 from ingress.chains import Chain, ChainStore
+from ingress.constraints import tool_call_constraint
 from ingress.detokenize import IncrementalDecoder
 from ingress.output import OutputDelta, OutputParser, ParsedOutput
 from ingress.parsers import make_parser
@@ -29,6 +31,8 @@ from ingress.turn import ChatTurn, Matcher, Message, SessionRef
 from schemas.events import SessionFinalized, StepRecorded
 from titoflow.engine import Engine, GenerateParams, Generation
 from titoflow.errors import ContextOverflow, InvalidRequest, SessionStepLimit
+
+log = logging.getLogger("titoflow.ingress")
 
 Publish = Callable[[StepRecorded | SessionFinalized], Awaitable[None]]
 
@@ -148,7 +152,7 @@ class ChatService:
         ids: list[int] = []
         logprobs: list[float] = []
         top: list[list[tuple[int, float]]] = []
-        finish_reason, versions = "stop", []
+        finish_reason, versions, stop_reason = "stop", [], None
         async for chunk in self.engine.generate_stream(
             prepared.prompt.tolist(), prepared.params, prepared.request_id
         ):
@@ -161,6 +165,7 @@ class ChatService:
                     yield delta
             if chunk.finish_reason is not None:
                 finish_reason, versions = chunk.finish_reason, chunk.weight_versions
+                stop_reason = chunk.stop_reason
         engine_ms = (time.perf_counter() - started) * 1000
         for delta in parser.feed(decoder.flush()):
             yield delta
@@ -175,6 +180,7 @@ class ChatService:
             engine_url=self.engine.url,
             weight_versions=versions,
             top_logprobs=top,
+            stop_reason=stop_reason,
         )
         yield TurnDone(await self._record(prepared, generation, parsed, engine_ms, stream=True))
 
@@ -227,18 +233,16 @@ class ChatService:
         if room <= 0 or (self.options.context_policy == "refuse" and wanted > room):
             raise ContextOverflow(
                 f"the prompt has {prompt_len} tokens and asks for {wanted} more; the model's "
-                f"context is {self.options.max_model_len} tokens"
+                f"context is {self.options.max_model_len} tokens",
+                prompt_tokens=prompt_len,
+                limit=self.options.max_model_len,
             )
-        structured = None
-        if turn.tool_choice in ("required", "named"):
-            from ingress.constraints import tool_call_constraint  # TEMPORARY lazy import
-
-            try:
-                structured = tool_call_constraint(
-                    turn.tools, turn.tool_choice, turn.tool_choice_name, self.options.tool_parser
-                )
-            except ValueError as exc:
-                raise InvalidRequest(str(exc), "tool_choice") from exc
+        try:
+            structured = tool_call_constraint(
+                turn.tools, turn.tool_choice, turn.tool_choice_name, self.options.tool_parser
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), "tool_choice") from exc
         return GenerateParams(
             max_tokens=min(wanted, room),
             temperature=turn.sampling.temperature,
@@ -301,6 +305,7 @@ class ChatService:
             new_messages=[m.template_dict() for m in turn.messages[prepared.covered :]],
             response_message=answer.template_dict(),
             tool_parse_error=parsed.parse_error,
+            tools_hash=hashlib.sha256(turn.tools_key().encode()).hexdigest()[:16],
             render_ms=prepared.render_ms,
             engine_ms=engine_ms,
         )
@@ -308,9 +313,22 @@ class ChatService:
         metrics.STEPS.labels(turn.api, step.prefix).inc()
         metrics.TOKENS.labels("prompt").inc(len(prepared.prompt))
         metrics.TOKENS.labels("completion").inc(len(generation.token_ids))
-        metrics.TURN_SECONDS.labels(turn.api).observe(time.perf_counter() - prepared.started)
+        turn_seconds = time.perf_counter() - prepared.started
+        metrics.TURN_SECONDS.labels(turn.api).observe(turn_seconds)
+        metrics.OVERHEAD_SECONDS.labels(turn.api).observe(turn_seconds - engine_ms / 1000)
         if parsed.parse_error:
             metrics.TOOL_PARSE_ERRORS.labels(turn.api).inc()
+        log.info(
+            "step recorded",
+            extra={
+                "session_id": step.session_id,
+                "step_id": step.step_id,
+                "prefix": step.prefix,
+                "prompt_tokens": len(prepared.prompt),
+                "completion_tokens": len(generation.token_ids),
+                "tool_parse_error": parsed.parse_error,
+            },
+        )
 
         completion = array("i", generation.token_ids)
         self.chains.advance(

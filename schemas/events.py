@@ -91,6 +91,9 @@ class StepRecorded(_Event):
     )
     response_message: dict[str, Any] = Field(description="The assistant message the client got.")
     tool_parse_error: str | None = None
+    tools_hash: str = Field(
+        "", description="Digest of the tools and template switches the prompt was rendered with."
+    )
     render_ms: float
     engine_ms: float
 
@@ -127,6 +130,8 @@ class SegmentStep(BaseModel):
 LOGPROB_SOURCE_NONE = 0
 LOGPROB_SOURCE_SAMPLED = 1
 
+DIVERGENCE_CLASSES = ("cache_miss", "template", "retokenization", "history_rewrite", "tool_change")
+
 
 class SegmentFinalized(_Event):
     """One training sample: a linear chain of steps with their exact tokens.
@@ -142,16 +147,35 @@ class SegmentFinalized(_Event):
     segment_id: str
     chain_id: str
     instance_id: str | None = None
+    rollout_id: str = Field(
+        "", description="The rollout this sample belongs to: metadata rollout_id, else the session."
+    )
     token_ids: Int32Array
     loss_mask: UInt8Array
     logprobs: Float32Array
     logprob_source: UInt8Array = Field(description="0 = none (context), 1 = sampled.")
-    steps: list[SegmentStep]
-    finalize_reason: Literal["finalized", "idle"]
-    split_reason: str | None = Field(
-        None, description="Why this segment did not continue an earlier one (None: it is a root)."
+    weight_versions: list[VersionSpan] = Field(
+        default_factory=list,
+        description="Spans over segment token positions: which weights sampled those tokens.",
     )
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    steps: list[SegmentStep]
+    finalize_reason: Literal["finalized", "idle", "size"]
+    split_reason: str | None = Field(
+        None,
+        description="Why this segment does not continue an earlier one of its session: fork (a "
+        "request continued from an earlier turn), size (the previous segment reached the size "
+        "limit; its tokens are this one's context), or a divergence class: template, "
+        "retokenization, history_rewrite, tool_change. None: the session's first segment.",
+    )
+    diagnostics: dict[str, int] = Field(
+        default_factory=dict,
+        description="Counts over the session so far: divergence classes (cache_miss, template, "
+        "retokenization, history_rewrite, tool_change), forks, superseded retries, tool-call "
+        "parse errors.",
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Session metadata: SessionOpened's, then finalize's."
+    )
 
 
 class DeadLetter(BaseModel):

@@ -5,6 +5,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+# nginx: the session-hashing load balancer of compose.yaml, exercised by the topology test.
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light
+}
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

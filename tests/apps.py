@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
+import httpx2
 from fastapi import APIRouter, FastAPI
 
 from ingress.chains import ChainStore
@@ -42,6 +42,7 @@ def scripted_app(
     return app, engine, publisher
 
 
-def asgi_client(app: FastAPI) -> httpx.AsyncClient:
-    """An httpx client that calls ``app`` in-process (pass it to the SDKs as http_client)."""
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ingress")
+def asgi_client(app: FastAPI) -> httpx2.AsyncClient:
+    """A client that calls ``app`` in-process. httpx2, because the openai and anthropic SDKs
+    take only httpx2 clients as ``http_client``."""
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://ingress")

@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 import anthropic
-import httpx2
 import pytest
 from anthropic.types import (
     MessageParam,
@@ -26,7 +25,7 @@ from ingress import anthropic_messages
 from ingress.anthropic_messages import parse_count_request, parse_request
 from ingress.app import unknown_route_response
 from schemas.events import StepRecorded
-from tests.apps import scripted_app
+from tests.apps import asgi_client, scripted_app
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import qwen3
 from titoflow.errors import InvalidRequest
@@ -56,16 +55,11 @@ def app_for(
     return app, engine, publisher
 
 
-def http_client(app: FastAPI) -> httpx2.AsyncClient:
-    # The anthropic SDK (2.x) takes only httpx2 clients; tests/apps.asgi_client is plain httpx.
-    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://ingress")
-
-
 def sdk(app: FastAPI, session: str = "s1", max_retries: int = 0) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(
         base_url=f"http://ingress/sess/{session}",
         api_key="k",
-        http_client=http_client(app),
+        http_client=asgi_client(app),
         max_retries=max_retries,
     )
 
@@ -402,7 +396,7 @@ async def test_count_tokens_matches_the_prompt_sent() -> None:
             model="m", max_tokens=8, messages=ASK, system=system, tools=[BASH]
         )
     assert counted.input_tokens == len(engine.prompts[0])
-    async with http_client(app) as raw:  # the session-less form counts too
+    async with asgi_client(app) as raw:  # the session-less form counts too
         response = await raw.post("/v1/messages/count_tokens", json={"model": "m", "messages": ASK})
     assert response.status_code == 200 and response.json()["input_tokens"] > 0
     assert len(publisher.events) == 1  # counting records nothing
@@ -449,7 +443,7 @@ async def test_claude_code_shaped_tool_round_trip() -> None:
         {"role": "system", "content": "<system-reminder>today is Friday</system-reminder>"},
     ]
     url = "/sess/cc/v1/messages?beta=true"
-    async with http_client(app) as client:
+    async with asgi_client(app) as client:
         first = await client.post(url, json=claude_code_body(messages), headers=CLAUDE_CODE_HEADERS)
         events = sse_events(first.text)
         [tool_use] = [
@@ -508,7 +502,7 @@ async def test_claude_code_shaped_tool_round_trip() -> None:
 )
 async def test_any_key_and_version_is_accepted(headers: dict[str, str]) -> None:
     app, _, publisher = app_for(["hi<|im_end|>"])
-    async with http_client(app) as client:
+    async with asgi_client(app) as client:
         response = await client.post("/sess/s1/v1/messages?beta=true", json=body(), headers=headers)
     assert response.status_code == 200 and response.json()["content"][0]["text"] == "hi"
     assert len(publisher.events) == 1
@@ -516,7 +510,7 @@ async def test_any_key_and_version_is_accepted(headers: dict[str, str]) -> None:
 
 async def test_session_from_header_on_the_plain_route() -> None:
     app, _, publisher = app_for(["hi<|im_end|>"])
-    async with http_client(app) as client:
+    async with asgi_client(app) as client:
         response = await client.post("/v1/messages", json=body(), headers={"x-session-id": "h"})
     assert response.status_code == 200 and steps(publisher)[0].session_id == "h"
 
@@ -545,7 +539,7 @@ async def test_errors_have_anthropic_shape(
     path: str, content: str | bytes, status: int, kind: str
 ) -> None:
     app, engine, publisher = app_for(["never<|im_end|>"], Settings(max_request_bytes=1024))
-    async with http_client(app) as client:
+    async with asgi_client(app) as client:
         response = await client.post(path, content=content)
     assert response.status_code == status
     error = response.json()
@@ -557,7 +551,7 @@ async def test_errors_have_anthropic_shape(
 async def test_broker_down_is_a_529_the_sdk_retries() -> None:
     app, _, publisher = app_for(["again<|im_end|>"] * 3)  # one reply per attempt
     publisher.fail_next = True
-    async with http_client(app) as raw:
+    async with asgi_client(app) as raw:
         response = await raw.post(MESSAGES, json=body())
     assert response.status_code == 529 and response.headers["retry-after"]
     assert response.json()["error"]["type"] == "overloaded_error"
@@ -573,7 +567,7 @@ async def test_broker_down_is_a_529_the_sdk_retries() -> None:
 async def test_broker_down_mid_stream_is_an_error_event_without_message_stop() -> None:
     app, _, publisher = app_for(["streamed<|im_end|>"])
     publisher.fail_next = True
-    async with http_client(app) as client:
+    async with asgi_client(app) as client:
         response = await client.post(MESSAGES, json=body(stream=True))
     events = sse_events(response.text)
     assert response.status_code == 200  # already sent when the publish failed
@@ -601,7 +595,7 @@ async def test_sdk_raises_on_an_error_event() -> None:
 async def test_refused_stream_gets_a_status_line() -> None:
     # Preparation errors surface before the first event, so they keep their HTTP status.
     app, _, publisher = app_for(["never<|im_end|>"])
-    async with http_client(app) as client:
+    async with asgi_client(app) as client:
         response = await client.post(
             "/sess/s1/v1/messages",
             json=body(

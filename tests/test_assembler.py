@@ -23,6 +23,8 @@ def step(
         event_time=float(len(step_id)),
         step_id=step_id,
         chain_id=extra.pop("chain_id", "c"),
+        new_messages=extra.pop("new_messages", []),
+        response_message=extra.pop("response_message", {}),
         parent_step_id=parent,
         prefix="tito" if parent else "rendered",
         prefix_len=prefix_len,
@@ -34,8 +36,6 @@ def step(
         model="m",
         engine_url="u",
         engine_request_id="r",
-        new_messages=[],
-        response_message={},
         render_ms=0.0,
         engine_ms=0.0,
         **extra,
@@ -99,11 +99,86 @@ def test_rendered_step_extends_when_its_prompt_starts_with_the_segment() -> None
     assert segment.steps[1].prefix == "rendered"
 
 
-def test_rendered_step_that_diverges_starts_a_new_segment() -> None:
-    rewrite = step("b2", [1, 2, 99, 4], [12])  # history rewritten: prefix does not match
-    _, second = assemble([THREE_TURNS[0], rewrite])
-    assert second.split_reason == "rendered_prefix_diverged"
-    assert second.token_ids == [1, 2, 99, 4, 12]
+USER = {"role": "user", "content": "list files"}
+REPLY = {"role": "assistant", "content": "ab"}
+NEXT = {"role": "user", "content": "and now?"}
+FIRST = step("a", [1, 2, 3], [10, 11], new_messages=[USER], response_message=REPLY)
+
+
+def rendered(prompt: list[int], messages: list[dict[str, Any]], **extra: Any) -> StepRecorded:
+    return step("r", prompt, [12], new_messages=messages, response_message=REPLY, **extra)
+
+
+def decode(ids: list[int]) -> str:
+    """A toy vocabulary where 10, 11 spell "a", "b" and 50 spells "ab" (a merge)."""
+    return "".join({10: "a", 11: "b", 50: "ab"}.get(i, f"<{i}>") for i in ids)
+
+
+def classify(event: StepRecorded) -> tuple[str | None, dict[str, int]]:
+    assembler = Assembler(decode=decode)
+    assembler.add_step(FIRST, 0, 0)
+    assembler.add_step(event, 0, 1)
+    segments = assembler.finalize("s", "finalized")
+    return segments[-1].split_reason, segments[-1].diagnostics
+
+
+def test_rendered_steps_are_classified_when_they_do_not_continue_the_segment() -> None:
+    conversation = [USER, REPLY, NEXT]
+    # Another replica rendered the same conversation to the same tokens: a cache miss, extended.
+    assert classify(rendered([1, 2, 3, 10, 11, 7], conversation)) == (None, {"cache_miss": 1})
+    # The same conversation, but the template renders the reply as other ids of the same text.
+    assert classify(rendered([1, 2, 3, 50, 7], conversation))[0] == "retokenization"
+    # ... or as other text (Qwen3 drops <think> from history).
+    assert classify(rendered([1, 2, 3, 11, 7], conversation))[0] == "template"
+    # A user message edited after the fact (Claude Code injects <system-reminder>s).
+    edited = [{**USER, "content": "<system-reminder>x</system-reminder>list files"}, REPLY, NEXT]
+    assert classify(rendered([1, 2, 4, 10, 11, 7], edited)) == (
+        "history_rewrite",
+        {"history_rewrite": 1},
+    )
+    assert classify(rendered([9, 2, 3, 10, 11, 7], conversation, tools_hash="new"))[0] == (
+        "tool_change"
+    )
+
+
+def test_a_segment_at_the_size_limit_is_emitted_and_continues_as_context() -> None:
+    assembler = Assembler(max_segment_tokens=6)
+    for offset, event in enumerate(THREE_TURNS):
+        outcome = assembler.add_step(event, 0, offset)
+        if event.step_id == "b":
+            [full] = outcome.segments
+    assert full.finalize_reason == "size" and full.token_ids == [1, 2, 3, 10, 11, 4, 12]
+    [after] = assembler.finalize("s", "finalized")
+    assert after.split_reason == "size"
+    assert after.token_ids[:7] == full.token_ids and after.loss_mask[:7] == [0] * 7
+    assert after.loss_mask[7:] == [0, 0, 1, 1, 1] and after.segment_id != full.segment_id
+
+
+def test_weight_versions_metadata_and_rollout_ids_reach_the_segment() -> None:
+    from schemas.events import SessionOpened, VersionSpan
+
+    assembler = Assembler()
+    opened = SessionOpened(
+        session_id="s", event_time=0.0, instance_id="i9", metadata={"rollout_id": "r1", "k": 1}
+    )
+    assembler.apply(opened.model_dump_json().encode(), 0, 0)
+    versioned = step(
+        "a",
+        [1, 2],
+        [10, 11, 12],
+        weight_versions=[
+            VersionSpan(version="v1", start=0, end=1),
+            VersionSpan(version="v2", start=1, end=3),
+        ],
+    )
+    assembler.add_step(versioned, 0, 1)
+    [segment] = assembler.finalize("s", "finalized", {"reward": 0.5})
+    assert [(v.version, v.start, v.end) for v in segment.weight_versions] == [
+        ("v1", 2, 3),
+        ("v2", 3, 5),
+    ]
+    assert (segment.instance_id, segment.rollout_id) == ("i9", "r1")
+    assert segment.metadata == {"rollout_id": "r1", "k": 1, "reward": 0.5}
 
 
 def test_duplicates_late_steps_and_replayed_orphans() -> None:

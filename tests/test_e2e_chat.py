@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from pydantic import TypeAdapter
 
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
@@ -48,6 +49,7 @@ async def test_tool_loop_streaming_and_not_matches_the_recorded_steps(
             seed=7,
         )
         [call] = first.choices[0].message.tool_calls or []
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
         assert call.function.name == "ls" and first.choices[0].finish_reason == "tool_calls"
         seen.append({"calls": [call.model_dump()], "content": first.choices[0].message.content})
         messages += [

@@ -18,7 +18,7 @@ from tests.apps import asgi_client, scripted_app
 from tests.families import path_tool
 from titoflow.settings import Settings
 
-TOOLS = [path_tool("ls", "list a directory")]
+TOOLS: Any = [path_tool("ls", "list a directory")]
 CALL = '<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
 ROUTERS = [openai_chat.router, session_routes.router]
 
@@ -74,7 +74,7 @@ async def test_tool_calls_stream_once_complete_and_continue_the_chain() -> None:
         model="m",
         messages=messages,
         tools=TOOLS,
-        stream=True,  # type: ignore[list-item]
+        stream=True,
     )
     calls = [
         call
@@ -88,7 +88,7 @@ async def test_tool_calls_stream_once_complete_and_continue_the_chain() -> None:
         {"role": "assistant", "content": "", "tool_calls": [call.model_dump(exclude={"index"})]},
         {"role": "tool", "tool_call_id": call.id, "content": "a.txt"},
     ]
-    answer = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[list-item]
+    answer = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert answer.choices[0].message.content == "It has a.txt"
     first, second = steps(publisher)
     assert second.prefix == "tito" and second.parent_step_id == first.step_id
@@ -115,7 +115,7 @@ async def test_tool_choice_none_leaves_tool_text_as_text() -> None:
     answer = await client_for(app).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "x"}],
-        tools=TOOLS,  # type: ignore[list-item]
+        tools=TOOLS,
         tool_choice="none",
     )
     assert answer.choices[0].message.tool_calls is None

@@ -38,8 +38,7 @@ def sdk(app: FastAPI) -> AsyncOpenAI:
     return AsyncOpenAI(
         base_url="http://ingress/sess/s1/v1",
         api_key="k",
-        # openai 3.x types this as an httpx2 client; an httpx client works the same.
-        http_client=asgi_client(app),  # type: ignore[arg-type]
+        http_client=asgi_client(app),
         max_retries=0,
     )
 

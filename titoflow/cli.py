@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from titoflow.logs import setup_logging
 from titoflow.settings import PROJECT_ROOT, Settings
 
 
@@ -35,9 +35,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(settings.log_level, settings.log_format)
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
@@ -119,6 +117,125 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from workers.replay import (
+        ReplayError,
+        ReplayOptions,
+        format_summary,
+        make_progress,
+        parse_from_offsets,
+        parse_time,
+        replay_to,
+    )
+
+    settings = _settings(args)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    try:
+        every, per_partition = parse_from_offsets(args.from_offset or [])
+        options = ReplayOptions(
+            partitions=frozenset(args.partition) if args.partition else None,
+            from_offset=every,
+            from_offsets=per_partition,
+            from_time=parse_time(args.from_time) if args.from_time else None,
+            session=args.session,
+            instance=args.instance,
+            finalize_open=args.finalize_open,
+        )
+        if args.to_topic == settings.topic("segments"):
+            print(
+                f"warning: publishing into the live {args.to_topic}; consumers drop segments "
+                "whose ids they saw, other build settings can still confuse a trainer",
+                file=sys.stderr,
+            )
+        progress = make_progress(args.progress)
+        if args.out is not None:
+            with open(args.out, "wb") as out:
+                report = asyncio.run(replay_to(settings, options, out=out, progress=progress))
+        else:
+            report = asyncio.run(
+                replay_to(settings, options, to_topic=args.to_topic, progress=progress)
+            )
+    except ReplayError as exc:
+        print(f"titoflow replay: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `titoflow replay | head`
+        return 0
+    print(format_summary(report), file=sys.stderr)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from workers.inspect_view import (
+        FromSteps,
+        TokenDecoder,
+        build_view,
+        from_segments_topic,
+        from_steps_topic,
+        load_jsonl,
+        render_html,
+        render_table,
+        render_text,
+    )
+    from workers.replay import ReplayError, format_summary, make_progress
+
+    settings = _settings(args)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    if args.segments is None and args.session is None:
+        print("titoflow inspect: give --segments FILE or --session ID", file=sys.stderr)
+        return 2
+    steps: FromSteps | None = None
+    try:
+        if args.segments is not None:
+            loaded = load_jsonl(args.segments, args.session, args.segment)
+        elif args.from_steps:
+            steps = asyncio.run(
+                from_steps_topic(settings, args.session, args.segment, make_progress(args.progress))
+            )
+            loaded = steps.loaded
+            print(format_summary(steps.report), file=sys.stderr)
+        else:
+            loaded = asyncio.run(
+                from_segments_topic(
+                    settings, args.session, args.segment, progress=make_progress(args.progress)
+                )
+            )
+    except (ReplayError, ValueError, OSError) as exc:
+        print(f"titoflow inspect: {exc}", file=sys.stderr)
+        return 2
+    if not loaded:
+        print("titoflow inspect: no matching segment", file=sys.stderr)
+        return 1
+    tokenizer = None
+    if not args.no_decode:
+        from titoflow.tokenizer import load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(settings.model_path)
+        except (OSError, ValueError) as exc:
+            print(f"showing token ids, not text: {exc}", file=sys.stderr)
+    decoder = TokenDecoder(tokenizer)
+    views = [
+        build_view(
+            item,
+            decoder,
+            steps.step_events if steps else None,
+            still_open=steps is not None and item.segment.segment_id in steps.still_open,
+        )
+        for item in loaded
+    ]
+    if args.html is not None:
+        title = f"titoflow · session {loaded[0].segment.session_id}"
+        args.html.write_text(render_html(views, title, args.context_tokens), encoding="utf-8")
+        print(f"wrote {args.html} ({len(views)} segments)", file=sys.stderr)
+        return 0
+    if args.table:
+        sys.stdout.write(render_table(views))
+        return 0
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    sys.stdout.write(render_text(views, color=color, context_tokens=args.context_tokens))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="titoflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +254,71 @@ def main(argv: list[str] | None = None) -> int:
         service = sub.add_parser(name, help=text)
         _add_settings_flags(service)
         service.set_defaults(func=func)
+
+    replay = sub.add_parser(
+        "replay",
+        help="re-assemble segments from the steps topic (no consumer group, no commits)",
+        description="Read <prefix>.steps without a consumer group up to its end offsets at "
+        "start, re-assemble with these settings, write segments as JSONL (stdout by default); "
+        "a summary goes to stderr.",
+    )
+    replay.add_argument(
+        "--from-offset",
+        action="append",
+        metavar="[PARTITION:]N",
+        help="start every partition at offset N, or PARTITION at N (repeatable)",
+    )
+    replay.add_argument("--from-time", help="start at this record time (ISO 8601 or unix seconds)")
+    replay.add_argument(
+        "--partition", type=int, action="append", help="only this partition (repeatable)"
+    )
+    replay.add_argument("--session", help="only this session")
+    replay.add_argument("--instance", help="only sessions of this instance")
+    replay.add_argument(
+        "--finalize-open",
+        action="store_true",
+        help="emit sessions still open at the end as idle (else they are only reported)",
+    )
+    target = replay.add_mutually_exclusive_group()
+    target.add_argument("--out", type=Path, help="write JSONL to this file instead of stdout")
+    target.add_argument("--to-topic", help="publish segments to this topic (created if missing)")
+    replay.add_argument(
+        "--progress", choices=["auto", "always", "never"], default="auto", help="bar on stderr"
+    )
+    _add_settings_flags(replay)
+    replay.set_defaults(func=cmd_replay)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show a session's segments: decoded, coloured tokens (terminal or --html)",
+        description="Segments come from --segments FILE (JSONL), else the segments topic "
+        "(--session, scanned without a consumer group), else --from-steps (a replay of the "
+        "steps topic for --session).",
+    )
+    inspect.add_argument("--segments", type=Path, help="JSONL file of segments ('-': stdin)")
+    inspect.add_argument("--session", help="the session to show")
+    inspect.add_argument("--segment", help="only this segment id")
+    inspect.add_argument(
+        "--from-steps", action="store_true", help="replay the steps topic for --session"
+    )
+    inspect.add_argument("--html", type=Path, help="write a self-contained HTML page here")
+    inspect.add_argument("--table", action="store_true", help="one line per token (TSV)")
+    inspect.add_argument(
+        "--color", choices=["auto", "always", "never"], default="auto", help="terminal colours"
+    )
+    inspect.add_argument(
+        "--context-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="show only the first and last N pieces of each step's context",
+    )
+    inspect.add_argument("--no-decode", action="store_true", help="show token ids, not text")
+    inspect.add_argument(
+        "--progress", choices=["auto", "always", "never"], default="auto", help="bar on stderr"
+    )
+    _add_settings_flags(inspect)
+    inspect.set_defaults(func=cmd_inspect)
 
     sub.add_parser("build-model", help="write the tiny deterministic model (--out, --seed)")
 

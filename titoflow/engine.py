@@ -43,6 +43,7 @@ class GenerationChunk:
     top_logprobs: TopLogprobs
     finish_reason: str | None = None
     weight_versions: list[VersionSpan] = field(default_factory=list)
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Generation:
     engine_url: str
     weight_versions: list[VersionSpan] = field(default_factory=list)
     top_logprobs: TopLogprobs = field(default_factory=list)
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
 
 
 class Engine(Protocol):
@@ -131,6 +133,7 @@ class VLLMEngine:
             engine_url=self.url,
             weight_versions=chunk.weight_versions,
             top_logprobs=chunk.top_logprobs,
+            stop_reason=chunk.stop_reason,
         )
 
     async def generate_stream(
@@ -170,7 +173,9 @@ class VLLMEngine:
             raise EngineError(
                 f"engine returned {len(token_ids)} tokens but {len(logprobs)} logprobs"
             )
-        return GenerationChunk(token_ids, logprobs, top, choice.get("finish_reason"), spans)
+        return GenerationChunk(
+            token_ids, logprobs, top, choice.get("finish_reason"), spans, choice.get("stop_reason")
+        )
 
     async def healthy(self) -> bool:
         try:

@@ -30,6 +30,11 @@ class TemplateError(InvalidRequest):
 class ContextOverflow(InvalidRequest):
     code = "context_length_exceeded"
 
+    def __init__(self, message: str, prompt_tokens: int = 0, limit: int = 0) -> None:
+        super().__init__(message, "messages")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
 
 class SessionStepLimit(InvalidRequest):
     code = "session_step_limit"

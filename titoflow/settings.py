@@ -96,11 +96,21 @@ class Settings(BaseSettings):
 
     # --- worker -------------------------------------------------------------------------------
     worker_group: str = Field("titoflow-workers", description="Consumer group of the workers.")
+    max_segment_tokens: int = Field(
+        0,
+        description="Emit a segment once its own tokens reach this many; the chain continues "
+        "in a new segment that carries them as context. 0: no limit.",
+    )
     idle_finalize_s: float = Field(
         300.0, description="Finalize a session's segments after this long without events."
     )
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level."
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one object per line with session/step ids; text: for people."
+    )
 
     def topic(self, name: Literal["steps", "segments", "control", "dlq"]) -> str:
         return f"{self.topic_prefix}.{name}"

@@ -3,10 +3,15 @@
 Invariants:
 - A segment is a linear chain of steps. Each step adds its prompt tail as context (loss mask 0,
   logprob source ``none``) and its completion as generated tokens (mask 1, the engine's logprobs,
-  source ``sampled``). Token ids are copied from the events, never re-encoded.
+  source ``sampled``, the weight versions that sampled them). Token ids are copied from the
+  events, never re-encoded.
 - A TITO step extends the segment holding its parent; if the parent is not that segment's last
-  step, the segment forks (a copy up to the parent). A rendered step extends an open segment
-  whose tokens are a prefix of its prompt, else it starts a new segment (``split_reason``).
+  step, the segment forks (a copy up to the parent). A rendered step (the ingress rendered the
+  whole conversation) extends an open segment whose tokens prefix its prompt — a ``cache_miss``
+  — else it starts a new segment whose ``split_reason`` classifies the divergence.
+- A segment whose own tokens (beyond context carried over) reach ``max_segment_tokens`` is
+  emitted (``finalize_reason: size``); the chain continues in a new segment that holds those
+  tokens as context (loss mask 0), so no token is trained on twice and none loses its context.
 - Output is a function of the events alone (ids and times come from the log), so replaying the
   same events yields byte-identical segments, and a segment's id is that of its last step.
 """
@@ -14,21 +19,45 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import json
 from array import array
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from schemas.events import (
     LOGPROB_SOURCE_NONE,
     LOGPROB_SOURCE_SAMPLED,
     SegmentFinalized,
     SegmentStep,
+    SessionFinalized,
+    SessionOpened,
     StepRecorded,
+    VersionSpan,
+    steps_topic_adapter,
 )
 
-FinalizeReason = Literal["finalized", "idle"]
+StepsEvent = SessionOpened | StepRecorded | SessionFinalized
+FinalizeReason = Literal["finalized", "idle", "size"]
+Decode = Callable[[list[int]], str]
 MAX_TOMBSTONES = 100_000
+
+
+def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
+    """A message as the conversation sees it: reasoning left out (clients drop it), tool-call
+    arguments compared as JSON values."""
+    calls = tuple(
+        (
+            call.get("id"),
+            call["function"]["name"],
+            json.dumps(call["function"].get("arguments"), sort_keys=True),
+        )
+        for call in message.get("tool_calls") or ()
+    )
+    return (message.get("role"), message.get("content"), calls, message.get("tool_call_id"))
 
 
 @dataclass
@@ -39,8 +68,13 @@ class _Segment:
     loss_mask: array[int] = field(default_factory=lambda: array("B"))
     logprobs: array[float] = field(default_factory=lambda: array("f"))
     source: array[int] = field(default_factory=lambda: array("B"))
+    versions: list[VersionSpan] = field(default_factory=list)
     steps: list[SegmentStep] = field(default_factory=list)
+    messages: list[tuple[Any, ...]] = field(default_factory=list)  # the conversation so far
+    messages_after: list[int] = field(default_factory=list)  # len(messages) after each step
+    tools_hash: str = ""
     last_event_time: float = 0.0
+    carried: int = 0  # leading tokens carried over as context from a segment emitted at size
 
     @property
     def head_step_id(self) -> str | None:
@@ -57,6 +91,14 @@ class _Segment:
         self.loss_mask.extend([1] * len(step.completion_ids))
         self.logprobs.extend(step.completion_logprobs)
         self.source.extend([LOGPROB_SOURCE_SAMPLED] * len(step.completion_ids))
+        self.versions += [
+            VersionSpan(
+                version=span.version,
+                start=completion_start + span.start,
+                end=completion_start + span.end,
+            )
+            for span in step.weight_versions
+        ]
         self.steps.append(
             SegmentStep(
                 step_id=step.step_id,
@@ -67,6 +109,9 @@ class _Segment:
                 finish_reason=step.finish_reason,
             )
         )
+        self.messages += [_message_key(m) for m in (*step.new_messages, step.response_message)]
+        self.messages_after.append(len(self.messages))
+        self.tools_hash = step.tools_hash
         self.last_event_time = step.event_time
 
     def holds_as_head(self, step: StepRecorded) -> bool:
@@ -78,25 +123,48 @@ class _Segment:
         completion: list[int] = self.tokens[head.completion_start :].tolist()
         return tail == step.prompt_tail_ids and completion == step.completion_ids
 
-    def drop_head(self) -> None:
-        cut = self.steps.pop().prompt_start
+    def truncate(self, steps: int) -> None:
+        """Keep only the first ``steps`` steps (and their tokens and messages)."""
+        cut = self.steps[steps - 1].completion_end if steps else 0
         for values in (self.tokens, self.loss_mask, self.logprobs, self.source):
             del values[cut:]
+        self.versions = [span for span in self.versions if span.end <= cut]
+        del self.steps[steps:]
+        del self.messages[self.messages_after[steps - 1] if steps else 0 :]
+        del self.messages_after[steps:]
+
+    def copy(self, split_reason: str) -> _Segment:
+        return _Segment(
+            chain_id=self.chain_id,
+            split_reason=split_reason,
+            tokens=self.tokens[:],
+            loss_mask=self.loss_mask[:],
+            logprobs=self.logprobs[:],
+            source=self.source[:],
+            versions=self.versions[:],
+            steps=self.steps[:],
+            messages=self.messages[:],
+            messages_after=self.messages_after[:],
+            tools_hash=self.tools_hash,
+            last_event_time=self.last_event_time,
+            carried=self.carried,
+        )
 
     def fork_at(self, step_id: str) -> _Segment:
         """A new segment holding this one's tokens up to the end of ``step_id``."""
-        index = next(i for i, s in enumerate(self.steps) if s.step_id == step_id)
-        end = self.steps[index].completion_end
-        return _Segment(
-            chain_id=self.chain_id,
-            split_reason="fork",
-            tokens=self.tokens[:end],
-            loss_mask=self.loss_mask[:end],
-            logprobs=self.logprobs[:end],
-            source=self.source[:end],
-            steps=self.steps[: index + 1],
-            last_event_time=self.last_event_time,
-        )
+        fork = self.copy("fork")
+        fork.truncate(next(i for i, s in enumerate(self.steps) if s.step_id == step_id) + 1)
+        return fork
+
+    def as_context(self) -> _Segment:
+        """The continuation of a segment emitted at the size limit: its tokens, all context."""
+        following = self.copy("size")
+        following.loss_mask = array("B", bytes(len(self.tokens)))
+        following.source = array("B", bytes(len(self.tokens)))
+        following.logprobs = array("f", bytes(4 * len(self.tokens)))
+        following.versions = []
+        following.carried = len(self.tokens)
+        return following
 
 
 @dataclass
@@ -104,66 +172,117 @@ class _Session:
     instance_id: str | None
     partition: int
     first_offset: int
+    metadata: dict[str, Any] = field(default_factory=dict)
     segments: list[_Segment] = field(default_factory=list)
     segment_of_step: dict[str, _Segment] = field(default_factory=dict)
+    diagnostics: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
 class StepOutcome:
-    """What happened to a step that did not simply extend a segment."""
+    """What happened to a step that did not simply extend a segment, and any segment it closed
+    (at the size limit)."""
 
+    dead_letter_reason: str | None = None
+    skipped_reason: str | None = None
+    segments: list[SegmentFinalized] = field(default_factory=list)
+
+
+@dataclass
+class Applied:
+    """The result of one record of the steps topic: the event (None if undecodable), the
+    segments it closed, and why it was dead-lettered or skipped, if it was."""
+
+    event: StepsEvent | None
+    segments: list[SegmentFinalized] = field(default_factory=list)
     dead_letter_reason: str | None = None
     skipped_reason: str | None = None
 
 
 class Assembler:
-    def __init__(self) -> None:
+    def __init__(self, max_segment_tokens: int = 0, decode: Decode | None = None) -> None:
+        """``decode`` (token ids → text) lets divergences be told apart as retokenization
+        (same text, other ids) or template (other text); without it they count as template."""
+        self.max_segment_tokens = max_segment_tokens
+        self.decode = decode
         self._sessions: dict[str, _Session] = {}
         # Sessions already finalized here: a step arriving for one of them is late, not new.
         self._finalized: OrderedDict[str, None] = OrderedDict()
-        self.counters: dict[str, int] = {}
-
-    def _count(self, name: str) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
+        self.counters: Counter[str] = Counter()
 
     @property
     def open_sessions(self) -> list[str]:
         return list(self._sessions)
 
+    def apply(self, value: bytes | None, partition: int, offset: int) -> Applied:
+        """Decode and apply one record of the steps topic (what workers and replays share)."""
+        try:
+            event = steps_topic_adapter.validate_json(value or b"")
+        except ValidationError as exc:
+            reason = f"undecodable or unknown event: {exc.errors(include_url=False)[:3]}"
+            return Applied(None, dead_letter_reason=reason)
+        if isinstance(event, StepRecorded):
+            outcome = self.add_step(event, partition, offset)
+            return Applied(
+                event, outcome.segments, outcome.dead_letter_reason, outcome.skipped_reason
+            )
+        if isinstance(event, SessionFinalized):
+            return Applied(event, self.finalize(event.session_id, "finalized", event.metadata))
+        if event.session_id not in self._sessions and event.session_id not in self._finalized:
+            self._sessions[event.session_id] = _Session(
+                event.instance_id, partition, offset, dict(event.metadata)
+            )
+        return Applied(event)
+
     def add_step(self, step: StepRecorded, partition: int, offset: int) -> StepOutcome:
         session = self._sessions.get(step.session_id)
         if session is None:
             if step.session_id in self._finalized:
-                self._count("late_steps")
+                self.counters["late_steps"] += 1
                 return StepOutcome(dead_letter_reason="step for a session already finalized")
             if step.prefix == "tito":
                 # Its parent sits below this worker's start offset, so the session was complete
                 # when the offset was committed: this is a replayed event already assembled.
-                self._count("replayed_orphan_steps")
+                self.counters["replayed_orphan_steps"] += 1
                 return StepOutcome(skipped_reason="parent step precedes the committed offset")
             session = _Session(step.instance_id, partition, offset)
             self._sessions[step.session_id] = session
+        session.instance_id = session.instance_id or step.instance_id
+        if step.tool_parse_error:
+            session.diagnostics["tool_parse_errors"] += 1
         earlier = session.segment_of_step.get(step.step_id)
         if earlier is not None:
             if earlier.holds_as_head(step):
-                self._count("duplicate_steps")
+                self.counters["duplicate_steps"] += 1
                 return StepOutcome(skipped_reason="duplicate step id")
             if earlier.head_step_id != step.step_id:
-                self._count("late_retries")
+                self.counters["late_retries"] += 1
                 return StepOutcome(dead_letter_reason="retried step after its chain moved on")
             # A retried turn (same parent and prompt, new sample) published after the first try:
             # the client saw the later one, so it replaces the first.
-            earlier.drop_head()
-            self._count("superseded_steps")
+            earlier.truncate(len(earlier.steps) - 1)
+            session.diagnostics["superseded_steps"] += 1
         placed = self._place(session, step)
         if isinstance(placed, str):
-            self._count(placed)
+            self.counters[placed] += 1
             # A segment without its prefix would be a wrong sample; keep the event for replay.
             return StepOutcome(dead_letter_reason=placed)
         segment, context = placed
         segment.extend(step, context)
         session.segment_of_step[step.step_id] = segment
+        if 0 < self.max_segment_tokens <= len(segment.tokens) - segment.carried:
+            return StepOutcome(segments=[self._emit_at_size(step.session_id, session, segment)])
         return StepOutcome()
+
+    def _emit_at_size(
+        self, session_id: str, session: _Session, segment: _Segment
+    ) -> SegmentFinalized:
+        following = segment.as_context()
+        session.segments[session.segments.index(segment)] = following
+        for step_id, holder in session.segment_of_step.items():
+            if holder is segment:
+                session.segment_of_step[step_id] = following
+        return _segment_event(session_id, session, segment, "size")
 
     def _place(self, session: _Session, step: StepRecorded) -> tuple[_Segment, list[int]] | str:
         """The segment this step extends and the context tokens it adds there, or why none can."""
@@ -174,25 +293,42 @@ class Assembler:
             if parent.head_step_id != step.parent_step_id:
                 parent = parent.fork_at(step.parent_step_id)
                 session.segments.append(parent)
-                self._count("forks")
+                session.diagnostics["forks"] += 1
             if len(parent.tokens) != step.prefix_len:
                 return "prefix_length_mismatch"
             return parent, step.prompt_tail_ids
         prompt = step.prompt_tail_ids
         for segment in reversed(session.segments):
             n = len(segment.tokens)
-            if n < len(prompt) and segment.tokens.tolist() == prompt[:n]:
-                self._count("rendered_prefix_matches")
+            if segment.steps and n < len(prompt) and segment.tokens.tolist() == prompt[:n]:
+                session.diagnostics["cache_miss"] += 1
                 return segment, prompt[n:]
-        reason = "rendered_prefix_diverged" if session.segments else None
+        reason = self._classify(session.segments[-1], step) if session.segments else None
         if reason:
-            self._count("rendered_prefix_divergences")
-        return self._new_segment(session, step, reason), prompt
-
-    def _new_segment(self, session: _Session, step: StepRecorded, reason: str | None) -> _Segment:
+            session.diagnostics[reason] += 1
+            self.counters[f"divergence_{reason}"] += 1
         segment = _Segment(chain_id=step.chain_id, split_reason=reason)
         session.segments.append(segment)
-        return segment
+        return segment, prompt
+
+    def _classify(self, segment: _Segment, step: StepRecorded) -> str:
+        """Why a fully rendered prompt does not continue the session's latest segment."""
+        if step.tools_hash != segment.tools_hash:
+            return "tool_change"
+        conversation = [_message_key(m) for m in step.new_messages]
+        if conversation[: len(segment.messages)] != segment.messages:
+            return "history_rewrite"  # edited, compacted, or injected into (Claude Code reminders)
+        # The same conversation, other tokens: the template renders history differently from
+        # what was sampled. Where the ids part, same text means a retokenization.
+        prompt = step.prompt_tail_ids
+        tokens = segment.tokens.tolist()
+        at = next(i for i, (a, b) in enumerate(zip(tokens, prompt, strict=False)) if a != b)
+        span = next((s for s in segment.steps if s.completion_start <= at < s.completion_end), None)
+        if span is None or self.decode is None:
+            return "template"
+        sampled = self.decode(tokens[span.completion_start : span.completion_end])
+        rendered = self.decode(prompt[span.completion_start :])
+        return "retokenization" if rendered.startswith(sampled) else "template"
 
     def finalize(
         self,
@@ -203,15 +339,16 @@ class Assembler:
         """Close a session and return its segments (none if it is unknown here)."""
         session = self._sessions.pop(session_id, None)
         if session is None:
-            self._count("finalize_unknown_session")
+            self.counters["finalize_unknown_session"] += 1
             return []
         self._finalized[session_id] = None
         while len(self._finalized) > MAX_TOMBSTONES:
             self._finalized.popitem(last=False)
+        session.metadata.update(metadata or {})
         return [
-            _segment_event(session_id, session, segment, reason, metadata or {})
+            _segment_event(session_id, session, segment, reason)
             for segment in session.segments
-            if segment.steps
+            if segment.steps and segment.loss_mask.count(1)
         ]
 
     def drop_partitions(self, partitions: set[int]) -> list[str]:
@@ -228,11 +365,7 @@ class Assembler:
 
 
 def _segment_event(
-    session_id: str,
-    session: _Session,
-    segment: _Segment,
-    reason: FinalizeReason,
-    metadata: dict[str, Any],
+    session_id: str, session: _Session, segment: _Segment, reason: FinalizeReason
 ) -> SegmentFinalized:
     # A step ends at most one segment, so (session, last step) names a segment. A worker that
     # re-reads a finished session from mid-way (its start was below the committed offset)
@@ -245,12 +378,15 @@ def _segment_event(
         segment_id=segment_id,
         chain_id=segment.chain_id,
         instance_id=session.instance_id,
+        rollout_id=str(session.metadata.get("rollout_id") or session_id),
         token_ids=segment.tokens.tolist(),
         loss_mask=segment.loss_mask.tolist(),
         logprobs=segment.logprobs.tolist(),
         logprob_source=segment.source.tolist(),
+        weight_versions=segment.versions,
         steps=segment.steps,
         finalize_reason=reason,
         split_reason=segment.split_reason,
-        metadata=metadata,
+        diagnostics=dict(sorted(session.diagnostics.items())),
+        metadata=session.metadata,
     )

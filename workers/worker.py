@@ -16,19 +16,12 @@ from collections.abc import Iterable
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from pydantic import ValidationError
 
-from schemas.events import (
-    DeadLetter,
-    SegmentFinalized,
-    SessionFinalized,
-    SessionOpened,
-    StepRecorded,
-    steps_topic_adapter,
-)
+from schemas.events import DeadLetter, SegmentFinalized, SessionFinalized, StepRecorded
 from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.settings import Settings
-from workers.assembler import Assembler
+from titoflow.tokenizer import load_tokenizer
+from workers.assembler import Assembler, Decode
 
 log = logging.getLogger("titoflow.worker")
 
@@ -48,10 +41,24 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
 
 
+def _decoder(settings: Settings) -> Decode | None:
+    """The policy's tokenizer, when the worker can see it, tells retokenization from template
+    divergences; without it both count as template."""
+    if not (settings.model_path / "tokenizer_config.json").exists():
+        log.warning("no tokenizer at %s: divergences are not told apart", settings.model_path)
+        return None
+    tokenizer = load_tokenizer(settings.model_path)
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+    return decode
+
+
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.assembler = Assembler()
+        self.assembler = Assembler(settings.max_segment_tokens, _decoder(settings))
         self.publisher = Publisher(settings)
         self.steps_topic = settings.topic("steps")
         self.consumer = make_consumer(settings, group_id=settings.worker_group)
@@ -84,27 +91,22 @@ class Worker:
             await self.publisher.stop()
 
     async def _handle(self, record: ConsumerRecord) -> list[SegmentFinalized]:
-        try:
-            event = steps_topic_adapter.validate_json(record.value)
-        except ValidationError as exc:
-            await self._dead_letter(record, f"undecodable or unknown event: {exc.errors()[:3]}")
-            return []
-        self._last_seen[event.session_id] = time.monotonic()
-        if isinstance(event, StepRecorded):
-            log.debug(
-                "step %s of session %s at offset %d", event.step_id, event.session_id, record.offset
-            )
-            outcome = self.assembler.add_step(event, record.partition, record.offset)
-            if outcome.dead_letter_reason:
-                await self._dead_letter(record, outcome.dead_letter_reason)
-            elif outcome.skipped_reason:
-                log.info("step %s skipped: %s", event.step_id, outcome.skipped_reason)
-            return []
-        if isinstance(event, SessionFinalized):
-            self._last_seen.pop(event.session_id, None)
-            return self.assembler.finalize(event.session_id, "finalized", event.metadata)
-        assert isinstance(event, SessionOpened)
-        return []
+        applied = self.assembler.apply(record.value, record.partition, record.offset)
+        event = applied.event
+        if event is not None:
+            ids = {"session_id": event.session_id, "offset": record.offset}
+            if isinstance(event, StepRecorded):
+                ids["step_id"] = event.step_id
+                log.debug("step %s", event.step_id, extra=ids)
+            if isinstance(event, SessionFinalized):
+                self._last_seen.pop(event.session_id, None)
+            else:
+                self._last_seen[event.session_id] = time.monotonic()
+            if applied.skipped_reason:
+                log.info("event skipped: %s", applied.skipped_reason, extra=ids)
+        if applied.dead_letter_reason:
+            await self._dead_letter(record, applied.dead_letter_reason)
+        return applied.segments
 
     def _finalize_idle(self) -> Iterable[SegmentFinalized]:
         cutoff = time.monotonic() - self.settings.idle_finalize_s
@@ -120,11 +122,14 @@ class Worker:
                 topic, segment.instance_id or segment.session_id, segment.model_dump_json().encode()
             )
             log.info(
-                "segment %s of session %s: %d tokens, %d steps",
-                segment.segment_id,
-                segment.session_id,
-                len(segment.token_ids),
-                len(segment.steps),
+                "segment published",
+                extra={
+                    "session_id": segment.session_id,
+                    "segment_id": segment.segment_id,
+                    "tokens": len(segment.token_ids),
+                    "steps": len(segment.steps),
+                    "finalize_reason": segment.finalize_reason,
+                },
             )
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:

@@ -1,0 +1,305 @@
+"""Crash safety of the assembly workers: at-least-once delivery, deterministic output
+(design §2 invariant 5; issue 4, "Never lose, never duplicate silently").
+
+What is real and what is scripted: the workers under test are real ``titoflow worker``
+processes (``titoflow.stack.start_worker``) in one consumer group on a real broker, killed with
+SIGKILL; the segments are read back with the trainer's own ``SegmentConsumer``. No engine and no
+ingress run: the step events are synthetic (``tests/load.py``, seeded) but schema-valid and
+chained exactly as the ingress makes them (TITO steps naming their parent with ``prefix_len`` =
+the parent's tokens, mid-session cache misses as ``rendered`` steps that extend the segment,
+forks from earlier steps), published straight to ``<prefix>.steps`` keyed by session.
+
+The expected output is the fault-free assembly of the same events in this process
+(``workers.assembler.Assembler``); a fault-free run of a real worker must equal it too, which
+validates that reference. Randomness is seeded; only timing (when a kill lands relative to a
+worker's publish and commit) varies from run to run, and the outcome must not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import ConsumerRecord, TopicPartition
+from pydantic import TypeAdapter
+
+from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_topic_adapter
+from tests.load import ScriptedLoad, reference_segments, scripted_load, segment_summary
+from titoflow.bus import Publisher, make_consumer
+from titoflow.procs import ManagedProcess
+from titoflow.settings import Settings
+from titoflow.stack import start_worker
+from workers.consumer import SegmentConsumer
+
+SEED = 20261121
+SESSIONS = 120
+BURSTS = 10
+KILLS = 5
+# Every segment must be out this long after the last publish, kills included.
+ARRIVAL_TIMEOUT_S = 180.0
+# Between a kill and the replacement, and between kills: tansu needs the 6 s session timeout to
+# drop a SIGKILLed member and ~3 s to rebalance, so kills land in every phase of a rebalance.
+REPLACE_AFTER_S = (0.2, 2.5)
+KILL_EVERY_S = (3.0, 8.0)
+BURST_PAUSE_S = (0.3, 4.0)
+
+segment_adapter: TypeAdapter[SegmentFinalized] = TypeAdapter(SegmentFinalized)
+
+
+def group_settings(settings: Settings) -> Settings:
+    """This test's own consumer group (the default group name is shared by every test)."""
+    return settings.model_copy(update={"worker_group": f"{settings.topic_prefix}-workers"})
+
+
+async def publish_burst(
+    publisher: Publisher, settings: Settings, load: ScriptedLoad, start: int, end: int
+) -> dict[str, list[tuple[int, int]]]:
+    """Publish events ``[start, end)`` of the timeline in order; where each landed, by session."""
+    placed: dict[str, list[tuple[int, int]]] = {}
+    topic = settings.topic("steps")
+    for record in load.events[start:end]:
+        where = await publisher.publish(topic, record.session_id, record.value)
+        placed.setdefault(record.session_id, []).append(where)
+    return placed
+
+
+async def read_topic(settings: Settings, topic: str) -> list[ConsumerRecord]:
+    """Every record of ``topic`` up to its current end, partition by partition, no group."""
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        await consumer.topics()  # metadata, so the partition count is known
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        assert partitions, f"topic {topic} has no partitions"
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        reached = {tp: 0 for tp in partitions}
+        records: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in partitions}
+        async with asyncio.timeout(60):
+            while any(reached[tp] < end[tp] for tp in partitions):
+                batch = await consumer.getmany(timeout_ms=500)
+                for tp, partition_records in batch.items():
+                    records[tp] += partition_records
+                    reached[tp] = partition_records[-1].offset + 1
+    finally:
+        await consumer.stop()
+    return [r for tp in partitions for r in records[tp]]
+
+
+async def consume_until_complete(
+    settings: Settings, expected: set[str], workers: list[ManagedProcess]
+) -> tuple[dict[str, bytes], int]:
+    """What the trainer's SegmentConsumer yields until every expected id arrived (bounded):
+    segment id → JSON, and how many duplicates it dropped on the way."""
+    got: dict[str, bytes] = {}
+    consumer = SegmentConsumer(settings)
+    async with consumer:
+        try:
+            async with asyncio.timeout(ARRIVAL_TIMEOUT_S):
+                async for segment in consumer:
+                    got[segment.segment_id] = segment.model_dump_json().encode()
+                    if expected <= got.keys():
+                        break
+        except TimeoutError:
+            pass  # the assertions below say what is missing
+    dead = [f"{w.name} (exit {w.proc.returncode})" for w in workers if not w.alive()]
+    assert not dead, f"workers exited on their own: {dead}"
+    return got, consumer.duplicates_dropped
+
+
+def missing_report(
+    missing: set[str],
+    reference: dict[str, bytes],
+    placed: dict[str, list[tuple[int, int]]],
+    log_dir: Path,
+) -> str:
+    """Each missing segment, where its session's events sit, and what the workers logged."""
+    logs = {p.name: p.read_text(errors="replace") for p in sorted(log_dir.glob("*.log"))}
+    lines = []
+    for segment_id in sorted(missing)[:10]:
+        session = SegmentFinalized.model_validate_json(reference[segment_id]).session_id
+        mentioned = [name for name, text in logs.items() if session in text]
+        lines.append(
+            f"{segment_summary(reference[segment_id])}\n"
+            f"    events at (partition, offset): {placed.get(session)}\n"
+            f"    logs mentioning the session: {mentioned}"
+        )
+    return "\n".join(lines)
+
+
+def dead_letter_report(letters: list[ConsumerRecord], segments: list[ConsumerRecord]) -> str:
+    """Each dead letter with the event it holds, and whether its session's segments were
+    already on the segments topic (then the dead-lettered event was a replay, not poison)."""
+    out_per_session = Counter(segment_adapter.validate_json(r.value).session_id for r in segments)
+    reasons: Counter[str] = Counter()
+    lines = []
+    for record in letters:
+        letter = DeadLetter.model_validate_json(record.value)
+        reasons[letter.reason] += 1
+        event = steps_topic_adapter.validate_json(base64.b64decode(letter.value_b64))
+        what = type(event).__name__
+        if isinstance(event, StepRecorded):
+            what += f" {event.step_id[:8]} prefix={event.prefix} parent={event.parent_step_id}"
+        lines.append(
+            f"{letter.reason}: {letter.source_topic}[{letter.source_partition}]"
+            f"@{letter.source_offset} session={event.session_id} {what}; segment records of the "
+            f"session on the segments topic: {out_per_session[event.session_id]}"
+        )
+    return f"{dict(reasons)}\n" + "\n".join(lines[:20])
+
+
+def check_segments(
+    reference: dict[str, bytes],
+    got: dict[str, bytes],
+    placed: dict[str, list[tuple[int, int]]],
+    log_dir: Path,
+) -> None:
+    missing = reference.keys() - got.keys()
+    assert not missing, (
+        f"{len(missing)} of {len(reference)} segments never arrived:\n"
+        + missing_report(missing, reference, placed, log_dir)
+    )
+    extra = got.keys() - reference.keys()
+    assert not extra, "segments a fault-free run does not make:\n" + "\n".join(
+        segment_summary(got[s]) for s in sorted(extra)[:10]
+    )
+    wrong = [s for s in reference if got[s] != reference[s]]
+    assert not wrong, "segments whose bytes differ from the fault-free run:\n" + "\n".join(
+        f"got      {segment_summary(got[s])}\nexpected {segment_summary(reference[s])}"
+        for s in wrong[:10]
+    )
+
+
+def raw_duplicates(records: list[ConsumerRecord]) -> tuple[dict[str, bytes], int, int]:
+    """First copy of each segment (all copies share a key, so a partition orders them), the
+    number of repeats, and how many repeats differ in bytes from the first copy."""
+    first: dict[str, bytes] = {}
+    repeats = differing = 0
+    for record in records:
+        segment_id = segment_adapter.validate_json(record.value).segment_id
+        if segment_id not in first:
+            first[segment_id] = record.value
+            continue
+        repeats += 1
+        differing += record.value != first[segment_id]
+    return first, repeats, differing
+
+
+async def dead_letters(settings: Settings) -> list[ConsumerRecord]:
+    return await read_topic(settings, settings.topic("dlq"))
+
+
+async def test_fault_free_workers_match_the_in_process_reference(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Validates the reference: two real workers, no faults, give exactly the in-process
+    assembly, and publish each segment once."""
+    settings = group_settings(settings)
+    load = scripted_load(SEED, SESSIONS)
+    reference = reference_segments(load)
+    workers = [start_worker(settings, tmp_path, f"worker{i}") for i in range(2)]
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        placed = await publish_burst(publisher, settings, load, 0, len(load.events))
+        got, duplicates = await consume_until_complete(settings, set(reference), workers)
+        check_segments(reference, got, placed, tmp_path)
+    finally:
+        await publisher.stop()
+        for worker in workers:
+            worker.stop()
+    records = await read_topic(settings, settings.topic("segments"))
+    first, repeats, _ = raw_duplicates(records)
+    assert first == reference
+    # Without a crash nothing is replayed (a rebalance while the second worker joins re-reads
+    # only what was not committed yet, which had not produced segments).
+    print(f"\nfault-free: {len(reference)} segments, {repeats} repeats, consumer {duplicates=}")
+    letters = await dead_letters(settings)
+    assert not letters, dead_letter_report(letters, records)
+
+
+async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments(
+    settings: Settings, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    settings = group_settings(settings)
+    load = scripted_load(SEED, SESSIONS)
+    reference = reference_segments(load)
+    burst_rng = random.Random(SEED + 1)  # timing only: the events do not depend on it
+    fault_rng = random.Random(SEED + 2)
+
+    alive: dict[str, ManagedProcess] = {}
+    everyone: list[ManagedProcess] = []
+    kills: list[str] = []
+    placed: dict[str, list[tuple[int, int]]] = {}
+
+    def launch(name: str) -> None:
+        alive[name] = start_worker(settings, tmp_path, name)
+        everyone.append(alive[name])
+
+    async def publish_in_bursts() -> None:
+        cuts = sorted(burst_rng.sample(range(1, len(load.events)), BURSTS - 1))
+        bounds = [0, *cuts, len(load.events)]
+        for start, end in itertools.pairwise(bounds):
+            for session, where in (
+                await publish_burst(publisher, settings, load, start, end)
+            ).items():
+                placed.setdefault(session, []).extend(where)
+            await asyncio.sleep(burst_rng.uniform(*BURST_PAUSE_S))
+
+    async def kill_and_replace() -> None:
+        for number in range(KILLS):
+            await asyncio.sleep(fault_rng.uniform(*KILL_EVERY_S))
+            name = fault_rng.choice(sorted(alive))
+            victim = alive.pop(name)
+            assert victim.alive(), f"{name} died before its kill:\n{victim.log_tail()}"
+            victim.kill()
+            kills.append(f"{name}@{time.monotonic() - started:.1f}s")
+            await asyncio.sleep(fault_rng.uniform(*REPLACE_AFTER_S))
+            launch(f"replacement{number}")
+
+    for index in range(2):
+        launch(f"worker{index}")
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        await asyncio.gather(publish_in_bursts(), kill_and_replace())
+        faults_done = time.monotonic()
+        got, duplicates = await consume_until_complete(
+            settings, set(reference), list(alive.values())
+        )
+        arrived = time.monotonic()
+    finally:
+        await publisher.stop()
+        for worker in everyone:
+            worker.stop()
+
+    records = await read_topic(settings, settings.topic("segments"))
+    first, repeats, differing = raw_duplicates(records)
+    letters = await dead_letters(settings)
+    copies = Counter(
+        Counter(segment_adapter.validate_json(r.value).segment_id for r in records).values()
+    )
+    print(
+        f"\nload: {load.stats}; {len(load.events)} events, {len(reference)} segments expected\n"
+        f"kills: {kills}\n"
+        f"all segments out {arrived - faults_done:.1f}s after the last fault/publish; "
+        f"total {time.monotonic() - started:.1f}s\n"
+        f"SegmentConsumer dropped {duplicates} duplicates; the topic holds {len(records)} "
+        f"segment records: {repeats} repeats, {differing} of them not byte-identical to the "
+        f"first copy; dead letters: {len(letters)}\n"
+        f"copies per segment → segments: {sorted(copies.items())}"
+    )
+    check_segments(reference, got, placed, tmp_path)
+    # The first copy in the topic is what any deduplicating reader keeps, whoever reads it.
+    assert first.keys() == reference.keys(), "the topic holds segments a fault-free run lacks"
+    assert all(first[s] == reference[s] for s in reference)
+    assert not letters, f"{len(letters)} dead letters:\n" + dead_letter_report(letters, records)
