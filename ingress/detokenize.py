@@ -43,3 +43,32 @@ class IncrementalDecoder:
 
     def _decode(self, ids: list[int]) -> str:
         return self._decoder.decode(ids, skip_special_tokens=True) if ids else ""
+
+
+class StopTrimmer:
+    """Cuts visible text at the first stop string, as the APIs promise. The engine stops on the
+    token that completes a stop string, and that token may carry text past it; while streaming,
+    text that could still begin a stop string is held back until it cannot."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped or not self._stops:
+            return "" if self.stopped else text
+        self._pending += text
+        cuts = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]
+        if cuts:
+            self.stopped = True
+            out, self._pending = self._pending[: min(cuts)], ""
+            return out
+        keep = max(0, len(self._pending) - self._hold)
+        out, self._pending = self._pending[:keep], self._pending[keep:]
+        return out
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out

@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 from ingress import metrics
 from ingress.chains import Chain, ChainStore
 from ingress.constraints import tool_call_constraint
-from ingress.detokenize import IncrementalDecoder
+from ingress.detokenize import IncrementalDecoder, StopTrimmer
 from ingress.output import OutputDelta, OutputParser, ParsedOutput
 from ingress.parsers import make_parser
 from ingress.render import ChatRenderer
@@ -138,7 +138,9 @@ class ChatService:
         )
         engine_ms = (time.perf_counter() - started) * 1000
         parser = self._parser(prepared)
-        parser.feed(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
+        trimmer = StopTrimmer(turn.sampling.stop)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        parser.feed(trimmer.push(text) + trimmer.flush())
         _, parsed = parser.finish()
         return await self._record(prepared, generation, parsed, engine_ms, stream=False)
 
@@ -149,6 +151,7 @@ class ChatService:
         started = time.perf_counter()
         parser = self._parser(prepared)
         decoder = IncrementalDecoder(self.tokenizer)
+        trimmer = StopTrimmer(turn.sampling.stop)
         ids: list[int] = []
         logprobs: list[float] = []
         top: list[list[tuple[int, float]]] = []
@@ -161,13 +164,13 @@ class ChatService:
             top += chunk.top_logprobs
             if chunk.token_ids:
                 yield TokensSampled(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
-                for delta in parser.feed(decoder.push(chunk.token_ids)):
+                for delta in parser.feed(trimmer.push(decoder.push(chunk.token_ids))):
                     yield delta
             if chunk.finish_reason is not None:
                 finish_reason, versions = chunk.finish_reason, chunk.weight_versions
                 stop_reason = chunk.stop_reason
         engine_ms = (time.perf_counter() - started) * 1000
-        for delta in parser.feed(decoder.flush()):
+        for delta in parser.feed(trimmer.push(decoder.flush()) + trimmer.flush()):
             yield delta
         last, parsed = parser.finish()
         for delta in last:
@@ -306,6 +309,7 @@ class ChatService:
             response_message=answer.template_dict(),
             tool_parse_error=parsed.parse_error,
             tools_hash=hashlib.sha256(turn.tools_key().encode()).hexdigest()[:16],
+            constrained=prepared.params.structured is not None,
             render_ms=prepared.render_ms,
             engine_ms=engine_ms,
         )

@@ -94,6 +94,11 @@ class StepRecorded(_Event):
     tools_hash: str = Field(
         "", description="Digest of the tools and template switches the prompt was rendered with."
     )
+    constrained: bool = Field(
+        False,
+        description="Sampled under constrained decoding (tool_choice required/named): the "
+        "completion logprobs are of the grammar-masked distribution.",
+    )
     render_ms: float
     engine_ms: float
 
@@ -129,6 +134,9 @@ class SegmentStep(BaseModel):
 
 LOGPROB_SOURCE_NONE = 0
 LOGPROB_SOURCE_SAMPLED = 1
+# Sampled under the engine's constrained decoding (a forced tool call): vLLM reports the logprob
+# of the grammar-masked distribution, not the policy's own; recompute before using it as such.
+LOGPROB_SOURCE_CONSTRAINED = 2
 
 DIVERGENCE_CLASSES = ("cache_miss", "template", "retokenization", "history_rewrite", "tool_change")
 
@@ -153,7 +161,10 @@ class SegmentFinalized(_Event):
     token_ids: Int32Array
     loss_mask: UInt8Array
     logprobs: Float32Array
-    logprob_source: UInt8Array = Field(description="0 = none (context), 1 = sampled.")
+    logprob_source: UInt8Array = Field(
+        description="0 = none (context), 1 = sampled, 2 = sampled under constrained decoding "
+        "(logprob of the grammar-masked distribution)."
+    )
     weight_versions: list[VersionSpan] = Field(
         default_factory=list,
         description="Spans over segment token positions: which weights sampled those tokens.",

@@ -224,3 +224,9 @@ def test_a_retried_step_replaces_the_first_try_the_client_never_saw() -> None:
     for offset, event in enumerate([*THREE_TURNS[:3], retry_of_b]):
         outcome = assembler.add_step(event, 0, offset)
     assert outcome.dead_letter_reason == "retried step after its chain moved on"
+
+
+def test_tokens_sampled_under_a_grammar_say_so() -> None:
+    forced = step("a", [1], [10, 11], constrained=True)
+    [segment] = assemble([forced])
+    assert segment.logprob_source == [0, 2, 2] and segment.loss_mask == [0, 1, 1]

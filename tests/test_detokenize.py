@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ingress.detokenize import IncrementalDecoder
+from ingress.detokenize import IncrementalDecoder, StopTrimmer
 from tests.families import qwen3
 
 
@@ -25,3 +25,13 @@ def test_deltas_add_up_to_the_full_decode(seed: int) -> None:
     pieces.append(decoder.flush())
     assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
     assert all("\ufffd" not in p for p in pieces[:-1]) or "\ufffd" in tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("chunking", [1, 2, 3, 100])
+def test_stop_strings_cut_the_visible_text_at_their_first_match(chunking: int) -> None:
+    text = "Thought: call it\nObservation: the tool said hi"
+    trimmer = StopTrimmer(("Observation:", "Calling tools:"))
+    out = "".join(trimmer.push(text[i : i + chunking]) for i in range(0, len(text), chunking))
+    assert out + trimmer.flush() == "Thought: call it\n" and trimmer.stopped
+    untouched = StopTrimmer(("zzz",))
+    assert untouched.push("ab") + untouched.push("c") + untouched.flush() == "abc"

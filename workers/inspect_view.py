@@ -1,7 +1,8 @@
 """``titoflow inspect``: one session's segments as a person wants to see them.
 
 Tokens are decoded with the policy's tokenizer (special tokens shown, never re-encoded) and
-coloured by loss mask (context vs generated), logprob source (none / sampled / recomputed) and,
+coloured by loss mask (context vs generated), logprob source (the schema's codes: none, sampled,
+constrained, recomputed once it exists) and,
 when known, the weight version that sampled them; step boundaries and per-step metadata come with
 them. Output is ANSI text for a terminal or a self-contained HTML page (inline CSS, no scripts,
 no external assets; hover a token for its id, logprob, source and version).
@@ -44,16 +45,30 @@ _WINDOW = 6
 # A UTF-8 character has at most 4 bytes: byte-level tokens of one character merge into one piece.
 _MAX_MERGE = 4
 
-_KNOWN_SEGMENT_FIELDS = set(SegmentFinalized.model_fields)
+_NOT_IN_HEADER = {
+    "schema_version",
+    "type",
+    "token_ids",
+    "loss_mask",
+    "logprobs",
+    "logprob_source",
+    "steps",
+    "weight_versions",
+    "finalize_reason",
+    "event_time",
+}
 _KNOWN_STEP_FIELDS = set(SegmentStep.model_fields)
 
 
 def source_names() -> dict[int, str]:
-    """Logprob source codes, from the schema (``recomputed`` once the schema defines it)."""
-    names = {events.LOGPROB_SOURCE_NONE: "none", events.LOGPROB_SOURCE_SAMPLED: "sampled"}
-    recomputed = getattr(events, "LOGPROB_SOURCE_RECOMPUTED", None)
-    names[recomputed if isinstance(recomputed, int) else 2] = "recomputed"
-    return names
+    """Logprob source codes, from the schema's ``LOGPROB_SOURCE_*`` constants (``none``,
+    ``sampled``, ``constrained``, and ``recomputed`` once the schema defines it)."""
+    prefix = "LOGPROB_SOURCE_"
+    return {
+        value: name.removeprefix(prefix).lower()
+        for name, value in vars(events).items()
+        if name.startswith(prefix) and isinstance(value, int)
+    }
 
 
 def source_name(code: int) -> str:
@@ -280,12 +295,16 @@ def build_view(
     header["logprob_sources"] = sources
     if segment.metadata:
         header["metadata"] = segment.metadata
-    extra = {
-        k: v
-        for k, v in loaded.raw.items()
-        if k not in _KNOWN_SEGMENT_FIELDS and k != "weight_versions"
-    }
-    header.update(extra)
+    spans = loaded.raw.get("weight_versions")
+    if isinstance(spans, list) and spans:
+        header["weight_versions"] = ", ".join(
+            f"{_span_field(s, 'version')} [{_span_field(s, 'start')}, {_span_field(s, 'end')})"
+            for s in spans
+        )
+    # Whatever else the segment carries (rollout id, diagnostics, fields newer than this code).
+    header.update(
+        {k: v for k, v in loaded.raw.items() if k not in header and k not in _NOT_IN_HEADER}
+    )
     return SegmentView(
         segment, steps, token_versions(loaded, step_events), header, still_open=still_open
     )
@@ -356,11 +375,23 @@ _RESET = "\x1b[0m"
 _SOURCE_FG = {
     "none": "38;5;245",
     "sampled": "38;5;114",
+    "constrained": "38;5;75",
     "recomputed": "38;5;214",
+}
+_SOURCE_MEANING = {
+    "sampled": "the engine's logprob of the token it sampled",
+    "constrained": "sampled under constrained decoding (a forced tool call)",
+    "recomputed": "recomputed with the engine's prompt logprobs after a divergence",
 }
 _OTHER_FG = "38;5;177"
 _ANOMALY = "38;5;203;4"
 _VERSION_BG = ["48;5;17", "48;5;52", "48;5;22", "48;5;53", "48;5;58", "48;5;23", "48;5;237"]
+
+
+def _generated_sources() -> list[str]:
+    """Every source a generated token can have, for legends (known ones first)."""
+    names = [n for n in source_names().values() if n != "none"]
+    return [n for n in _SOURCE_MEANING if n in names] + sorted(set(names) - set(_SOURCE_MEANING))
 
 
 def _ansi(style: TokenStyle) -> str:
@@ -381,7 +412,10 @@ def _legend_text(view: SegmentView, color: bool) -> str:
     parts = [
         sample("context", TokenStyle(0, "none", False, None, False)),
         sample("generated·sampled", TokenStyle(1, "sampled", False, None, False)),
-        sample("generated·recomputed", TokenStyle(1, "recomputed", False, None, False)),
+        *(
+            sample(f"generated·{name}", TokenStyle(1, name, False, None, False))
+            for name in _generated_sources()
+        ),
         sample("generated without logprob!", TokenStyle(1, "none", True, None, False)),
         sample("<special>", TokenStyle(0, "none", False, None, True)),
     ]
@@ -510,6 +544,7 @@ section.step { border-left: 3px solid #e5e7eb; padding-left: 0.8rem; margin-bott
 .ctx { color: #6b7280; }
 .gen { font-weight: 600; }
 .src-sampled { color: #047857; background: #ecfdf5; }
+.src-constrained { color: #1d4ed8; background: #eff6ff; }
 .src-recomputed { color: #b45309; background: #fffbeb; }
 .src-other { color: #7c3aed; background: #f5f3ff; }
 .anomaly { color: #b91c1c; background: #fef2f2; text-decoration: underline wavy #b91c1c; }
@@ -520,7 +555,7 @@ section.step { border-left: 3px solid #e5e7eb; padding-left: 0.8rem; margin-bott
 
 
 def _classes(style: TokenStyle) -> str:
-    known = {"none", "sampled", "recomputed"}
+    known = {"none", *_SOURCE_MEANING}
     names = ["tok", "gen" if style.mask else "ctx"]
     names.append(f"src-{style.source}" if style.source in known else "src-other")
     if style.anomaly:
@@ -561,10 +596,13 @@ def _legend_html(view: SegmentView) -> str:
             TokenStyle(1, "sampled", False, None, False),
             "loss mask 1, the engine's logprob of the sampled token",
         ),
-        sample(
-            "generated · recomputed",
-            TokenStyle(1, "recomputed", False, None, False),
-            "loss mask 1, logprob recomputed after a divergence",
+        *(
+            sample(
+                f"generated · {name}",
+                TokenStyle(1, name, False, None, False),
+                f"loss mask 1, logprob source {name}: {_SOURCE_MEANING.get(name, 'see schema')}",
+            )
+            for name in _generated_sources()
         ),
         sample(
             "generated, no logprob",

@@ -37,6 +37,7 @@ from schemas.events import SegmentFinalized
 from titoflow.bus import Publisher, make_consumer
 from titoflow.settings import Settings
 from workers.assembler import Assembler, StepsEvent
+from workers.worker import _decoder as live_decoder
 
 # A fetch that brings nothing for this long while records are still due means the log changed
 # under us (retention deleted them, or the topic was recreated): stop instead of hanging.
@@ -112,9 +113,11 @@ def parse_time(value: str) -> float:
 
 
 def make_assembler(settings: Settings) -> Assembler:
-    """An assembler configured from ``settings``, so build settings given to a replay (flags or
-    ``TITOFLOW_*``) reach it: ``Assembler.from_settings(settings)`` when the class has one,
-    otherwise every constructor parameter named like a setting gets that setting's value."""
+    """The assembler the live worker builds from ``settings`` (see ``Worker.__init__``), so
+    build settings given to a replay (flags or ``TITOFLOW_*``) reach it: every constructor
+    parameter named like a setting gets that setting, ``decode`` gets the worker's tokenizer
+    decoder (it tells divergence classes apart), and an ``Assembler.from_settings`` wins if the
+    class ever grows one. ``tests/test_replay.py`` checks this against a real ``Worker``."""
     from_settings = getattr(Assembler, "from_settings", None)
     if callable(from_settings):
         built = from_settings(settings)
@@ -124,6 +127,8 @@ def make_assembler(settings: Settings) -> Assembler:
     kwargs: dict[str, Any] = {
         name: getattr(settings, name) for name in parameters if name in Settings.model_fields
     }
+    if "decode" in parameters:
+        kwargs["decode"] = live_decoder(settings)
     return Assembler(**kwargs)
 
 
