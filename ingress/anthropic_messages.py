@@ -410,11 +410,7 @@ async def _messages_call(request: Request, session: str | None) -> Response:
         turn, raw = parse_request(body, session, http.lower_headers(request))
         http.check_model(request, turn.model)
         if raw.stream:
-            events = http.service(request).stream(turn)
-            # Pull the first event before answering, so a request the service refuses
-            # (context overflow, bad tool_choice, step limit) still gets its status line.
-            started = await anext(events)
-            assert isinstance(started, TurnStarted)  # every stream opens with it
+            started, events = http.service(request).open_stream(turn)
             return http.sse_response(_stream_events(turn, started, events))
         result = await http.service(request).complete(turn)
         return JSONResponse(message_response(result, turn.model))

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ingress import http
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
-from ingress.service import TokensSampled, TurnDone, TurnResult, TurnStarted
+from ingress.service import TokensSampled, TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, Message, SamplingOptions, ToolCall
 from titoflow.errors import IngressError, InvalidRequest
 
@@ -223,9 +223,18 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _stream_chunks(
-    request: Request, turn: ChatTurn, include_usage: bool, logprobs: _Logprobs | None
+    turn: ChatTurn,
+    started: TurnStarted,
+    events: AsyncIterator[TurnEvent],
+    include_usage: bool,
+    logprobs: _Logprobs | None,
 ) -> AsyncIterator[str]:
-    base: dict[str, Any] = {"object": "chat.completion.chunk", "model": turn.model}
+    base: dict[str, Any] = {
+        "id": f"chatcmpl-{started.step_id}",
+        "object": "chat.completion.chunk",
+        "created": int(started.created),
+        "model": turn.model,
+    }
     pending: list[dict[str, Any]] = []  # logprob entries not yet attached to a chunk
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -235,12 +244,10 @@ async def _stream_chunks(
             pending.clear()
         return _sse({**base, "choices": [choice]})
 
+    yield chunk({"role": "assistant", "content": ""})
     try:
-        async for event in http.service(request).stream(turn):
-            if isinstance(event, TurnStarted):
-                base.update(id=f"chatcmpl-{event.step_id}", created=int(event.created))
-                yield chunk({"role": "assistant", "content": ""})
-            elif isinstance(event, TokensSampled):
+        async for event in events:
+            if isinstance(event, TokensSampled):
                 if logprobs is not None:
                     pending.extend(
                         logprobs.content(event.token_ids, event.logprobs, event.top_logprobs)
@@ -294,7 +301,8 @@ async def _chat(request: Request, session: str | None) -> Response:
         logprobs = _Logprobs(request, turn.sampling.logprobs or 0) if raw.logprobs else None
         if raw.stream:
             include_usage = bool(raw.stream_options and raw.stream_options.include_usage)
-            return http.sse_response(_stream_chunks(request, turn, include_usage, logprobs))
+            started, events = http.service(request).open_stream(turn)
+            return http.sse_response(_stream_chunks(turn, started, events, include_usage, logprobs))
         result = await http.service(request).complete(turn)
         return JSONResponse(completion_response(result, turn.model, logprobs))
     except IngressError as exc:

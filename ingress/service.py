@@ -62,7 +62,7 @@ class TurnResult:
 
 @dataclass(frozen=True)
 class TurnStarted:
-    """First event of a stream: ids and counts an adapter's opening event needs."""
+    """What an adapter's opening stream event needs, known before any token is sampled."""
 
     step_id: str
     prompt_len: int
@@ -83,7 +83,7 @@ class TurnDone:
     result: TurnResult
 
 
-TurnEvent = TurnStarted | OutputDelta | TokensSampled | TurnDone
+TurnEvent = OutputDelta | TokensSampled | TurnDone
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,16 @@ class ChatService:
         _, parsed = parser.finish()
         return await self._record(prepared, generation, parsed, engine_ms, stream=False)
 
-    async def stream(self, turn: ChatTurn) -> AsyncIterator[TurnEvent]:
-        """Deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
+    def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
+        """Prepare a streamed turn. Refusals (context overflow, step limit, bad tool_choice)
+        raise here, before an adapter commits to a 200; the events are deltas as the engine
+        samples, then :class:`TurnDone` once the step is durable."""
         prepared = self._prepare(turn)
-        yield TurnStarted(prepared.step_id, len(prepared.prompt), time.time())
+        started = TurnStarted(prepared.step_id, len(prepared.prompt), time.time())
+        return started, self._stream(prepared)
+
+    async def _stream(self, prepared: _Prepared) -> AsyncIterator[TurnEvent]:
+        turn = prepared.turn
         started = time.perf_counter()
         parser = self._parser(prepared)
         decoder = IncrementalDecoder(self.tokenizer)

@@ -23,6 +23,7 @@ import itertools
 import random
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import ConsumerRecord, TopicPartition
@@ -30,11 +31,13 @@ from pydantic import TypeAdapter
 
 from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.load import ScriptedLoad, reference_segments, scripted_load, segment_summary
+from tests.topics import read_until
 from titoflow.bus import Publisher, make_consumer
 from titoflow.procs import ManagedProcess
 from titoflow.settings import Settings
 from titoflow.stack import start_worker
 from workers.consumer import SegmentConsumer
+from workers.worker import Worker
 
 SEED = 20261121
 SESSIONS = 120
@@ -47,6 +50,9 @@ ARRIVAL_TIMEOUT_S = 180.0
 REPLACE_AFTER_S = (0.2, 2.5)
 KILL_EVERY_S = (3.0, 8.0)
 BURST_PAUSE_S = (0.3, 4.0)
+# A group rebalance on tansu takes ~3-6 s; a replacement joins and re-reads within ~10 s.
+REBALANCE_WAIT_S = 15.0
+TAKEOVER_WAIT_S = 25.0
 
 segment_adapter: TypeAdapter[SegmentFinalized] = TypeAdapter(SegmentFinalized)
 
@@ -178,19 +184,44 @@ def check_segments(
     )
 
 
-def raw_duplicates(records: list[ConsumerRecord]) -> tuple[dict[str, bytes], int, int]:
-    """First copy of each segment (all copies share a key, so a partition orders them), the
-    number of repeats, and how many repeats differ in bytes from the first copy."""
-    first: dict[str, bytes] = {}
-    repeats = differing = 0
-    for record in records:
-        segment_id = segment_adapter.validate_json(record.value).segment_id
-        if segment_id not in first:
-            first[segment_id] = record.value
-            continue
-        repeats += 1
-        differing += record.value != first[segment_id]
-    return first, repeats, differing
+@dataclass
+class TopicCopies:
+    """Every segment record on the topic, by id: the first copy (all copies share a key, so one
+    partition orders them) and the repeats."""
+
+    first: dict[str, bytes]
+    repeats: list[ConsumerRecord]
+    records: int
+
+    @classmethod
+    def of(cls, records: list[ConsumerRecord]) -> TopicCopies:
+        first: dict[str, bytes] = {}
+        repeats = []
+        for record in records:
+            segment_id = segment_adapter.validate_json(record.value).segment_id
+            if segment_id in first:
+                repeats.append(record)
+            else:
+                first[segment_id] = record.value
+        return cls(first, repeats, len(records))
+
+    def not_identical(self) -> list[ConsumerRecord]:
+        return [
+            r
+            for r in self.repeats
+            if r.value != self.first[segment_adapter.validate_json(r.value).segment_id]
+        ]
+
+    def not_identical_report(self, reference: dict[str, bytes]) -> str:
+        lines = []
+        for record in self.not_identical()[:10]:
+            segment_id = segment_adapter.validate_json(record.value).segment_id
+            lines.append(
+                f"repeat at {record.topic}[{record.partition}]@{record.offset}: "
+                f"{segment_summary(record.value)}\n"
+                f"    fault-free:  {segment_summary(reference[segment_id])}"
+            )
+        return "\n".join(lines)
 
 
 async def dead_letters(settings: Settings) -> list[ConsumerRecord]:
@@ -217,11 +248,13 @@ async def test_fault_free_workers_match_the_in_process_reference(
         for worker in workers:
             worker.stop()
     records = await read_topic(settings, settings.topic("segments"))
-    first, repeats, _ = raw_duplicates(records)
-    assert first == reference
-    # Without a crash nothing is replayed (a rebalance while the second worker joins re-reads
-    # only what was not committed yet, which had not produced segments).
-    print(f"\nfault-free: {len(reference)} segments, {repeats} repeats, consumer {duplicates=}")
+    copies = TopicCopies.of(records)
+    assert copies.first == reference
+    assert copies.not_identical() == [], copies.not_identical_report(reference)
+    print(
+        f"\nfault-free: {len(reference)} segments, {len(copies.repeats)} repeats, "
+        f"SegmentConsumer dropped {duplicates}"
+    )
     letters = await dead_letters(settings)
     assert not letters, dead_letter_report(letters, records)
 
@@ -258,7 +291,9 @@ async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments
     async def kill_and_replace() -> None:
         for number in range(KILLS):
             await asyncio.sleep(fault_rng.uniform(*KILL_EVERY_S))
-            name = fault_rng.choice(sorted(alive))
+            # The longest-lived worker: every process gets killed once it holds state, the
+            # original pair included.
+            name = next(iter(alive))
             victim = alive.pop(name)
             assert victim.alive(), f"{name} died before its kill:\n{victim.log_tail()}"
             victim.kill()
@@ -283,23 +318,123 @@ async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments
             worker.stop()
 
     records = await read_topic(settings, settings.topic("segments"))
-    first, repeats, differing = raw_duplicates(records)
+    copies = TopicCopies.of(records)
     letters = await dead_letters(settings)
-    copies = Counter(
+    per_segment = Counter(
         Counter(segment_adapter.validate_json(r.value).segment_id for r in records).values()
     )
     print(
         f"\nload: {load.stats}; {len(load.events)} events, {len(reference)} segments expected\n"
-        f"kills: {kills}\n"
-        f"all segments out {arrived - faults_done:.1f}s after the last fault/publish; "
+        f"kills (SIGKILL, name@time): {kills}\n"
+        f"all segments out {arrived - faults_done:.1f}s after the last publish and kill; "
         f"total {time.monotonic() - started:.1f}s\n"
-        f"SegmentConsumer dropped {duplicates} duplicates; the topic holds {len(records)} "
-        f"segment records: {repeats} repeats, {differing} of them not byte-identical to the "
-        f"first copy; dead letters: {len(letters)}\n"
-        f"copies per segment → segments: {sorted(copies.items())}"
+        f"SegmentConsumer dropped {duplicates} duplicates; the segments topic holds "
+        f"{copies.records} records: {len(copies.repeats)} repeats, "
+        f"{len(copies.not_identical())} of them not byte-identical to the first copy; "
+        f"copies per segment → number of segments: {sorted(per_segment.items())}; "
+        f"dead letters: {len(letters)}"
     )
+    # Never lose, never a wrong sample: after dedupe, exactly the fault-free segments.
     check_segments(reference, got, placed, tmp_path)
-    # The first copy in the topic is what any deduplicating reader keeps, whoever reads it.
-    assert first.keys() == reference.keys(), "the topic holds segments a fault-free run lacks"
-    assert all(first[s] == reference[s] for s in reference)
-    assert not letters, f"{len(letters)} dead letters:\n" + dead_letter_report(letters, records)
+    # The first copy on the topic is what any deduplicating reader keeps, whoever reads it.
+    assert copies.first.keys() == reference.keys()
+    assert all(copies.first[s] == reference[s] for s in reference)
+    # Never duplicate silently: a repeat is the same bytes (a reader that lost its dedupe
+    # memory, e.g. a restarted trainer, trains on it again), and a replayed event is no poison.
+    problems = []
+    if copies.not_identical():
+        problems.append(
+            f"{len(copies.not_identical())} repeats differ from the first copy:\n"
+            + copies.not_identical_report(reference)
+        )
+    if letters:
+        problems.append(f"{len(letters)} dead letters:\n" + dead_letter_report(letters, records))
+    assert not problems, "\n".join(problems)
+
+
+class GatedPublisher(Publisher):
+    """A publisher whose segment publishes wait for ``gate``: holds a worker between
+    "segments made" and "segments acknowledged", the window a slow broker ack opens."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self._segments_topic = settings.topic("segments")
+
+    async def publish(
+        self, topic: str, key: str, value: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, int]:
+        if topic == self._segments_topic:
+            self.waiting.set()
+            await self.gate.wait()
+        return await super().publish(topic, key, value, headers)
+
+
+async def test_a_rebalance_never_commits_past_segments_not_yet_published(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The group rebalances while a worker waits for the ack of a session's segments; the
+    worker then dies before the ack. Its commit at revocation must not have passed that
+    session, or no one ever emits the segments again.
+
+    The worker under test runs in this process (a real ``workers.worker.Worker`` on the real
+    broker) so its publish can be held; its death is the cancellation of its task, after which
+    it publishes nothing, as after a SIGKILL. A real worker process then takes over.
+    """
+    settings = group_settings(settings)
+    load = scripted_load(SEED, sessions=1)
+    [(segment_id, expected)] = reference_segments(load).items()
+    steps = settings.topic("steps")
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        placed = await publish_burst(publisher, settings, load, 0, len(load.events))
+    finally:
+        await publisher.stop()
+    [(session, where)] = placed.items()
+    partition, first_offset = where[0]
+    worker = Worker(settings)
+    gated = GatedPublisher(settings)
+    worker.publisher = gated
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    newcomer = make_consumer(settings, steps, group_id=settings.worker_group)
+    try:
+        async with asyncio.timeout(60):
+            await gated.waiting.wait()  # the session is finalized, its segment not yet acked
+        await newcomer.start()  # a second member: the group rebalances now
+        try:
+            async with asyncio.timeout(REBALANCE_WAIT_S):
+                while not newcomer.assignment():
+                    await newcomer.getmany(timeout_ms=200)
+        except TimeoutError:
+            pass  # a worker may also hold the rebalance until its segments are acked
+        committed = await newcomer.committed(TopicPartition(steps, partition))
+    finally:
+        task.cancel()  # the worker dies with its segment unacknowledged
+        await asyncio.gather(task, return_exceptions=True)
+        await newcomer.stop()
+    replacement = start_worker(settings, tmp_path, "replacement")
+    try:
+        try:
+            out = await read_until(
+                settings,
+                settings.topic("segments"),
+                segment_adapter,
+                lambda got: any(s.segment_id == segment_id for s in got),
+                timeout_s=TAKEOVER_WAIT_S,
+            )
+        except TimeoutError:
+            out = []
+    finally:
+        replacement.stop()
+    assert out, (
+        f"segment {segment_id} of {session} was lost: its events sit at "
+        f"steps[{partition}] offsets {[o for _, o in where]}; the worker, revoked while the "
+        f"segment's publish was unacknowledged, had committed offset {committed} (past the "
+        f"session's first event {first_offset}), so no worker re-reads the session"
+    )
+    assert next(s for s in out if s.segment_id == segment_id).model_dump_json().encode() == (
+        expected
+    )

@@ -26,10 +26,14 @@ from workers.inspect_view import (
     render_html,
     render_table,
     render_text,
+    source_names,
 )
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SAMPLED_FG, CONTEXT_FG, RECOMPUTED_FG, ANOMALY_FG = "38;5;114", "38;5;245", "38;5;214", "38;5;203"
+SAMPLED_FG, CONTEXT_FG, ANOMALY_FG, UNKNOWN_FG = "38;5;114", "38;5;245", "38;5;203", "38;5;177"
+# A logprob source code the schema defines besides none and sampled (constrained, recomputed...).
+OTHER_SOURCE = next((c for c, n in source_names().items() if n not in ("none", "sampled")), None)
+UNKNOWN_SOURCE = 9
 EXTERNAL = ("<script", "<link", "src=", "href=", "url(", "@import", "http://", "https://")
 
 
@@ -46,7 +50,7 @@ def completion_ids(text: str) -> list[int]:
 def two_turn_session() -> tuple[SegmentFinalized, dict[str, StepRecorded]]:
     """A real chat-template conversation: the emoji 🫠 is three byte-level tokens."""
     prompt1 = template_ids("Which file is largest? 你好")
-    completion1 = completion_ids("The largest is a🫠.txt")
+    completion1 = completion_ids("The biggest is a🫠.txt")
     prompt2 = [198, *template_ids("Delete it.")]
     completion2 = completion_ids("<think>\nok\n</think>\n\nrm a.txt")
     first = step("one", prompt1, completion1, instance_id="prompt-9")
@@ -69,10 +73,26 @@ def two_turn_session() -> tuple[SegmentFinalized, dict[str, StepRecorded]]:
 
 
 def view_of(
-    segment: SegmentFinalized, events: dict[str, StepRecorded] | None = None
+    segment: SegmentFinalized,
+    events: dict[str, StepRecorded] | None = None,
+    **raw_fields: Any,
 ) -> SegmentView:
-    loaded = Loaded(segment, json.loads(segment.model_dump_json()))
-    return build_view(loaded, TokenDecoder(qwen3()), events)
+    """The view ``inspect`` builds; ``raw_fields`` replace fields of the segment's JSON (None
+    drops one), to show fields independently of what this schema version carries."""
+    raw = json.loads(segment.model_dump_json())
+    for name, value in raw_fields.items():
+        raw.pop(name, None)
+        if value is not None:
+            raw[name] = value
+    return build_view(Loaded(segment, raw), TokenDecoder(qwen3()), events)
+
+
+def sgr(text: str, piece: str, after: str = "") -> list[str]:
+    """The ANSI parameters the piece is shown with (its first one after ``after``)."""
+    pattern = re.compile(r"\x1b\[([0-9;]*)m" + re.escape(piece) + r"\x1b\[0m")
+    found = pattern.search(text, text.index(after) if after else 0)
+    assert found, f"{piece!r} not coloured"
+    return found.group(1).split(";")
 
 
 def full_text(segment: SegmentFinalized) -> str:
@@ -146,19 +166,26 @@ def test_pieces_decode_to_exactly_the_segment_text() -> None:
 
 def test_terminal_text_colours_tokens_by_mask_and_source() -> None:
     segment, _ = two_turn_session()
-    recomputed_at = segment.steps[1].completion_start
-    anomaly_at = recomputed_at + 1
-    segment = with_sources(segment, {recomputed_at: 2, anomaly_at: 0})
-    text = render_text([view_of(segment)], color=True)
+    think_at = segment.steps[1].completion_start  # <think>
+    changed = {think_at + 1: 0, think_at + 2: UNKNOWN_SOURCE}  # "\n" no source, "ok" unknown
+    if OTHER_SOURCE is not None:
+        changed[think_at] = OTHER_SOURCE
+    segment = with_sources(segment, changed)
+    text = render_text([view_of(segment, weight_versions=None)], color=True)
 
-    assert f"\x1b[{SAMPLED_FG};1m" + " largest" in text  # generated, sampled, bold
-    assert f"\x1b[{CONTEXT_FG}m" + "Which" in text  # context
-    assert f"\x1b[{RECOMPUTED_FG};1;3m<think>" in text  # recomputed (and a special token)
-    assert f"\x1b[{ANOMALY_FG};4;1m" in text  # generated without a logprob source
+    assert sgr(text, " biggest") == [*SAMPLED_FG.split(";"), "1"]  # generated, sampled: bold
+    assert sgr(text, "Which") == CONTEXT_FG.split(";")  # context
+    assert sgr(text, "<|im_start|>") == [*CONTEXT_FG.split(";"), "3"]  # special: italic
+    anomaly = sgr(text, "\n", after="<think>")  # generated without a logprob source
+    assert anomaly[:3] == ANOMALY_FG.split(";") and "4" in anomaly  # red, underlined
+    assert sgr(text, "ok")[:3] == UNKNOWN_FG.split(";")
+    if OTHER_SOURCE is not None:
+        assert sgr(text, "<think>")[:3] not in (SAMPLED_FG.split(";"), CONTEXT_FG.split(";"))
+        assert f"generated·{source_names()[OTHER_SOURCE]}" in ANSI.sub("", text)
     assert "── step 1/2 · one · rendered" in text and "── step 2/2 · two · tito" in text
     assert '"reward": 0.5' in text and "prompt-9" in text
     plain = ANSI.sub("", text)
-    assert "The largest is a🫠.txt<|im_end|>" in plain
+    assert "The biggest is a🫠.txt<|im_end|>" in plain
     assert "rm a.txt" in plain
 
 
@@ -166,31 +193,47 @@ def test_terminal_text_without_colour_brackets_generated_tokens() -> None:
     segment, _ = two_turn_session()
     text = render_text([view_of(segment)], color=False)
     assert "\x1b[" not in text
-    assert "assistant\n⟦The largest is a🫠.txt<|im_end|>⟧" in text
+    assert "assistant\n⟦The biggest is a🫠.txt<|im_end|>⟧" in text
     assert "⟦<think>\nok\n</think>\n\nrm a.txt<|im_end|>⟧" in text
     # Eliding long contexts keeps their ends and says how many tokens were hidden.
     short = render_text([view_of(segment)], color=False, context_tokens=2)
-    assert re.search(r" … \d+ tokens … ", short) and "<|im_start|>user" not in short
+    assert re.search(r"<\|im_start\|>user … \d+ tokens … assistant\n⟦The", short)
+    assert "Which" not in short and "⟦<think>" in short
 
 
-def test_weight_versions_from_step_events_colour_the_completion() -> None:
+def test_weight_versions_from_the_segment_or_its_step_events() -> None:
     segment, events = two_turn_session()
-    view = view_of(segment, events)
     start = segment.steps[1].completion_start
-    assert view.versions[: segment.steps[1].completion_start] == [None] * start
-    assert view.versions[start : start + 3] == ["w7"] * 3
-    assert view.versions[-1] == "w8" and view.version_names() == ["w7", "w8"]
-    text = render_text([view], color=True)
-    assert "48;5;17m" in text and "48;5;52m" in text  # one background per version
-    assert "version w7" in ANSI.sub("", text)
+    end = len(segment.token_ids)
+    # Spans over segment positions on the segment itself, as workers write them...
+    on_segment = [
+        {"version": "w7", "start": start, "end": start + 3},
+        {"version": "w8", "start": start + 3, "end": end},
+    ]
+    # ...or, for segments without them, the steps' spans over their completions.
+    for view in (
+        view_of(segment, weight_versions=on_segment),
+        view_of(segment, events, weight_versions=None),
+    ):
+        assert view.versions[:start] == [None] * start
+        assert view.versions[start : start + 3] == ["w7"] * 3
+        assert view.versions[-1] == "w8" and view.version_names() == ["w7", "w8"]
+        text = render_text([view], color=True)
+        assert sgr(text, "<think>")[-3:] == ["48", "5", "17"]  # one background per version
+        assert sgr(text, " a", after="<think>")[-3:] == ["48", "5", "52"]
+        assert "version w7" in ANSI.sub("", text)
     assert "engine_request_id=r" in text  # step_recorded metadata, known from the steps replay
+    assert view_of(segment, weight_versions=None).version_names() == []
 
 
 def test_html_is_self_contained_and_classes_every_token() -> None:
     segment, events = two_turn_session()
-    recomputed_at = segment.steps[1].completion_start
-    segment = with_sources(segment, {recomputed_at: 2})
-    page = render_html([view_of(segment, events)], title="session s")
+    think_at = segment.steps[1].completion_start
+    changed = {think_at + 1: 0}
+    if OTHER_SOURCE is not None:
+        changed[think_at] = OTHER_SOURCE
+    segment = with_sources(segment, changed)
+    page = render_html([view_of(segment, events, weight_versions=None)], title="session s")
     lowered = page.lower()
     assert not [marker for marker in EXTERNAL if marker in lowered]
     assert page.startswith("<!DOCTYPE html>") and "<style>" in page
@@ -201,26 +244,32 @@ def test_html_is_self_contained_and_classes_every_token() -> None:
     assert "".join(text for _, _, text in spans) == full_text(segment)
     generated = [(c, t, x) for c, t, x in spans if "gen" in c]
     context = [(c, t, x) for c, t, x in spans if "ctx" in c]
-    assert sum(len(re.findall("#", t)) for _, t, _ in generated) == sum(segment.loss_mask)
+    assert sum(t.count("#") for _, t, _ in generated) == sum(segment.loss_mask)
     assert all({"ctx", "src-none"} <= c for c, _, _ in context)
-    assert "".join(x for _, _, x in generated).startswith("The largest is a🫠.txt")
-    sampled = next(s for s in generated if s[2] == " largest")
+    assert "".join(x for _, _, x in generated).startswith("The biggest is a🫠.txt")
+    sampled = next(s for s in generated if s[2] == " biggest")
     assert {"tok", "gen", "src-sampled"} <= sampled[0]
     index = segment.token_ids.index(
-        qwen3().encode(" largest")[0], segment.steps[0].completion_start
+        qwen3().encode(" biggest")[0], segment.steps[0].completion_start
     )
     assert (
         f"#{index} id={segment.token_ids[index]} mask=1 logprob=-1.0000 source=sampled"
         in (sampled[1])
     )
     think = next(s for s in generated if s[2] == "<think>")
-    assert {"src-recomputed", "special", "ver-0"} <= think[0] and "version=w7" in think[1]
-    assert any("ver-1" in c for c, _, _ in generated)
+    assert {"special", "ver-0"} <= think[0] and "version=w7" in think[1]
+    if OTHER_SOURCE is not None:
+        name = source_names()[OTHER_SOURCE]
+        assert f"src-{name}" in think[0] and f"source={name}" in think[1]
+        assert f".src-{name} {{" in page and f"generated · {name}" in page
+    anomaly = next(s for s in generated if s[2] == "\n")
+    assert "anomaly" in anomaly[0] and "source=none" in anomaly[1]
+    assert any("ver-1" in c for c, _, _ in generated) and ".ver-1 {" in page
     emoji = next(s for s in generated if "🫠" in s[2])
     assert emoji[1].count("#") == 3  # its three byte tokens, each with id and logprob
     assert "logprob=—" in context[0][1]  # a context token's 0.0 is a placeholder, not a value
-    assert 'class="legend"' in page and "generated · recomputed" in page
-    assert ".src-recomputed {" in page and ".ver-1 {" in page
+    assert 'class="legend"' in page and "generated · sampled" in page
+    assert page.count('class="cut"') == 2  # where each step's completion starts
 
 
 def test_table_lists_every_token() -> None:

@@ -152,6 +152,10 @@ async def test_guards_refuse_overflow_and_step_limits_as_typed_400s() -> None:
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=60
         )
     assert overflow.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):  # refused before the stream commits to a 200
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=60, stream=True
+        )
     messages: list[Any] = [{"role": "user", "content": "hi"}]
     first = await client.chat.completions.create(model="m", messages=messages)
     messages += [

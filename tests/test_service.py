@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
@@ -103,10 +104,19 @@ async def test_tool_calls_are_parsed_with_deterministic_ids_and_continue_the_cha
 async def test_malformed_tool_call_is_returned_as_text_and_recorded() -> None:
     bad = '<tool_call>\n{"name": "ls", "arguments": {"path": }\n</tool_call><|im_end|>'
     service, _, _ = make_service([bad])
+    counted = REGISTRY.get_sample_value(
+        "titoflow_ingress_tool_parse_errors_total", {"api": "openai.chat"}
+    )
     result = await service.complete(turn([Message(role="user", content="x")], tools=TOOLS))
     assert result.parsed.tool_calls == []
     assert "<tool_call>" in result.parsed.content
     assert result.step.tool_parse_error
+    assert (
+        REGISTRY.get_sample_value(
+            "titoflow_ingress_tool_parse_errors_total", {"api": "openai.chat"}
+        )
+        == (counted or 0) + 1
+    )
 
 
 async def test_changed_tools_start_a_new_chain() -> None:

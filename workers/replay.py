@@ -75,6 +75,13 @@ class ReplayOptions:
     instance: str | None = None
     finalize_open: bool = False
 
+    def starts_by_time(self, partition: int) -> bool:
+        return (
+            self.from_time is not None
+            and self.from_offset is None
+            and partition not in self.from_offsets
+        )
+
 
 def parse_from_offsets(values: Sequence[str]) -> tuple[int | None, dict[int, int]]:
     """``["100", "3:50"]`` → every partition from 100, partition 3 from 50."""
@@ -312,11 +319,14 @@ async def start_offsets(
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """``(start, end)`` per partition: where the options say to begin, and the end offsets now."""
     beginning = await consumer.beginning_offsets(tps)
-    end = await consumer.end_offsets(tps)
+    end = await _end_offsets(consumer, tps, beginning)
     by_time: dict[TopicPartition, int] = {}
-    if options.from_time is not None:
-        found = await consumer.offsets_for_times({tp: int(options.from_time * 1000) for tp in tps})
-        for tp in tps:
+    timed = [tp for tp in tps if options.starts_by_time(tp.partition)]
+    if timed and options.from_time is not None:
+        found = await consumer.offsets_for_times(
+            {tp: int(options.from_time * 1000) for tp in timed}
+        )
+        for tp in timed:
             hit = found.get(tp)
             # None (Kafka) or a negative timestamp (tansu) means no record at or after the time.
             by_time[tp] = end[tp] if hit is None or hit.timestamp < 0 else hit.offset
@@ -326,12 +336,31 @@ async def start_offsets(
             wanted = options.from_offsets[tp.partition]
         elif options.from_offset is not None:
             wanted = options.from_offset
-        elif tp in by_time:
-            wanted = by_time[tp]
         else:
-            wanted = beginning[tp]
+            wanted = by_time.get(tp, beginning[tp])
         starts[tp] = min(max(wanted, beginning[tp]), end[tp])
     return starts, end
+
+
+async def _end_offsets(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition], beginning: dict[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """End offsets now. tansu answers ListOffsets(latest) with the base offset of the last record
+    batch + 1, short of the end when that batch holds several records (the ingress publishes
+    concurrently, so it often does); the high watermark of a fetch is right on any broker, so
+    one fetch at the reported end settles it."""
+    reported = await consumer.end_offsets(tps)
+    ends = dict(reported)
+    for tp in tps:
+        if reported[tp] <= beginning[tp]:
+            continue  # no batch at all
+        consumer.assign([tp])
+        consumer.seek(tp, reported[tp] - 1)
+        await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
+        highwater = consumer.highwater(tp)
+        if highwater is not None and highwater > ends[tp]:
+            ends[tp] = highwater
+    return ends
 
 
 async def read_range(
@@ -340,20 +369,28 @@ async def read_range(
     start: int,
     end: int,
     progress: Progress | None = None,
+    from_time: float | None = None,
 ) -> AsyncIterator[ConsumerRecord]:
-    """The records of one partition in ``[start, end)``, in offset order."""
+    """The records of one partition in ``[start, end)``, in offset order; with ``from_time``,
+    from the first whose timestamp is at or after it (tansu's time lookup answers with the
+    start of the record batch holding that record, not the record itself)."""
     if start >= end:
         return
     consumer.assign([tp])
     consumer.seek(tp, start)
     position = start
     stalled_since = time.monotonic()
+    from_ms = int(from_time * 1000) if from_time is not None else None
     while position < end:
         batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
         records = batch.get(tp, [])
         for record in records:
             if record.offset >= end:
                 break
+            if from_ms is not None:
+                if record.timestamp < from_ms:
+                    continue
+                from_ms = None
             yield record
         new_position = min(await consumer.position(tp), end)
         if progress is not None and new_position > position:
@@ -426,7 +463,8 @@ async def replay(
         report.ranges = {tp.partition: (starts[tp], ends[tp]) for tp in tps}
         bar.start(sum(ends[tp] - starts[tp] for tp in tps), f"replay {topic}")
         for tp in tps:
-            async for record in read_range(consumer, tp, starts[tp], ends[tp], bar):
+            by_time = options.from_time if options.starts_by_time(tp.partition) else None
+            async for record in read_range(consumer, tp, starts[tp], ends[tp], bar, by_time):
                 report.records += 1
                 if not filters.admits(record.key, record.value):
                     continue
