@@ -94,9 +94,10 @@ def test_step_from_an_earlier_point_forks_a_segment() -> None:
 
 def test_rendered_step_extends_when_its_prompt_starts_with_the_segment() -> None:
     cache_miss = step("b2", [1, 2, 3, 10, 11, 4], [12])  # another replica rendered the same
-    [segment] = assemble([THREE_TURNS[0], cache_miss])
+    [segment] = assemble([THREE_TURNS[0], cache_miss, cache_miss])  # redelivered: dropped
     assert segment.token_ids == [1, 2, 3, 10, 11, 4, 12]
     assert segment.steps[1].prefix == "rendered"
+    assert "superseded_steps" not in segment.diagnostics
 
 
 USER = {"role": "user", "content": "list files"}

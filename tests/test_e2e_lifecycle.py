@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from schemas.events import DeadLetter, SegmentFinalized
 from tests.topics import read_until
 from titoflow.bus import Publisher
+from titoflow.procs import free_port
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
 from workers.consumer import SegmentConsumer
@@ -25,7 +26,10 @@ pytestmark = pytest.mark.engine
 async def test_header_and_body_sessions_idle_finalize_instance_keys_and_dlq(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    settings = stack_settings.model_copy(update={"idle_finalize_s": 3.0})
+    worker_metrics = free_port()
+    settings = stack_settings.model_copy(
+        update={"idle_finalize_s": 3.0, "worker_metrics_port": worker_metrics}
+    )
     ingress, url = start_ingress(settings, tmp_path)
     worker = start_worker(settings, tmp_path)
     by_header, by_body = f"hdr-{uuid.uuid4().hex[:6]}", f"body-{uuid.uuid4().hex[:6]}"
@@ -64,6 +68,11 @@ async def test_header_and_body_sessions_idle_finalize_instance_keys_and_dlq(
         letters = await read_until(
             settings, settings.topic("dlq"), TypeAdapter(DeadLetter), lambda got: bool(got)
         )
+        async with httpx.AsyncClient() as http:
+            ingress_metrics = (await http.get(f"{url}/metrics")).text
+            worker_metrics_text = (
+                await http.get(f"http://127.0.0.1:{worker_metrics}/metrics")
+            ).text
     finally:
         await publisher.stop()
         ingress.stop()
@@ -77,6 +86,22 @@ async def test_header_and_body_sessions_idle_finalize_instance_keys_and_dlq(
     assert len(segments) == 2
     [letter] = letters
     assert letter.key == "poison" and "undecodable" in letter.reason
+    for line in (
+        'titoflow_ingress_steps_total{api="openai.chat",prefix="rendered"} 2.0',
+        "titoflow_ingress_turn_seconds_count",
+        "titoflow_ingress_overhead_seconds_count",
+        "titoflow_ingress_publish_seconds_count",
+        'titoflow_ingress_tokens_total{direction="completion"}',
+    ):
+        assert line in ingress_metrics, line
+    for line in (
+        'titoflow_worker_segments_total{reason="finalized"} 1.0',
+        'titoflow_worker_segments_total{reason="idle"} 1.0',
+        "titoflow_worker_dead_letters_total 1.0",
+        "titoflow_worker_consumer_lag{",
+        "titoflow_worker_publish_seconds_count",
+    ):
+        assert line in worker_metrics_text, line
 
 
 async def test_segments_of_one_instance_share_a_partition_and_repeats_are_dropped(

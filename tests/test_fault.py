@@ -13,20 +13,29 @@ The expected output is the fault-free assembly of the same events in this proces
 (``workers.assembler.Assembler``); a fault-free run of a real worker must equal it too, which
 validates that reference. Randomness is seeded; only timing (when a kill lands relative to a
 worker's publish and commit) varies from run to run, and the outcome must not.
+
+Three smaller tests stage, deterministically, moments that random kills hit only by chance: a
+rebalance while a worker waits for the ack of its segments, a partition that comes back to the
+worker that owned it, and a replay that starts in the middle of a session with a cache miss.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import itertools
 import random
+import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 from pydantic import TypeAdapter
 
 from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_topic_adapter
@@ -60,6 +69,24 @@ segment_adapter: TypeAdapter[SegmentFinalized] = TypeAdapter(SegmentFinalized)
 def group_settings(settings: Settings) -> Settings:
     """This test's own consumer group (the default group name is shared by every test)."""
     return settings.model_copy(update={"worker_group": f"{settings.topic_prefix}-workers"})
+
+
+def assignments(worker: ManagedProcess) -> list[list[int]]:
+    """Every partition set a worker process logged as assigned to it, in order."""
+    found = re.findall(r"assigned partitions \[([0-9, ]*)\]", worker.log_path.read_text())
+    return [[int(p) for p in line.split(",") if p.strip()] for line in found]
+
+
+def holds_partitions(worker: ManagedProcess, count: int) -> bool:
+    done = assignments(worker)
+    return bool(done) and len(done[-1]) == count
+
+
+def partition_of(session: str, settings: Settings) -> int:
+    """Where the producer's default partitioner puts a session's events."""
+    partitions = list(range(settings.steps_partitions))
+    partition: int = DefaultPartitioner()(session.encode(), partitions, partitions)
+    return partition
 
 
 async def publish_burst(
@@ -240,6 +267,10 @@ async def test_fault_free_workers_match_the_in_process_reference(
     publisher = Publisher(settings)
     await publisher.start()
     try:
+        # Published once the group is settled, so no rebalance re-reads anything.
+        for worker in workers:
+            settled = functools.partial(holds_partitions, worker, 4)
+            await asyncio.to_thread(worker.wait_until, settled, 60, "4 partitions")
         placed = await publish_burst(publisher, settings, load, 0, len(load.events))
         got, duplicates = await consume_until_complete(settings, set(reference), workers)
         check_segments(reference, got, placed, tmp_path)
@@ -262,6 +293,10 @@ async def test_fault_free_workers_match_the_in_process_reference(
 async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments(
     settings: Settings, tmp_path: Path
 ) -> None:
+    """Two worker processes in one group; the load is published in bursts while, at seeded
+    random moments, the longest-lived worker is SIGKILLed and a replacement started, five times.
+    After dedupe the trainer gets exactly the fault-free segments, byte for byte; every repeat
+    on the topic is a byte-identical copy; no valid event is dead-lettered."""
     started = time.monotonic()
     settings = group_settings(settings)
     load = scripted_load(SEED, SESSIONS)
@@ -326,7 +361,7 @@ async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments
     print(
         f"\nload: {load.stats}; {len(load.events)} events, {len(reference)} segments expected\n"
         f"kills (SIGKILL, name@time): {kills}\n"
-        f"all segments out {arrived - faults_done:.1f}s after the last publish and kill; "
+        f"every segment was out {arrived - faults_done:.1f}s after the last publish and kill; "
         f"total {time.monotonic() - started:.1f}s\n"
         f"SegmentConsumer dropped {duplicates} duplicates; the segments topic holds "
         f"{copies.records} records: {len(copies.repeats)} repeats, "
@@ -438,3 +473,183 @@ async def test_a_rebalance_never_commits_past_segments_not_yet_published(
     assert next(s for s in out if s.segment_id == segment_id).model_dump_json().encode() == (
         expected
     )
+
+
+async def test_a_partition_that_comes_back_is_replayed_without_dead_letters(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A worker owns a partition with one session still open and others finalized after it;
+    the commit stays below the open session. A second member joins and leaves again, so the
+    worker gets the partition back and re-reads it from that commit: the finalized sessions'
+    steps are replays of work already published, not events to dead-letter, and the open
+    session still completes exactly."""
+    settings = group_settings(settings)
+    load = scripted_load(SEED, sessions=40)
+    reference = reference_segments(load)
+    partitions = list(range(settings.steps_partitions))
+    by_partition: dict[int, list[str]] = {}
+    for session in load.by_session:
+        by_partition.setdefault(partition_of(session, settings), []).append(session)
+    partition, [open_session, *done_sessions] = max(
+        by_partition.items(), key=lambda item: len(item[1])
+    )
+    assert done_sessions, "the seed puts every session on its own partition"
+
+    def segments_of(sessions: list[str]) -> set[str]:
+        return {
+            segment_id
+            for segment_id, value in reference.items()
+            if segment_adapter.validate_json(value).session_id in sessions
+        }
+
+    def arrived(segment_ids: set[str]) -> Callable[[list[SegmentFinalized]], bool]:
+        return lambda got: segment_ids <= {s.segment_id for s in got}
+
+    *open_events, open_finalize = load.by_session[open_session]
+    worker = start_worker(settings, tmp_path, "worker")
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        steps = settings.topic("steps")
+        where = [await publisher.publish(steps, open_session, r.value) for r in open_events]
+        for session in done_sessions:
+            where += [
+                await publisher.publish(steps, session, r.value) for r in load.by_session[session]
+            ]
+        assert {p for p, _ in where} == {partition}
+        await read_until(
+            settings,
+            settings.topic("segments"),
+            segment_adapter,
+            arrived(segments_of(done_sessions)),
+            timeout_s=60.0,
+        )
+        newcomer = make_consumer(settings, steps, group_id=settings.worker_group)
+        await newcomer.start()
+        try:
+            async with asyncio.timeout(60):
+                while not newcomer.assignment():
+                    await newcomer.getmany(timeout_ms=200)
+        finally:
+            await newcomer.stop()  # leaves the group: the worker gets every partition back
+        await asyncio.to_thread(
+            worker.wait_until,
+            lambda: len(assignments(worker)) >= 3 and assignments(worker)[-1] == partitions,
+            60,
+            "all partitions back",
+        )
+        await publisher.publish(steps, open_session, open_finalize.value)
+        out = await read_until(
+            settings,
+            settings.topic("segments"),
+            segment_adapter,
+            arrived(segments_of([open_session])),
+            timeout_s=60.0,
+        )
+    finally:
+        await publisher.stop()
+        worker.stop()
+    records = await read_topic(settings, settings.topic("segments"))
+    copies = TopicCopies.of(records)
+    expected = segments_of([open_session, *done_sessions])
+    assert copies.first.keys() == expected
+    assert all(copies.first[s] == reference[s] for s in expected)
+    assert copies.not_identical() == [], copies.not_identical_report(reference)
+    assert out
+    letters = await dead_letters(settings)
+    assert not letters, (
+        f"partition {partition}: {open_session} open from offset {where[0][1]}, "
+        f"{len(done_sessions)} sessions finalized after it; after the partition came back, "
+        f"{len(letters)} replayed events were dead-lettered:\n"
+        + dead_letter_report(letters, records)
+    )
+
+
+async def test_a_replay_from_mid_session_re_emits_byte_identical_segments(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Session S has a mid-session cache miss (a ``rendered`` step). Session T, on the same
+    partition, opens between S's first step and that rendered step and stays open, so the
+    commit stays at T's first event while S finalizes and its segments are published. The worker
+    is SIGKILLed; its replacement re-reads from T's first event, i.e. from the middle of S. Every
+    segment it re-emits must be byte-identical to the first copy."""
+    settings = group_settings(settings)
+    load = scripted_load(SEED, sessions=40)
+    reference = reference_segments(load)
+
+    def rendered_after_start(session: str) -> int | None:
+        """Index (among the session's records) of a cache-miss step after its first step."""
+        events = [steps_topic_adapter.validate_json(r.value) for r in load.by_session[session]]
+        steps = [i for i, e in enumerate(events) if isinstance(e, StepRecorded)]
+        later = [i for i in steps[1:] if cast(StepRecorded, events[i]).prefix == "rendered"]
+        return later[0] if later else None
+
+    candidates = [
+        (s, t, cut)
+        for s in load.by_session
+        if (cut := rendered_after_start(s)) is not None
+        for t in load.by_session
+        if t != s and partition_of(t, settings) == partition_of(s, settings)
+    ]
+    assert candidates, "the seed gives no session with a mid-session cache miss"
+    s_session, t_session, cut = candidates[0]
+    s_records, t_records = load.by_session[s_session], load.by_session[t_session]
+    s_segments = {
+        i for i, v in reference.items() if segment_adapter.validate_json(v).session_id == s_session
+    }
+    t_segments = {
+        i for i, v in reference.items() if segment_adapter.validate_json(v).session_id == t_session
+    }
+    steps_topic = settings.topic("steps")
+    partition = partition_of(s_session, settings)
+    worker = start_worker(settings, tmp_path, "worker")
+    replacement: ManagedProcess | None = None
+    publisher = Publisher(settings)
+    await publisher.start()
+    watcher = make_consumer(settings, group_id=settings.worker_group)  # reads commits only
+    await watcher.start()
+    try:
+        where = [await publisher.publish(steps_topic, s_session, r.value) for r in s_records[:cut]]
+        _, t_first = await publisher.publish(steps_topic, t_session, t_records[0].value)
+        where += [await publisher.publish(steps_topic, s_session, r.value) for r in s_records[cut:]]
+        assert {p for p, _ in where} == {partition}
+        await read_until(
+            settings,
+            settings.topic("segments"),
+            segment_adapter,
+            lambda got: s_segments <= {s.segment_id for s in got},
+            timeout_s=60.0,
+        )
+        tp = TopicPartition(steps_topic, partition)
+        async with asyncio.timeout(30):
+            while await watcher.committed(tp) != t_first:
+                await asyncio.sleep(0.2)
+        worker.kill()
+        replacement = start_worker(settings, tmp_path, "replacement")
+        for record in t_records[1:]:
+            await publisher.publish(steps_topic, t_session, record.value)
+        await read_until(
+            settings,
+            settings.topic("segments"),
+            segment_adapter,
+            lambda got: t_segments <= {s.segment_id for s in got},
+            timeout_s=60.0,
+        )
+    finally:
+        await watcher.stop()
+        await publisher.stop()
+        worker.stop()
+        if replacement is not None:
+            replacement.stop()
+    records = await read_topic(settings, settings.topic("segments"))
+    copies = TopicCopies.of(records)
+    assert copies.first.keys() == s_segments | t_segments
+    assert all(copies.first[s] == reference[s] for s in copies.first)
+    s_offsets = [o for _, o in where]
+    assert copies.not_identical() == [], (
+        f"steps[{partition}]: {s_session} at offsets {s_offsets} (its cache-miss step at "
+        f"offset {s_offsets[cut]}), {t_session} open from offset {t_first}; the replacement "
+        f"started at {t_first} and re-emitted:\n" + copies.not_identical_report(reference)
+    )
+    letters = await dead_letters(settings)
+    assert not letters, dead_letter_report(letters, records)

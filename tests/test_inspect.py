@@ -311,3 +311,23 @@ def test_jsonl_selection_and_cli_text_and_html(
     assert main([*common, "--session", "nobody"]) == 1
     assert main([*common, "--no-decode", "--color", "never", "--segment", "x" * 32]) == 0
     assert f"⟨{segment.token_ids[0]}⟩" in capsys.readouterr().out
+
+
+def test_context_carried_over_from_a_size_split_is_shown_as_context() -> None:
+    _, events = two_turn_session()
+    assembler = Assembler(max_segment_tokens=24)  # the first turn (25 tokens) reaches it
+    emitted = [
+        s for i, e in enumerate(events.values()) for s in assembler.add_step(e, 0, i).segments
+    ]
+    [first] = emitted
+    [last] = assembler.finalize("s", "finalized")
+    assert first.finalize_reason == "size" and last.split_reason == "size"
+    assert len(last.steps) == 2 and last.token_ids[: len(first.token_ids)] == first.token_ids
+    view = view_of(last, weight_versions=None)
+    assert "tokens_outside_steps" not in view.header
+    spans = parse_html(render_html([view])).spans
+    assert "".join(text for _, _, text in spans) == full_text(last)
+    carried = [c for c, _, x in spans if "biggest" in x]  # turn one's completion, now context
+    assert carried and all({"ctx", "src-none"} <= c for c in carried)
+    assert "mean_logprob" not in view.steps[0].metadata  # no real logprobs left in step one
+    assert any("gen" in c for c, _, x in spans if x == "rm")

@@ -33,17 +33,17 @@ from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.cli import main
 from titoflow.settings import PROJECT_ROOT, Settings
 from titoflow.stack import start_worker
+from workers.inspect_view import TokenDecoder, build_view, from_segments_topic, from_steps_topic
 from workers.replay import (
     JsonlSink,
     ReplayOptions,
     ReplayReport,
     format_summary,
-    make_assembler,
     parse_time,
     replay,
     replay_to,
 )
-from workers.worker import Worker
+from workers.worker import assembler_for
 
 IDLE_S = 2.0  # the live worker closes the never-finalized session after this long
 LIVE_TIMEOUT_S = 90.0
@@ -378,8 +378,8 @@ async def test_replay_reads_concurrently_written_partitions_to_their_end(
     finally:
         await publisher.stop()
     expected = []
+    assembler = assembler_for(settings)  # sessions are independent: one at a time
     for sid in sessions:
-        assembler = make_assembler(settings)
         for offset, event in enumerate(events[sid]):
             expected += assembler.apply(event.model_dump_json().encode(), 0, offset).segments
     replayed, report = await replay_bytes(settings, ReplayOptions())
@@ -421,6 +421,10 @@ async def test_filters_by_session_and_instance(recording: Recording) -> None:
     assert replayed == recording.live_bytes(lambda s: s.session_id == "beta")
     assert report.events == len(recording.positions["beta"])
     assert not report.dead_letters and not report.open_sessions
+    # Only the partition the session's key hashes to was read; an unknown session reads all.
+    assert list(report.ranges) == [recording.first_offset("beta")[0]]
+    replayed, report = await replay_bytes(settings, ReplayOptions(session="nobody"))
+    assert replayed == [] and len(report.ranges) == settings.steps_partitions
 
     # alpha's finalize (and its late step) carry no instance: they follow their session.
     replayed, report = await replay_bytes(settings, ReplayOptions(instance="prompt-A"))
@@ -522,16 +526,36 @@ async def test_build_settings_given_to_a_replay_reach_the_assembler(
     await assert_group_untouched(recording)
 
 
-async def test_replay_builds_the_assembler_the_worker_builds(recording: Recording) -> None:
-    settings = recording.settings.model_copy(update={"max_segment_tokens": 7})
-    live = Worker(settings).assembler
-    replayed = make_assembler(settings)
+async def test_inspect_finds_a_session_on_the_segments_topic_or_by_replaying_steps(
+    recording: Recording, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = recording.settings
+    found = await from_segments_topic(settings, "beta")
+    assert sorted(item.segment.model_dump_json().encode() for item in found) == (
+        recording.live_bytes(lambda s: s.session_id == "beta")
+    )
 
-    def config(assembler: Any) -> dict[str, Any]:
-        return {
-            name: "<function>" if callable(value) else value
-            for name, value in vars(assembler).items()
-            if not name.startswith("_") and name != "counters"
-        }
+    alpha = await from_steps_topic(settings, "alpha")
+    [item] = alpha.loaded
+    assert (
+        item.segment.model_dump_json().encode()
+        == recording.live_bytes(lambda s: s.session_id == "alpha")[0]
+    )
+    assert sorted(alpha.step_events) == ["alpha/1", "alpha/2", "alpha/3", "alpha/4"]
+    view = build_view(item, TokenDecoder(None), alpha.step_events)
+    assert view.version_names() == ["v2"] and view.steps[2].metadata["engine_request_id"] == "req-3"
+    delta = await from_steps_topic(settings, "delta")
+    assert delta.still_open == {item.segment.segment_id for item in delta.loaded} != set()
 
-    assert config(replayed) == config(live) and replayed.max_segment_tokens == 7
+    flags = ["--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix"]
+    flags += [settings.topic_prefix, "--progress", "never", "--color", "never", "--no-decode"]
+    assert await cli("inspect", "--session", "beta", *flags) == 0
+    out = capsys.readouterr().out
+    assert out.count("═══ segment") == 2 and "split_reason: fork" in out
+    page = tmp_path / "delta.html"
+    assert (
+        await cli("inspect", "--session", "delta", "--from-steps", "--html", str(page), *flags) == 0
+    )
+    assert "still open: closed for viewing" in page.read_text(encoding="utf-8")
+    assert await cli("inspect", "--session", "nobody", *flags) == 1
+    await assert_group_untouched(recording)

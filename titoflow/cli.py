@@ -21,7 +21,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
             f"--{name.replace('_', '-')}",
             dest=f"setting_{name}",
             default=None,
-            help=f"{field.description or ''} [default: {field.default}]",
+            # argparse formats help with %: a literal one in a description must be doubled.
+            help=f"{field.description or ''} [default: {field.default}]".replace("%", "%%"),
         )
 
 

@@ -96,6 +96,9 @@ class Settings(BaseSettings):
 
     # --- worker -------------------------------------------------------------------------------
     worker_group: str = Field("titoflow-workers", description="Consumer group of the workers.")
+    worker_metrics_port: int = Field(
+        0, description="Port of the worker's Prometheus /metrics (on ingress_host); 0: none."
+    )
     max_segment_tokens: int = Field(
         0,
         description="Emit a segment once its own tokens reach this many; the chain continues "

@@ -121,7 +121,9 @@ class _Segment:
         if self.head_step_id != step.step_id:
             return False
         head = self.steps[-1]
-        tail: list[int] = self.tokens[head.prompt_start : head.completion_start].tolist()
+        # A rendered step's tail is its whole prompt, which ended where its completion starts.
+        prompt_start = 0 if step.prefix == "rendered" else head.prompt_start
+        tail: list[int] = self.tokens[prompt_start : head.completion_start].tolist()
         completion: list[int] = self.tokens[head.completion_start :].tolist()
         return tail == step.prompt_tail_ids and completion == step.completion_ids
 
@@ -304,6 +306,7 @@ class Assembler:
             n = len(segment.tokens)
             if segment.steps and n < len(prompt) and segment.tokens.tolist() == prompt[:n]:
                 session.diagnostics["cache_miss"] += 1
+                self.counters["divergence_cache_miss"] += 1
                 return segment, prompt[n:]
         reason = self._classify(session.segments[-1], step) if session.segments else None
         if reason:

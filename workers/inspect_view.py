@@ -2,10 +2,10 @@
 
 Tokens are decoded with the policy's tokenizer (special tokens shown, never re-encoded) and
 coloured by loss mask (context vs generated), logprob source (the schema's codes: none, sampled,
-constrained, recomputed once it exists) and,
-when known, the weight version that sampled them; step boundaries and per-step metadata come with
-them. Output is ANSI text for a terminal or a self-contained HTML page (inline CSS, no scripts,
-no external assets; hover a token for its id, logprob, source and version).
+constrained, recomputed once it exists) and, when known, the weight version that sampled them;
+step boundaries and per-step metadata come with them. Output is ANSI text for a terminal or a
+self-contained HTML page (inline CSS, no scripts, no external assets; hover a token for its id,
+logprob, source and version).
 
 Segments come from a JSONL file (what ``titoflow replay`` writes), from the segments topic
 (scanned without a consumer group), or from a replay of the steps topic for the session — the
@@ -27,7 +27,6 @@ from pydantic import ValidationError
 
 import schemas.events as events
 from schemas.events import SegmentFinalized, SegmentStep, StepRecorded
-from titoflow.bus import make_consumer
 from titoflow.settings import Settings
 from workers.assembler import StepsEvent
 from workers.replay import (
@@ -37,6 +36,7 @@ from workers.replay import (
     read_range,
     replay_segments,
     start_offsets,
+    start_reader,
     topic_partitions,
 )
 
@@ -215,13 +215,18 @@ def _step_metadata(
     segment: SegmentFinalized, step: SegmentStep, raw_step: dict[str, Any], event: Any
 ) -> dict[str, Any]:
     completion = range(step.completion_start, step.completion_end)
-    logprobs = [segment.logprobs[i] for i in completion]
+    # Only real logprobs (a completion carried into a later segment as context has none).
+    logprobs = [
+        segment.logprobs[i]
+        for i in completion
+        if segment.logprob_source[i] != events.LOGPROB_SOURCE_NONE
+    ]
     meta: dict[str, Any] = {
         "step_id": step.step_id,
         "prefix": step.prefix,
         "finish_reason": step.finish_reason,
         "context_tokens": step.completion_start - step.prompt_start,
-        "completion_tokens": len(logprobs),
+        "completion_tokens": len(completion),
         "tokens": f"[{step.prompt_start}, {step.completion_start}) + "
         f"[{step.completion_start}, {step.completion_end})",
     }
@@ -301,6 +306,14 @@ def build_view(
             f"{_span_field(s, 'version')} [{_span_field(s, 'start')}, {_span_field(s, 'end')})"
             for s in spans
         )
+    covered = sorted((s.prompt_start, s.completion_end) for s in segment.steps)
+    untracked, at = [], 0
+    for start, end in [*covered, (len(ids), len(ids))]:
+        if start > at:
+            untracked.append(f"[{at}, {start})")
+        at = max(at, end)
+    if untracked:  # tokens no step accounts for: not shown below
+        header["tokens_outside_steps"] = ", ".join(untracked)
     # Whatever else the segment carries (rollout id, diagnostics, fields newer than this code).
     header.update(
         {k: v for k, v in loaded.raw.items() if k not in header and k not in _NOT_IN_HEADER}
@@ -411,7 +424,6 @@ def _legend_text(view: SegmentView, color: bool) -> str:
 
     parts = [
         sample("context", TokenStyle(0, "none", False, None, False)),
-        sample("generated·sampled", TokenStyle(1, "sampled", False, None, False)),
         *(
             sample(f"generated·{name}", TokenStyle(1, name, False, None, False))
             for name in _generated_sources()
@@ -591,11 +603,6 @@ def _legend_html(view: SegmentView) -> str:
 
     parts = [
         sample("context", TokenStyle(0, "none", False, None, False), "loss mask 0"),
-        sample(
-            "generated · sampled",
-            TokenStyle(1, "sampled", False, None, False),
-            "loss mask 1, the engine's logprob of the sampled token",
-        ),
         *(
             sample(
                 f"generated · {name}",
@@ -734,8 +741,7 @@ async def from_segments_topic(
     """The session's segments on the segments topic, read with no consumer group up to the end
     offsets at start (every partition: segments are keyed by instance, not session)."""
     name = topic or settings.topic("segments")
-    consumer = make_consumer(settings, group_id=None, enable_auto_commit=False)
-    await consumer.start()
+    consumer = await start_reader(settings)
     found: list[Loaded] = []
     try:
         tps = await topic_partitions(consumer, name)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import math
 import sys
 import time
@@ -31,13 +30,15 @@ from typing import Any, Literal, Protocol, TextIO
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.events import SegmentFinalized
-from titoflow.bus import Publisher, make_consumer
+from titoflow.bus import BrokerUnavailable, Publisher, make_consumer
 from titoflow.settings import Settings
 from workers.assembler import Assembler, StepsEvent
-from workers.worker import _decoder as live_decoder
+from workers.worker import assembler_for
 
 # A fetch that brings nothing for this long while records are still due means the log changed
 # under us (retention deleted them, or the topic was recreated): stop instead of hanging.
@@ -119,26 +120,6 @@ def parse_time(value: str) -> float:
 # --- the assembler, built as the live worker would build it ------------------------------------
 
 
-def make_assembler(settings: Settings) -> Assembler:
-    """The assembler the live worker builds from ``settings`` (see ``Worker.__init__``), so
-    build settings given to a replay (flags or ``TITOFLOW_*``) reach it: every constructor
-    parameter named like a setting gets that setting, ``decode`` gets the worker's tokenizer
-    decoder (it tells divergence classes apart), and an ``Assembler.from_settings`` wins if the
-    class ever grows one. ``tests/test_replay.py`` checks this against a real ``Worker``."""
-    from_settings = getattr(Assembler, "from_settings", None)
-    if callable(from_settings):
-        built = from_settings(settings)
-        assert isinstance(built, Assembler)
-        return built
-    parameters = inspect.signature(Assembler).parameters
-    kwargs: dict[str, Any] = {
-        name: getattr(settings, name) for name in parameters if name in Settings.model_fields
-    }
-    if "decode" in parameters:
-        kwargs["decode"] = live_decoder(settings)
-    return Assembler(**kwargs)
-
-
 # --- filters ------------------------------------------------------------------------------------
 
 
@@ -192,6 +173,8 @@ class _Filter:
 
 
 class Progress(Protocol):
+    """A bar over records; ``start`` again adds ``total`` more records to it."""
+
     def start(self, total: int, description: str) -> None: ...
     def advance(self, n: int) -> None: ...
     def close(self) -> None: ...
@@ -225,14 +208,19 @@ class _RichProgress:
         self._task: Any = None
 
     def start(self, total: int, description: str) -> None:
-        self._progress.start()
-        self._task = self._progress.add_task(description, total=total)
+        if self._task is None:
+            self._progress.start()
+            self._task = self._progress.add_task(description, total=total)
+        else:
+            more = self._progress.tasks[0].total + total
+            self._progress.update(self._task, total=more)
 
     def advance(self, n: int) -> None:
         self._progress.advance(self._task, n)
 
     def close(self) -> None:
-        self._progress.stop()
+        if self._task is not None:
+            self._progress.stop()
 
 
 class _TqdmProgress:
@@ -242,13 +230,18 @@ class _TqdmProgress:
         self._bar: Any = None
 
     def start(self, total: int, description: str) -> None:
-        self._bar = self._tqdm(total=total, desc=description, unit="rec", file=self._stream)
+        if self._bar is None:
+            self._bar = self._tqdm(total=total, desc=description, unit="rec", file=self._stream)
+        else:
+            self._bar.total += total
+            self._bar.refresh()
 
     def advance(self, n: int) -> None:
         self._bar.update(n)
 
     def close(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
 
 
 class PlainProgress:
@@ -264,7 +257,8 @@ class PlainProgress:
         self._drawn_at = 0.0
 
     def start(self, total: int, description: str) -> None:
-        self._total, self._description = total, description
+        self._total += total
+        self._description = description
         self._draw()
 
     def advance(self, n: int) -> None:
@@ -303,6 +297,17 @@ def make_progress(
 
 
 # --- reading a topic without a group -------------------------------------------------------------
+
+
+async def start_reader(settings: Settings) -> AIOKafkaConsumer:
+    """A started consumer without a group (it never joins or commits anything)."""
+    consumer = make_consumer(settings, group_id=None, enable_auto_commit=False)
+    try:
+        await consumer.start()
+    except (KafkaError, OSError) as exc:
+        await consumer.stop()
+        raise ReplayError(f"cannot reach {settings.bootstrap_servers!r}: {exc!r}") from exc
+    return consumer
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
@@ -446,12 +451,11 @@ async def replay(
     """Re-assemble the steps topic as ``options`` say and hand every segment to ``sink``."""
     began = time.monotonic()
     topic = settings.topic("steps")
-    assembler = assembler if assembler is not None else make_assembler(settings)
+    assembler = assembler if assembler is not None else assembler_for(settings)
     report = ReplayReport(topic=topic)
     filters = _Filter(options.session, options.instance)
     bar = progress if progress is not None else NoProgress()
-    consumer = make_consumer(settings, group_id=None, enable_auto_commit=False)
-    await consumer.start()
+    consumer = await start_reader(settings)
     try:
         tps = await topic_partitions(consumer, topic)
         if options.partitions is not None:
@@ -459,31 +463,18 @@ async def replay(
             if missing:
                 raise ReplayError(f"{topic} has no partitions {sorted(missing)}")
             tps = [tp for tp in tps if tp.partition in options.partitions]
-        starts, ends = await start_offsets(consumer, tps, options)
-        report.ranges = {tp.partition: (starts[tp], ends[tp]) for tp in tps}
-        bar.start(sum(ends[tp] - starts[tp] for tp in tps), f"replay {topic}")
-        for tp in tps:
-            by_time = options.from_time if options.starts_by_time(tp.partition) else None
-            async for record in read_range(consumer, tp, starts[tp], ends[tp], bar, by_time):
-                report.records += 1
-                if not filters.admits(record.key, record.value):
-                    continue
-                report.events += 1
-                applied = assembler.apply(record.value, record.partition, record.offset)
-                if applied.event is not None and observe is not None:
-                    observe(applied.event, record.partition, record.offset)
-                key = record.key.decode("utf-8", "replace") if record.key is not None else None
-                if applied.dead_letter_reason:
-                    report.dead_letters.append(
-                        Noted(record.partition, record.offset, key, applied.dead_letter_reason)
-                    )
-                if applied.skipped_reason:
-                    report.skipped.append(
-                        Noted(record.partition, record.offset, key, applied.skipped_reason)
-                    )
-                for segment in applied.segments:
-                    await sink(segment)
-                    report.segments += 1
+        groups = [tps]
+        if options.session is not None and options.partitions is None and tps:
+            # The session's events are in the partition its key hashes to: read that one first
+            # and the others only if the session is not there.
+            home = home_partition(options.session, tps)
+            groups = [[home], [tp for tp in tps if tp != home]]
+        for index, group in enumerate(groups):
+            if index > 0 and report.events > 0:
+                break
+            await _replay_partitions(
+                consumer, group, options, filters, assembler, sink, report, bar, observe
+            )
     finally:
         bar.close()
         await consumer.stop()
@@ -497,6 +488,52 @@ async def replay(
     report.counters = dict(assembler.counters)
     report.elapsed_s = time.monotonic() - began
     return report
+
+
+def home_partition(key: str, tps: list[TopicPartition]) -> TopicPartition:
+    """The partition a producer with the default partitioner (murmur2, as Kafka's Java client
+    and aiokafka use) puts ``key`` in; ``tps`` are all partitions of the topic."""
+    ids = [tp.partition for tp in tps]
+    chosen = DefaultPartitioner()(key.encode(), ids, ids)
+    return next(tp for tp in tps if tp.partition == chosen)
+
+
+async def _replay_partitions(
+    consumer: AIOKafkaConsumer,
+    tps: list[TopicPartition],
+    options: ReplayOptions,
+    filters: _Filter,
+    assembler: Assembler,
+    sink: SegmentSink,
+    report: ReplayReport,
+    bar: Progress,
+    observe: EventObserver | None,
+) -> None:
+    starts, ends = await start_offsets(consumer, tps, options)
+    report.ranges.update({tp.partition: (starts[tp], ends[tp]) for tp in tps})
+    bar.start(sum(ends[tp] - starts[tp] for tp in tps), f"replay {tps[0].topic}")
+    for tp in tps:
+        by_time = options.from_time if options.starts_by_time(tp.partition) else None
+        async for record in read_range(consumer, tp, starts[tp], ends[tp], bar, by_time):
+            report.records += 1
+            if not filters.admits(record.key, record.value):
+                continue
+            report.events += 1
+            applied = assembler.apply(record.value, record.partition, record.offset)
+            if applied.event is not None and observe is not None:
+                observe(applied.event, record.partition, record.offset)
+            key = record.key.decode("utf-8", "replace") if record.key is not None else None
+            if applied.dead_letter_reason:
+                report.dead_letters.append(
+                    Noted(record.partition, record.offset, key, applied.dead_letter_reason)
+                )
+            if applied.skipped_reason:
+                report.skipped.append(
+                    Noted(record.partition, record.offset, key, applied.skipped_reason)
+                )
+            for segment in applied.segments:
+                await sink(segment)
+                report.segments += 1
 
 
 async def replay_segments(
@@ -585,9 +622,12 @@ async def replay_to(
             return await replay(settings, options, JsonlSink(stream), progress=progress)
         finally:
             stream.flush()
-    await ensure_topic(settings, to_topic, settings.segments_partitions)
     publisher = Publisher(settings)
-    await publisher.start()
+    try:
+        await ensure_topic(settings, to_topic, settings.segments_partitions)
+        await publisher.start()
+    except (KafkaError, BrokerUnavailable) as exc:
+        raise ReplayError(f"cannot publish to {to_topic!r}: {exc}") from exc
     try:
         return await replay(settings, options, TopicSink(publisher, to_topic), progress=progress)
     finally:

@@ -16,11 +16,13 @@ from collections.abc import Iterable
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from prometheus_client import start_http_server
 
 from schemas.events import DeadLetter, SegmentFinalized, SessionFinalized, StepRecorded
 from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.settings import Settings
 from titoflow.tokenizer import load_tokenizer
+from workers import metrics
 from workers.assembler import Assembler, Decode
 
 log = logging.getLogger("titoflow.worker")
@@ -41,6 +43,11 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
 
 
+def assembler_for(settings: Settings) -> Assembler:
+    """The assembler ``settings`` call for; live workers and replays build theirs here."""
+    return Assembler(settings.max_segment_tokens, _decoder(settings))
+
+
 def _decoder(settings: Settings) -> Decode | None:
     """The policy's tokenizer, when the worker can see it, tells retokenization from template
     divergences; without it both count as template."""
@@ -58,14 +65,17 @@ def _decoder(settings: Settings) -> Decode | None:
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.assembler = Assembler(settings.max_segment_tokens, _decoder(settings))
+        self.assembler = assembler_for(settings)
         self.publisher = Publisher(settings)
         self.steps_topic = settings.topic("steps")
         self.consumer = make_consumer(settings, group_id=settings.worker_group)
         self._next_offset: dict[TopicPartition, int] = {}
         self._last_seen: dict[str, float] = {}
+        self._divergences_seen: dict[str, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.settings.worker_metrics_port:
+            start_http_server(self.settings.worker_metrics_port, addr=self.settings.ingress_host)
         # Before any client touches a topic: a broker that auto-creates topics would otherwise
         # pick its own partition counts.
         await ensure_topics(self.settings)
@@ -85,6 +95,7 @@ class Worker:
                 segments += self._finalize_idle()
                 await self._publish_segments(segments)
                 await self.commit()
+                self._observe()
         finally:
             await self.commit()
             await self.consumer.stop()
@@ -108,6 +119,20 @@ class Worker:
             await self._dead_letter(record, applied.dead_letter_reason)
         return applied.segments
 
+    def _observe(self) -> None:
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None:
+                lag = highwater - self._next_offset.get(tp, highwater)
+                metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(lag, 0))
+        metrics.OPEN_SESSIONS.set(len(self.assembler.open_sessions))
+        for name, value in self.assembler.counters.items():
+            if name.startswith("divergence_"):
+                kind = name.removeprefix("divergence_")
+                counted = self._divergences_seen.get(kind, 0)
+                metrics.DIVERGENCES.labels(kind).inc(value - counted)
+                self._divergences_seen[kind] = value
+
     def _finalize_idle(self) -> Iterable[SegmentFinalized]:
         cutoff = time.monotonic() - self.settings.idle_finalize_s
         idle = [sid for sid, seen in self._last_seen.items() if seen < cutoff]
@@ -118,9 +143,12 @@ class Worker:
     async def _publish_segments(self, segments: list[SegmentFinalized]) -> None:
         topic = self.settings.topic("segments")
         for segment in segments:
+            started = time.perf_counter()
             await self.publisher.publish(
                 topic, segment.instance_id or segment.session_id, segment.model_dump_json().encode()
             )
+            metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
+            metrics.SEGMENTS.labels(segment.finalize_reason).inc()
             log.info(
                 "segment published",
                 extra={
@@ -133,6 +161,7 @@ class Worker:
             )
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
+        metrics.DEAD_LETTERS.inc()
         log.warning(
             "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
         )

@@ -1,0 +1,27 @@
+"""The worker's Prometheus metrics, served on ``worker_metrics_port`` when it is set."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+SEGMENTS = Counter(
+    "titoflow_worker_segments_total", "Segments published, by finalize reason.", ["reason"]
+)
+DIVERGENCES = Counter(
+    "titoflow_worker_divergences_total",
+    "Rendered steps that did not extend their segment's tokens, by class; cache_miss counts "
+    "the ones that did.",
+    ["kind"],
+)
+DEAD_LETTERS = Counter("titoflow_worker_dead_letters_total", "Events sent to the DLQ.")
+CONSUMER_LAG = Gauge(
+    "titoflow_worker_consumer_lag",
+    "Events of the steps topic not yet consumed, by partition (high watermark - position).",
+    ["partition"],
+)
+OPEN_SESSIONS = Gauge("titoflow_worker_open_sessions", "Sessions assembled in memory.")
+PUBLISH_SECONDS = Histogram(
+    "titoflow_worker_publish_seconds",
+    "From sending a segment to the broker's acknowledgement.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
