@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.events import SegmentFinalized, StepRecorded
+from schemas.events import SegmentFinalized, SessionFinalized, StepRecorded
 from workers.assembler import Assembler
 
 
@@ -202,16 +202,25 @@ def test_wrong_prefix_length_is_a_dead_letter_not_a_wrong_segment() -> None:
     assert outcome.dead_letter_reason == "prefix_length_mismatch"
 
 
-def test_commit_watermark_stays_at_the_oldest_open_session() -> None:
+def test_commit_offset_never_splits_a_session() -> None:
     assembler = Assembler()
     assembler.add_step(step("x", [1], [2], session="s1"), 3, 10)
     assembler.add_step(step("y", [1], [2], session="s2"), 3, 12)
     assembler.add_step(step("z", [1], [2], session="s3"), 4, 7)
-    assert assembler.oldest_open_offset(3) == 10
+    assert assembler.commit_offset(3, 20) == 10  # below the oldest open session
     assembler.finalize("s1", "finalized")
-    assert assembler.oldest_open_offset(3) == 12
-    assert assembler.drop_partitions({4}) == ["s3"]
-    assert assembler.oldest_open_offset(4) is None
+    assert assembler.commit_offset(3, 20) == 12
+    # A finished session whose events straddle the point holds it back too: a restart there
+    # would otherwise rebuild that session's tail as if it were a whole session.
+    assembler.add_step(step("w", [1], [2], session="s4"), 4, 9)
+    assembler.add_step(step("v", [1], [2], session="s5"), 4, 10)
+    assembler.add_step(step("w2", [1, 2, 5], [6], session="s4"), 4, 11)
+    finalized = SessionFinalized(session_id="s4", event_time=0.0).model_dump_json().encode()
+    assembler.apply(finalized, 4, 12)
+    assembler.finalize("s3", "idle")
+    assert assembler.commit_offset(4, 13) == 9  # s5 is open at 10, inside s4's span 9..12
+    assert assembler.drop_partitions({4}) == ["s5"]
+    assert assembler.commit_offset(4, 13) == 13
 
 
 def test_a_retried_step_replaces_the_first_try_the_client_never_saw() -> None:

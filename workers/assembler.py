@@ -176,6 +176,7 @@ class _Session:
     instance_id: str | None
     partition: int
     first_offset: int
+    last_offset: int = -1
     metadata: dict[str, Any] = field(default_factory=dict)
     segments: list[_Segment] = field(default_factory=list)
     segment_of_step: dict[str, _Segment] = field(default_factory=dict)
@@ -210,8 +211,11 @@ class Assembler:
         self.max_segment_tokens = max_segment_tokens
         self.decode = decode
         self._sessions: dict[str, _Session] = {}
-        # Sessions already finalized here: a step arriving for one of them is late, not new.
-        self._finalized: OrderedDict[str, None] = OrderedDict()
+        # Sessions already finalized here (→ partition): a step for one of them is late, not new.
+        self._finalized: OrderedDict[str, int] = OrderedDict()
+        # Offsets [first, last] of finalized sessions per partition, kept while a commit point
+        # could still fall inside them (see commit_offset).
+        self._closed_spans: dict[int, dict[str, tuple[int, int]]] = {}
         self.counters: Counter[str] = Counter()
 
     @property
@@ -227,18 +231,35 @@ class Assembler:
             return Applied(None, dead_letter_reason=reason)
         if isinstance(event, StepRecorded):
             outcome = self.add_step(event, partition, offset)
-            return Applied(
+            applied = Applied(
                 event, outcome.segments, outcome.dead_letter_reason, outcome.skipped_reason
             )
-        if isinstance(event, SessionFinalized):
-            return Applied(event, self.finalize(event.session_id, "finalized", event.metadata))
-        if event.session_id not in self._sessions and event.session_id not in self._finalized:
-            self._sessions[event.session_id] = _Session(
-                event.instance_id, partition, offset, dict(event.metadata)
-            )
-        return Applied(event)
+        elif isinstance(event, SessionFinalized):
+            self._seen(event.session_id, offset)
+            applied = Applied(event, self.finalize(event.session_id, "finalized", event.metadata))
+        else:
+            if event.session_id not in self._sessions and event.session_id not in self._finalized:
+                self._sessions[event.session_id] = _Session(
+                    event.instance_id, partition, offset, offset, dict(event.metadata)
+                )
+            applied = Applied(event)
+        return applied
+
+    def _seen(self, session_id: str, offset: int) -> None:
+        """Stretch the offset span of the session an event belongs to, open or closed."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.last_offset = max(session.last_offset, offset)
+            return
+        partition = self._finalized.get(session_id)
+        span = (
+            self._closed_spans.get(partition, {}).get(session_id) if partition is not None else None
+        )
+        if partition is not None and span is not None:
+            self._closed_spans[partition][session_id] = (span[0], max(span[1], offset))
 
     def add_step(self, step: StepRecorded, partition: int, offset: int) -> StepOutcome:
+        self._seen(step.session_id, offset)
         session = self._sessions.get(step.session_id)
         if session is None:
             if step.session_id in self._finalized:
@@ -249,7 +270,7 @@ class Assembler:
                 # when the offset was committed: this is a replayed event already assembled.
                 self.counters["replayed_orphan_steps"] += 1
                 return StepOutcome(skipped_reason="parent step precedes the committed offset")
-            session = _Session(step.instance_id, partition, offset)
+            session = _Session(step.instance_id, partition, offset, offset)
             self._sessions[step.session_id] = session
         session.instance_id = session.instance_id or step.instance_id
         if step.tool_parse_error:
@@ -346,9 +367,11 @@ class Assembler:
         if session is None:
             self.counters["finalize_unknown_session"] += 1
             return []
-        self._finalized[session_id] = None
+        self._finalized[session_id] = session.partition
         while len(self._finalized) > MAX_TOMBSTONES:
             self._finalized.popitem(last=False)
+        spans = self._closed_spans.setdefault(session.partition, {})
+        spans[session_id] = (session.first_offset, session.last_offset)
         session.metadata.update(metadata or {})
         return [
             _segment_event(session_id, session, segment, reason)
@@ -357,16 +380,40 @@ class Assembler:
         ]
 
     def drop_partitions(self, partitions: set[int]) -> list[str]:
-        """Forget (and return) sessions of partitions this worker no longer owns."""
+        """Forget (and return) sessions of partitions this worker no longer owns; whoever owns
+        them next re-reads them from the committed offset, finalized ones included."""
         dropped = [s for s, v in self._sessions.items() if v.partition in partitions]
         for session_id in dropped:
             del self._sessions[session_id]
+        for session_id in [s for s, p in self._finalized.items() if p in partitions]:
+            del self._finalized[session_id]
+        for partition in partitions:
+            self._closed_spans.pop(partition, None)
         return dropped
 
-    def oldest_open_offset(self, partition: int) -> int | None:
-        """Committing below this keeps every open session's events re-readable after a crash."""
-        offsets = [s.first_offset for s in self._sessions.values() if s.partition == partition]
-        return min(offsets) if offsets else None
+    def commit_offset(self, partition: int, next_offset: int) -> int:
+        """The offset a consumer may commit for ``partition`` after reading up to ``next_offset``.
+
+        It never falls inside a session: no session, open or finalized, has events both below
+        and at or above it. A worker that restarts there therefore reads every session it meets
+        from its first event, and rebuilds byte-identical segments (dropped downstream as
+        duplicates) — never a tail of a finished session dressed as a new one.
+        """
+        spans = [
+            (s.first_offset, float("inf"))
+            for s in self._sessions.values()
+            if s.partition == partition
+        ]
+        closed = self._closed_spans.get(partition, {})
+        spans += [(first, float(last)) for first, last in closed.values()]
+        commit, moved = next_offset, True
+        while moved:
+            straddling = [first for first, last in spans if first < commit <= last]
+            moved = bool(straddling)
+            commit = min(straddling, default=commit)
+        for session_id in [s for s, (_, last) in closed.items() if last < commit]:
+            del closed[session_id]  # wholly below the commit point: it can never straddle it
+        return commit
 
 
 def _segment_event(

@@ -36,8 +36,11 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.worker.commit()
-        self.worker.forget(revoked)
+        # aiokafka calls this from its own task: wait for the batch in hand, whose segments
+        # must be published before any offset past them is committed.
+        async with self.worker.batch_lock:
+            await self.worker.commit()
+            self.worker.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
@@ -72,6 +75,7 @@ class Worker:
         self._next_offset: dict[TopicPartition, int] = {}
         self._last_seen: dict[str, float] = {}
         self._divergences_seen: dict[str, int] = {}
+        self.batch_lock = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.worker_metrics_port:
@@ -87,14 +91,17 @@ class Worker:
                 batch = await self.consumer.getmany(
                     timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS
                 )
-                segments: list[SegmentFinalized] = []
-                for tp, records in batch.items():
-                    for record in records:
-                        segments += await self._handle(record)
-                        self._next_offset[tp] = record.offset + 1
-                segments += self._finalize_idle()
-                await self._publish_segments(segments)
-                await self.commit()
+                async with self.batch_lock:
+                    segments: list[SegmentFinalized] = []
+                    for tp, records in batch.items():
+                        if tp not in self.consumer.assignment():
+                            continue  # revoked while this batch waited for the lock
+                        for record in records:
+                            segments += await self._handle(record)
+                            self._next_offset[tp] = record.offset + 1
+                    segments += self._finalize_idle()
+                    await self._publish_segments(segments)
+                    await self.commit()
                 self._observe()
         finally:
             await self.commit()
@@ -186,10 +193,10 @@ class Worker:
             self._next_offset.pop(tp, None)
 
     async def commit(self) -> None:
-        offsets = {}
-        for tp, next_offset in self._next_offset.items():
-            oldest_open = self.assembler.oldest_open_offset(tp.partition)
-            offsets[tp] = min(next_offset, oldest_open) if oldest_open is not None else next_offset
+        offsets = {
+            tp: self.assembler.commit_offset(tp.partition, next_offset)
+            for tp, next_offset in self._next_offset.items()
+        }
         assigned = self.consumer.assignment()
         offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
         if offsets:
