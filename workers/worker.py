@@ -36,11 +36,13 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        # aiokafka calls this from its own task: wait for the batch in hand, whose segments
-        # must be published before any offset past them is committed.
-        async with self.worker.batch_lock:
-            await self.worker.commit()
-            self.worker.forget(revoked)
+        # aiokafka calls this from its own task. A batch in hand may hold segments not yet
+        # published, so commit only between batches: skipping a commit is always safe (the next
+        # owner re-reads a little more), and a rebalance never waits on a slow publish.
+        if not self.worker.batch_lock.locked():
+            async with self.worker.batch_lock:
+                await self.worker.commit()
+        self.worker.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
@@ -102,6 +104,10 @@ class Worker:
                     segments += self._finalize_idle()
                     await self._publish_segments(segments)
                     await self.commit()
+                    # A revoke during the batch forgot its partitions, but the batch went on
+                    # applying their records: forget them again, after the batch.
+                    assigned = self.consumer.assignment()
+                    self.forget([tp for tp in list(self._next_offset) if tp not in assigned])
                 self._observe()
         finally:
             await self.commit()
