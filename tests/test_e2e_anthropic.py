@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 from anthropic.types import Message, MessageParam, ToolParam
-from pydantic import TypeAdapter
 
-from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
-from tests.topics import read_until
+from schemas.events import StepRecorded
+from tests.topics import finalized_segments, recorded_steps
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
 
@@ -75,18 +73,6 @@ def recorded_view(step: StepRecorded) -> dict[str, Any]:
     }
 
 
-async def recorded_steps(settings: Settings, session: str, count: int) -> list[StepRecorded]:
-    events = await read_until(
-        settings,
-        settings.topic("steps"),
-        steps_topic_adapter,
-        lambda got: (
-            sum(isinstance(e, StepRecorded) and e.session_id == session for e in got) >= count
-        ),
-    )
-    return [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
-
-
 @pytest.mark.parametrize("streams", [(False, True, True), (True, False, True)])
 async def test_three_turns_with_tools_match_the_recorded_steps(
     stack_settings: Settings, tmp_path: Path, streams: tuple[bool, ...]
@@ -105,15 +91,7 @@ async def test_three_turns_with_tools_match_the_recorded_steps(
             )
             seen.append(message)
             messages.append({"role": "assistant", "content": message.content})  # echoed back
-        async with httpx.AsyncClient() as http:
-            (await http.post(f"{url}/sess/{session}/finalize", json={})).raise_for_status()
-        segments = await read_until(
-            stack_settings,
-            stack_settings.topic("segments"),
-            TypeAdapter(SegmentFinalized),
-            lambda got: any(s.session_id == session for s in got),
-            timeout_s=120,
-        )
+        segments = await finalized_segments(stack_settings, url, session)
     finally:
         await client.close()
         ingress.stop()

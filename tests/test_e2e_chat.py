@@ -12,11 +12,9 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
-from pydantic import TypeAdapter
 
-from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.families import path_tool
-from tests.topics import read_until
+from tests.topics import finalized_segments, recorded_steps
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
 from titoflow.tokenizer import load_tokenizer
@@ -92,25 +90,13 @@ async def test_tool_loop_streaming_and_not_matches_the_recorded_steps(
         )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         seen.append({"calls": [], "content": text})
-        await client.post(f"{url}/sess/{session}/finalize", cast_to=object, body={})
-        segments = await read_until(
-            stack_settings,
-            stack_settings.topic("segments"),
-            TypeAdapter(SegmentFinalized),
-            lambda got: any(s.session_id == session for s in got),
-        )
+        segments = await finalized_segments(stack_settings, url, session)
     finally:
         await client.close()
         ingress.stop()
         worker.stop()
 
-    events = await read_until(
-        stack_settings,
-        stack_settings.topic("steps"),
-        steps_topic_adapter,
-        lambda got: sum(isinstance(e, StepRecorded) and e.session_id == session for e in got) >= 3,
-    )
-    steps = [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
+    steps = await recorded_steps(stack_settings, session, 3)
     assert len(steps) == 3  # one step per call
     assert [s.stream for s in steps] == [False, True, True]
     assert [s.prefix for s in steps] == ["rendered", "tito", "tito"]

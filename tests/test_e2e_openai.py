@@ -13,16 +13,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from openai import APIStatusError, AsyncOpenAI
-from pydantic import TypeAdapter
 
 from ingress.parsers import make_parser
 from ingress.render import ChatRenderer
 from ingress.turn import Message
-from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
-from tests.topics import read_until
+from tests.topics import engine_generate, finalized_segments, recorded_steps
 from titoflow.broker import start_tansu
 from titoflow.bus import ensure_topics
 from titoflow.procs import ManagedProcess
@@ -40,25 +37,6 @@ async def wait_for_log(proc: ManagedProcess, text: str, timeout_s: float = 60.0)
     async with asyncio.timeout(timeout_s):
         while text not in proc.log_path.read_text(errors="replace"):
             await asyncio.sleep(0.2)
-
-
-async def engine_generate(engine_url: str, prompt: list[int], seed: int, stop: int) -> Any:
-    """The same request the ingress made, sent straight to vLLM's token API."""
-    body = {
-        "token_ids": prompt,
-        "sampling_params": {
-            "max_tokens": MAX_TOKENS,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "seed": seed,
-            "logprobs": 0,
-            "stop_token_ids": [stop],
-        },
-    }
-    async with httpx.AsyncClient(timeout=120) as client:
-        response = await client.post(f"{engine_url}/inference/v1/generate", json=body)
-    response.raise_for_status()
-    return response.json()["choices"][0]
 
 
 async def test_three_turns_become_one_exact_segment_across_a_worker_restart(
@@ -91,29 +69,14 @@ async def test_three_turns_become_one_exact_segment_across_a_worker_restart(
                 first_worker.kill()
             if index == 1:
                 second_worker = start_worker(stack_settings, tmp_path, "worker-b")
-        async with httpx.AsyncClient() as http:
-            (await http.post(f"{url}/sess/{session}/finalize", json={})).raise_for_status()
-
-        segments = await read_until(
-            stack_settings,
-            stack_settings.topic("segments"),
-            TypeAdapter(SegmentFinalized),
-            lambda got: any(s.session_id == session for s in got),
-            timeout_s=120,
-        )
+        segments = await finalized_segments(stack_settings, url, session)
     finally:
         await client.close()
         for proc in (ingress, first_worker, second_worker):
             if proc is not None:
                 proc.stop()
 
-    events = await read_until(
-        stack_settings,
-        stack_settings.topic("steps"),
-        steps_topic_adapter,
-        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= 3,
-    )
-    steps = [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
+    steps = await recorded_steps(stack_settings, session, 3)
     [segment] = [s for s in segments if s.session_id == session]
     tokenizer = load_tokenizer(stack_settings.model_path)
     renderer = ChatRenderer(tokenizer)
@@ -131,7 +94,7 @@ async def test_three_turns_become_one_exact_segment_across_a_worker_restart(
     # The generated tokens and logprobs are exactly what the engine returns for those prompts.
     for index, (step, prompt) in enumerate(zip(steps, prompts, strict=True)):
         direct = await engine_generate(
-            stack_settings.engine_url, prompt, 1000 + index, renderer.terminator_id
+            stack_settings.engine_url, prompt, 1000 + index, renderer.terminator_id, MAX_TOKENS
         )
         assert step.completion_ids == direct["token_ids"]
         assert step.completion_logprobs == [e["logprob"] for e in direct["logprobs"]["content"]]

@@ -15,14 +15,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from openai import AsyncOpenAI
 from openai.types.responses import Response
-from pydantic import TypeAdapter
 
-from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
-from tests.topics import read_until
+from schemas.events import StepRecorded
+from tests.topics import finalized_segments, recorded_steps
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
 
@@ -133,27 +131,13 @@ async def test_three_responses_turns_echoed_as_items_are_one_tito_chain(
                 for i in items
                 if i["type"] == "function_call"
             ]
-        async with httpx.AsyncClient() as http:
-            (await http.post(f"{url}/sess/{session}/finalize", json={})).raise_for_status()
-        segments = await read_until(
-            stack_settings,
-            stack_settings.topic("segments"),
-            TypeAdapter(SegmentFinalized),
-            lambda got: any(s.session_id == session for s in got),
-            timeout_s=120,
-        )
+        segments = await finalized_segments(stack_settings, url, session)
     finally:
         await client.close()
         ingress.stop()
         worker.stop()
 
-    events = await read_until(
-        stack_settings,
-        stack_settings.topic("steps"),
-        steps_topic_adapter,
-        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= 3,
-    )
-    steps = [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
+    steps = await recorded_steps(stack_settings, session, 3)
 
     # One step per call, each extending the last by TITO: the echoed items matched the record.
     assert [s.api for s in steps] == ["openai.responses"] * 3

@@ -30,7 +30,7 @@ from pydantic import TypeAdapter
 from ingress.render import ChatRenderer
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.test_compose import nginx_argv, render_lb_config
-from tests.topics import read_until
+from tests.topics import engine_generate, read_until
 from titoflow.procs import ManagedProcess, free_port
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
@@ -97,25 +97,6 @@ async def finalize(http: httpx.AsyncClient, lb_url: str, session: str, by_header
     else:
         response = await http.post(f"{lb_url}/sess/{session}/finalize", json={})
     response.raise_for_status()
-
-
-async def engine_generate(engine_url: str, prompt: list[int], seed: int, stop: int) -> Any:
-    """The request the ingress made for a non-streamed turn, sent straight to vLLM."""
-    body = {
-        "token_ids": prompt,
-        "sampling_params": {
-            "max_tokens": MAX_TOKENS,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "seed": seed,
-            "logprobs": 0,
-            "stop_token_ids": [stop],
-        },
-    }
-    async with httpx.AsyncClient(timeout=120) as client:
-        response = await client.post(f"{engine_url}/inference/v1/generate", json=body)
-    response.raise_for_status()
-    return response.json()["choices"][0]
 
 
 async def wait_for_group_split(workers: list[ManagedProcess], partitions: int) -> None:
@@ -313,7 +294,7 @@ async def test_session_hashing_keeps_every_session_on_one_replica_and_its_segmen
             checked_with_engine += 1
             for turn, (step, prompt) in enumerate(zip(steps, prompts, strict=True)):
                 direct = await engine_generate(
-                    settings.engine_url, prompt, seed_of(index, turn), stop_id
+                    settings.engine_url, prompt, seed_of(index, turn), stop_id, MAX_TOKENS
                 )
                 assert step.completion_ids == direct["token_ids"]
                 assert step.completion_logprobs == [

@@ -1,13 +1,16 @@
-"""Reading a topic from the beginning in tests, without a consumer group."""
+"""What the end-to-end tests read back: topics from the beginning (no consumer group), a
+session's recorded steps and segments, and the engine's own answer to a recorded prompt."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import httpx
 from pydantic import TypeAdapter
 
+from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from titoflow.bus import make_consumer
 from titoflow.settings import Settings
 
@@ -34,3 +37,53 @@ async def read_until(
     finally:
         await consumer.stop()
     return events
+
+
+async def recorded_steps(settings: Settings, session: str, count: int) -> list[StepRecorded]:
+    """The first ``count`` steps recorded for ``session``, in log order."""
+    events = await read_until(
+        settings,
+        settings.topic("steps"),
+        steps_topic_adapter,
+        lambda got: (
+            sum(isinstance(e, StepRecorded) and e.session_id == session for e in got) >= count
+        ),
+    )
+    return [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
+
+
+async def finalized_segments(
+    settings: Settings, ingress_url: str, session: str, timeout_s: float = 120.0
+) -> list[SegmentFinalized]:
+    """Finalize ``session`` through the ingress and wait for its segments on the topic."""
+    async with httpx.AsyncClient() as http:
+        (await http.post(f"{ingress_url}/sess/{session}/finalize", json={})).raise_for_status()
+    segments = await read_until(
+        settings,
+        settings.topic("segments"),
+        TypeAdapter(SegmentFinalized),
+        lambda got: any(s.session_id == session for s in got),
+        timeout_s=timeout_s,
+    )
+    return [s for s in segments if s.session_id == session]
+
+
+async def engine_generate(
+    engine_url: str, prompt: list[int], seed: int, stop: int, max_tokens: int
+) -> Any:
+    """The request the ingress makes for a non-streamed turn, sent straight to vLLM."""
+    body = {
+        "token_ids": prompt,
+        "sampling_params": {
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "seed": seed,
+            "logprobs": 0,
+            "stop_token_ids": [stop],
+        },
+    }
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(f"{engine_url}/inference/v1/generate", json=body)
+    response.raise_for_status()
+    return response.json()["choices"][0]
