@@ -29,7 +29,9 @@ VOCAB = 151_669
 
 def segment(n_tokens: int, seed: int) -> dict[str, list[Any]]:
     rng = random.Random(seed)
-    ids, mask, logprobs = [], [], []
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
     while len(ids) < n_tokens:
         context = rng.randint(20, 400)
         ids += [min(int(rng.paretovariate(1.1) * 50), VOCAB - 1) for _ in range(context)]
@@ -67,7 +69,7 @@ def json_packed(seg: dict[str, list[Any]]) -> bytes:
 
 
 def msgpack_binary(seg: dict[str, list[Any]]) -> bytes:
-    return msgpack.packb(
+    packed: bytes = msgpack.packb(
         {
             "token_ids": array("i", seg["token_ids"]).tobytes(),
             "loss_mask": bytes(seg["loss_mask"]),
@@ -75,6 +77,7 @@ def msgpack_binary(seg: dict[str, list[Any]]) -> bytes:
             "logprob_source": bytes(seg["logprob_source"]),
         }
     )
+    return packed
 
 
 def decode_json_lists(data: bytes) -> Any:
