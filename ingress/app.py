@@ -27,24 +27,26 @@ from titoflow.tokenizer import load_tokenizer
 log = logging.getLogger("titoflow.ingress")
 
 
+def _error_in_path_shape(request: Request, error: IngressError) -> Response:
+    """An error in the shape of the API the path belongs to (Anthropic or OpenAI)."""
+    if "/v1/messages" in request.url.path:
+        return anthropic_messages.error_response(error)
+    return openai_chat.error_response(error)
+
+
 async def unknown_route_response(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer in the error shape of the API the path belongs to."""
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 404
     error: IngressError = NotFound(f"no such operation: {request.method} {request.url.path}")
     if status == 405:
         error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}")
-    if "/v1/messages" in request.url.path:
-        return anthropic_messages.error_response(error)
-    return openai_chat.error_response(error)
+    return _error_in_path_shape(request, error)
 
 
 async def unexpected_error_response(request: Request, exc: Exception) -> Response:
     """A bug still answers in the API's own error shape (a 500), never as plain text."""
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    error = IngressError(f"internal error: {type(exc).__name__}")
-    if "/v1/messages" in request.url.path:
-        return anthropic_messages.error_response(error)
-    return openai_chat.error_response(error)
+    return _error_in_path_shape(request, IngressError(f"internal error: {type(exc).__name__}"))
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -10,6 +10,7 @@ from typing import Any
 
 from schemas.events import SessionFinalized, StepRecorded
 from titoflow.engine import GenerateParams, Generation, GenerationChunk
+from titoflow.errors import PublishFailed
 
 
 class ScriptedEngine:
@@ -67,7 +68,5 @@ class RecordingPublisher:
     async def __call__(self, event: StepRecorded | SessionFinalized) -> None:
         if self.fail_next:
             self.fail_next = False
-            from titoflow.errors import PublishFailed
-
             raise PublishFailed("broker down (scripted)")
         self.events.append(event)

@@ -84,13 +84,9 @@ def producer_request_timeout_ms(publish_timeout_s: float) -> int:
     return max(1, int(publish_timeout_s * 1000 / 4))
 
 
-async def ensure_topics(settings: Settings) -> None:
-    """Create the four topics with their configured partition counts; idempotent.
-
-    An existing topic with more partitions than configured is accepted (keys still spread), one
-    with fewer is not, and a control topic must have exactly one partition.
-    """
-    wanted = _wanted_partitions(settings)
+async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str, int]:
+    """Create the topics of ``wanted`` (name → partitions) that do not exist yet; return the
+    partition count each one has now (an existing topic is left as it is)."""
     timeout_ms = producer_request_timeout_ms(settings.publish_timeout_s)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=timeout_ms
@@ -116,13 +112,23 @@ async def ensure_topics(settings: Settings) -> None:
                     f"creating topic {topic_error['topic']!r} failed with Kafka error {code}: "
                     f"{topic_error.get('error_message')}"
                 )
-        actual = await _partition_counts(admin, list(wanted))
+        return await _partition_counts(admin, list(wanted))
     except KafkaError as exc:
         raise BrokerUnavailable(
             f"cannot create topics on {settings.bootstrap_servers}: {exc!r}"
         ) from exc
     finally:
         await admin.close()
+
+
+async def ensure_topics(settings: Settings) -> None:
+    """Create the four topics with their configured partition counts; idempotent.
+
+    An existing topic with more partitions than configured is accepted (keys still spread), one
+    with fewer is not, and a control topic must have exactly one partition.
+    """
+    wanted = _wanted_partitions(settings)
+    actual = await create_topics(settings, wanted)
     for name, count in wanted.items():
         have = actual[name]
         if name == settings.topic("control") and have != 1:

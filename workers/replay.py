@@ -29,13 +29,18 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TextIO
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.events import SegmentFinalized
-from titoflow.bus import BrokerUnavailable, Publisher, make_consumer
+from titoflow.bus import (
+    BrokerUnavailable,
+    Publisher,
+    TopicLayoutError,
+    create_topics,
+    make_consumer,
+)
 from titoflow.settings import Settings
 from workers.assembler import Assembler, StepsEvent
 from workers.worker import assembler_for
@@ -46,7 +51,6 @@ STALL_TIMEOUT_S = 60.0
 FETCH_TIMEOUT_MS = 1000
 # Kept for the summary; the counts by reason cover the rest.
 MAX_LISTED = 20
-_TOPIC_ALREADY_EXISTS = 36  # Kafka error code in a CreateTopics response
 
 SegmentSink = Callable[[SegmentFinalized], Awaitable[None]]
 EventObserver = Callable[[StepsEvent, int, int], None]
@@ -579,33 +583,6 @@ class TopicSink:
         await self._publisher.publish(self._topic, key, segment_bytes(segment))
 
 
-async def ensure_topic(settings: Settings, topic: str, partitions: int) -> None:
-    """Create ``topic`` if it does not exist (an existing one is used as it is)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
-    await admin.start()
-    try:
-        if topic in await admin.list_topics():
-            return
-        response = await admin.create_topics(
-            [
-                NewTopic(
-                    topic,
-                    partitions,
-                    1,
-                    topic_configs={"max.message.bytes": str(settings.max_event_bytes)},
-                )
-            ]
-        )
-        for error in response.to_object()["topic_errors"]:
-            if error["error_code"] not in (0, _TOPIC_ALREADY_EXISTS):
-                raise ReplayError(
-                    f"cannot create topic {topic!r}: Kafka error {error['error_code']} "
-                    f"{error.get('error_message')}"
-                )
-    finally:
-        await admin.close()
-
-
 async def replay_to(
     settings: Settings,
     options: ReplayOptions,
@@ -624,7 +601,10 @@ async def replay_to(
             stream.flush()
     publisher = Publisher(settings)
     try:
-        await ensure_topic(settings, to_topic, settings.segments_partitions)
+        try:
+            await create_topics(settings, {to_topic: settings.segments_partitions})
+        except (BrokerUnavailable, TopicLayoutError) as exc:
+            raise ReplayError(f"cannot create topic {to_topic!r}: {exc}") from exc
         await publisher.start()
     except (KafkaError, BrokerUnavailable) as exc:
         raise ReplayError(f"cannot publish to {to_topic!r}: {exc}") from exc
