@@ -3,6 +3,7 @@ the tiny deterministic model, each started once per test session."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,12 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # Developers sharing one machine may point tests at an engine already serving the same
+    # model; CI never sets this, so it always starts its own.
+    shared = os.environ.get("TITOFLOW_TEST_ENGINE_URL")
+    if shared:
+        yield shared
+        return
     proc, url = start_vllm(Settings(model_path=model_dir), log_dir=tmp_path_factory.mktemp("vllm"))
     try:
         yield url
