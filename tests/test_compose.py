@@ -40,6 +40,7 @@ COMPOSE_SPECIFIC_SETTINGS = {
     "model_path",
     "ingress_host",
     "ingress_port",
+    "worker_metrics_port",  # off by default outside compose, where nothing scrapes it
 }
 NGINX_INSTALL_HINT = (
     "nginx is not installed. The load-balancer tests run Debian's nginx; scripts/setup.sh "
