@@ -13,11 +13,18 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ingress import anthropic_messages, metrics, openai_chat, openai_responses, session_routes
+from ingress import (
+    anthropic_messages,
+    metrics,
+    openai_chat,
+    openai_responses,
+    session_routes,
+    token_api,
+)
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
-from ingress.service import ChatService, ServiceOptions
-from schemas.events import SessionFinalized, StepRecorded
+from ingress.service import ChatService, ServiceOptions, SessionEvent
+from ingress.tracing import CallTracer
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine import VLLMEngine
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
@@ -54,7 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
     engine = VLLMEngine(settings.engine_url, settings.engine_timeout_s)
     steps_topic = settings.topic("steps")
 
-    async def publish(event: StepRecorded | SessionFinalized) -> None:
+    async def publish(event: SessionEvent) -> None:
         started = time.perf_counter()
         try:
             await publisher.publish(steps_topic, event.session_id, event.model_dump_json().encode())
@@ -84,7 +91,9 @@ def create_app(settings: Settings) -> FastAPI:
                 max_steps_per_session=settings.max_steps_per_session,
                 tool_parser=settings.tool_parser,
                 matcher=settings.matcher,
+                vocab_size=len(tokenizer),
             ),
+            tracer=CallTracer(settings.otel_traces),
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates
@@ -96,7 +105,7 @@ def create_app(settings: Settings) -> FastAPI:
         await engine.close()
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
-    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes):
+    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes, token_api):
         app.include_router(adapter.router())
 
     app.add_exception_handler(StarletteHTTPException, unknown_route_response)

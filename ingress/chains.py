@@ -10,12 +10,13 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ingress.turn import Matcher, Message
 
 MAX_CHAINS_PER_SESSION = 16
+_TOKENS_KEY = "\0tokens"  # first item of a white-box call's match key; never a message role
 
 
 @dataclass(frozen=True, eq=False)  # identity: comparing token arrays would be O(length)
@@ -68,6 +69,36 @@ class ChainStore:
         del chains[:-MAX_CHAINS_PER_SESSION]
         while len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)
+
+    def find_tokens(self, session_id: str, prompt: array[int]) -> Chain | None:
+        """The longest chain whose tokens the prompt starts with (a white-box call)."""
+        chains = self._sessions.get(session_id)
+        if not chains:
+            return None
+        self._sessions.move_to_end(session_id)
+        best: Chain | None = None
+        for chain in chains:
+            n = len(chain.tokens)
+            if (
+                n <= len(prompt)
+                and (best is None or n > len(best.tokens))
+                and prompt[:n] == chain.tokens
+            ):
+                best = chain
+        return best
+
+    def advance_tokens(self, session_id: str, parent: Chain | None, head: Chain) -> None:
+        """Record a white-box call's ``head``. Its tokens go beyond any message list, so it
+        gets a match key no chat request can equal; a chat chain it extends stays cached (a
+        chat call continuing those messages forks from it), a white-box one is replaced."""
+        keys = (*(parent.match_keys if parent else ()), (_TOKENS_KEY, head.head_step_id))
+        head = replace(head, match_keys=keys)
+        white_box_parent = (
+            parent is not None
+            and bool(parent.match_keys)
+            and parent.match_keys[-1][0] == _TOKENS_KEY
+        )
+        self.advance(session_id, parent if white_box_parent else None, head)
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)

@@ -67,7 +67,8 @@ def session_ref(
     headers: dict[str, str],
     body_fields: dict[str, Any],
 ) -> SessionRef:
-    """Session id from the path, then ``X-Session-Id``, then the body (``session_id``, then
+    """Session id from the path, then ``X-Session-Id``, then ``X-SMG-Routing-Key`` (a routing
+    gateway's session key, when the client sets only that), then the body (``session_id``, then
     ``metadata.session_id``); instance and turn ids likewise from their headers and fields."""
     metadata = body_fields.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
@@ -76,7 +77,9 @@ def session_ref(
         value = headers.get(header) or body_fields.get(field) or metadata.get(field)
         return str(value) if value is not None else None
 
-    session_id = path_session or pick("x-session-id", "session_id")
+    session_id = (
+        path_session or headers.get("x-session-id") or pick("x-smg-routing-key", "session_id")
+    )
     if not session_id:
         raise MissingSession(
             "no session: use a /sess/<id>/v1 base URL, an X-Session-Id header, "

@@ -27,14 +27,22 @@ from ingress.detokenize import IncrementalDecoder, StopTrimmer
 from ingress.output import OutputDelta, OutputParser, ParsedOutput
 from ingress.parsers import make_parser
 from ingress.render import ChatRenderer
-from ingress.turn import ChatTurn, Matcher, Message, SessionRef
-from schemas.events import SessionFinalized, StepRecorded
+from ingress.tracing import CallSpan, CallTracer
+from ingress.turn import ChatTurn, Matcher, Message, SessionRef, TokenCall
+from schemas.events import (
+    SessionDiscarded,
+    SessionFinalized,
+    SessionOpened,
+    SessionOptions,
+    StepRecorded,
+)
 from titoflow.engine import Engine, GenerateParams, Generation
 from titoflow.errors import ContextOverflow, InvalidRequest, SessionStepLimit
 
 log = logging.getLogger("titoflow.ingress")
 
-Publish = Callable[[StepRecorded | SessionFinalized], Awaitable[None]]
+SessionEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
+Publish = Callable[[SessionEvent], Awaitable[None]]
 
 
 class Tokenizer(Protocol):
@@ -50,12 +58,22 @@ class ServiceOptions:
     max_steps_per_session: int = 0  # 0: no limit
     tool_parser: str = "qwen3"
     matcher: Matcher = "strict"
+    vocab_size: int = 1 << 31  # token ids a white-box call may send: [0, vocab_size)
 
 
 @dataclass(frozen=True)
 class TurnResult:
     step: StepRecorded
     parsed: ParsedOutput
+    generation: Generation
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class TokensResult:
+    """A white-box call's answer: the step as recorded and the engine's generation."""
+
+    step: StepRecorded
     generation: Generation
     prompt_len: int
 
@@ -119,6 +137,7 @@ class ChatService:
         publish: Publish,
         chains: ChainStore,
         options: ServiceOptions,
+        tracer: CallTracer | None = None,
     ) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
@@ -126,23 +145,25 @@ class ChatService:
         self.publish = publish
         self.chains = chains
         self.options = options
+        self.tracer = tracer or CallTracer(enabled=False)
 
     def count_prompt_tokens(self, turn: ChatTurn) -> int:
         return len(self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs))
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
-        prepared = self._prepare(turn)
-        started = time.perf_counter()
-        generation = await self.engine.generate(
-            prepared.prompt.tolist(), prepared.params, prepared.request_id
-        )
-        engine_ms = (time.perf_counter() - started) * 1000
-        parser = self._parser(prepared)
-        trimmer = StopTrimmer(turn.sampling.stop)
-        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-        parser.feed(trimmer.push(text) + trimmer.flush())
-        _, parsed = parser.finish()
-        return await self._record(prepared, generation, parsed, engine_ms, stream=False)
+        with self.tracer.call(turn.api, turn.session.session_id) as span:
+            prepared = self._prepare(turn)
+            started = time.perf_counter()
+            generation = await self.engine.generate(
+                prepared.prompt.tolist(), prepared.params, prepared.request_id
+            )
+            engine_ms = (time.perf_counter() - started) * 1000
+            parser = self._parser(prepared)
+            trimmer = StopTrimmer(turn.sampling.stop)
+            text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            parser.feed(trimmer.push(text) + trimmer.flush())
+            _, parsed = parser.finish()
+            return await self._record(prepared, generation, parsed, engine_ms, False, span)
 
     def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
         """Prepare a streamed turn. Refusals (context overflow, step limit, bad tool_choice)
@@ -153,6 +174,11 @@ class ChatService:
         return started, self._stream(prepared)
 
     async def _stream(self, prepared: _Prepared) -> AsyncIterator[TurnEvent]:
+        with self.tracer.call(prepared.turn.api, prepared.turn.session.session_id) as span:
+            async for event in self._stream_events(prepared, span):
+                yield event
+
+    async def _stream_events(self, prepared: _Prepared, span: CallSpan) -> AsyncIterator[TurnEvent]:
         turn = prepared.turn
         started = time.perf_counter()
         parser = self._parser(prepared)
@@ -191,7 +217,14 @@ class ChatService:
             top_logprobs=top,
             stop_reason=stop_reason,
         )
-        yield TurnDone(await self._record(prepared, generation, parsed, engine_ms, stream=True))
+        yield TurnDone(await self._record(prepared, generation, parsed, engine_ms, True, span))
+
+    def _check_step_limit(self, session_id: str, parent: Chain) -> None:
+        if 0 < self.options.max_steps_per_session <= parent.depth:
+            raise SessionStepLimit(
+                f"session {session_id} reached its limit of "
+                f"{self.options.max_steps_per_session} steps"
+            )
 
     def _prepare(self, turn: ChatTurn) -> _Prepared:
         started = time.perf_counter()
@@ -199,11 +232,7 @@ class ChatService:
         found = self.chains.find(turn.session.session_id, turn.messages, turn.tools_key(), matcher)
         if found:
             parent, covered = found
-            if 0 < self.options.max_steps_per_session <= parent.depth:
-                raise SessionStepLimit(
-                    f"session {turn.session.session_id} reached its limit of "
-                    f"{self.options.max_steps_per_session} steps"
-                )
+            self._check_step_limit(turn.session.session_id, parent)
             continuation = self.renderer.continuation(
                 turn.messages,
                 covered,
@@ -234,9 +263,11 @@ class ChatService:
             render_ms=(time.perf_counter() - started) * 1000,
         )
 
-    def _params(self, turn: ChatTurn, prompt_len: int) -> GenerateParams:
+    def _max_tokens(self, asked: int | None, prompt_len: int) -> int:
+        """What a call may generate: asked (or the default), capped, and clamped to the room
+        left in the context window (or refused, by the context policy)."""
         room = self.options.max_model_len - prompt_len
-        wanted = turn.sampling.max_tokens or self.options.default_max_tokens
+        wanted = asked or self.options.default_max_tokens
         if self.options.max_tokens_cap:
             wanted = min(wanted, self.options.max_tokens_cap)
         if room <= 0 or (self.options.context_policy == "refuse" and wanted > room):
@@ -246,6 +277,10 @@ class ChatService:
                 prompt_tokens=prompt_len,
                 limit=self.options.max_model_len,
             )
+        return min(wanted, room)
+
+    def _params(self, turn: ChatTurn, prompt_len: int) -> GenerateParams:
+        max_tokens = self._max_tokens(turn.sampling.max_tokens, prompt_len)
         try:
             structured = tool_call_constraint(
                 turn.tools, turn.tool_choice, turn.tool_choice_name, self.options.tool_parser
@@ -253,7 +288,7 @@ class ChatService:
         except ValueError as exc:
             raise InvalidRequest(str(exc), "tool_choice") from exc
         return GenerateParams(
-            max_tokens=min(wanted, room),
+            max_tokens=max_tokens,
             temperature=turn.sampling.temperature,
             top_p=turn.sampling.top_p,
             seed=turn.sampling.seed,
@@ -282,6 +317,7 @@ class ChatService:
         parsed: ParsedOutput,
         engine_ms: float,
         stream: bool,
+        span: CallSpan,
     ) -> TurnResult:
         turn, parent = prepared.turn, prepared.parent
         answer = Message(
@@ -314,31 +350,15 @@ class ChatService:
             new_messages=[m.template_dict() for m in turn.messages[prepared.covered :]],
             response_message=answer.template_dict(),
             tool_parse_error=parsed.parse_error,
-            tools_hash=hashlib.sha256(turn.tools_key().encode()).hexdigest()[:16],
+            tools_hash=_tools_hash(turn.tools_key()),
             constrained=prepared.params.structured is not None,
             render_ms=prepared.render_ms,
             engine_ms=engine_ms,
         )
         await self.publish(step)
-        metrics.STEPS.labels(turn.api, step.prefix).inc()
-        metrics.TOKENS.labels("prompt").inc(len(prepared.prompt))
-        metrics.TOKENS.labels("completion").inc(len(generation.token_ids))
-        turn_seconds = time.perf_counter() - prepared.started
-        metrics.TURN_SECONDS.labels(turn.api).observe(turn_seconds)
-        metrics.OVERHEAD_SECONDS.labels(turn.api).observe(turn_seconds - engine_ms / 1000)
+        self._observe(step, len(prepared.prompt), prepared.started, span)
         if parsed.parse_error:
             metrics.TOOL_PARSE_ERRORS.labels(turn.api).inc()
-        log.info(
-            "step recorded",
-            extra={
-                "session_id": step.session_id,
-                "step_id": step.step_id,
-                "prefix": step.prefix,
-                "prompt_tokens": len(prepared.prompt),
-                "completion_tokens": len(generation.token_ids),
-                "tool_parse_error": parsed.parse_error,
-            },
-        )
 
         completion = array("i", generation.token_ids)
         self.chains.advance(
@@ -359,10 +379,144 @@ class ChatService:
         )
         return TurnResult(step, parsed, generation, len(prepared.prompt))
 
-    async def finalize(self, session: SessionRef, metadata: dict[str, Any]) -> SessionFinalized:
+    def _observe(self, step: StepRecorded, prompt_len: int, started: float, span: CallSpan) -> None:
+        """Metrics, span attributes and the log line of a recorded step."""
+        metrics.STEPS.labels(step.api, step.prefix).inc()
+        metrics.TOKENS.labels("prompt").inc(prompt_len)
+        metrics.TOKENS.labels("completion").inc(len(step.completion_ids))
+        turn_seconds = time.perf_counter() - started
+        metrics.TURN_SECONDS.labels(step.api).observe(turn_seconds)
+        metrics.OVERHEAD_SECONDS.labels(step.api).observe(turn_seconds - step.engine_ms / 1000)
+        span.recorded(step, prompt_len)
+        log.info(
+            "step recorded",
+            extra={
+                "session_id": step.session_id,
+                "step_id": step.step_id,
+                "prefix": step.prefix,
+                "prompt_tokens": prompt_len,
+                "completion_tokens": len(step.completion_ids),
+                "tool_parse_error": step.tool_parse_error,
+            },
+        )
+
+    async def generate_tokens(self, call: TokenCall) -> TokensResult:
+        """A white-box call: the caller's prompt ids as they are, recorded like a chat turn.
+
+        A prompt that starts with a cached chain's tokens extends that chain (``prefix: tito``,
+        the rest is the prompt tail); otherwise the whole prompt is the tail of a new chain
+        (``rendered``), which workers place as they place any cache miss.
+        """
+        session_id = call.session.session_id
+        with self.tracer.call("generate", session_id) as span:
+            started = time.perf_counter()
+            prompt = array("i", call.prompt_ids)
+            parent = self.chains.find_tokens(session_id, prompt)
+            if parent is not None:
+                self._check_step_limit(session_id, parent)
+            covered = len(parent.tokens) if parent else 0
+            tail = prompt[covered:]
+            step_id = step_id_for(session_id, parent.head_step_id if parent else None, tail)
+            params = GenerateParams(
+                max_tokens=self._max_tokens(call.max_tokens, len(prompt)),
+                temperature=call.temperature,
+                top_p=call.top_p,
+                seed=call.seed,
+                stop_token_ids=call.stop_token_ids,
+                top_logprobs=call.top_logprobs,
+            )
+            engine_started = time.perf_counter()
+            generation = await self.engine.generate(
+                prompt.tolist(), params, f"{step_id}-{uuid.uuid4().hex[:8]}"
+            )
+            step = StepRecorded(
+                session_id=session_id,
+                event_time=time.time(),
+                step_id=step_id,
+                chain_id=parent.chain_id if parent else step_id,
+                parent_step_id=parent.head_step_id if parent else None,
+                prefix="tito" if parent else "rendered",
+                prefix_len=covered,
+                prompt_tail_ids=tail.tolist(),
+                completion_ids=generation.token_ids,
+                completion_logprobs=generation.logprobs,
+                weight_versions=generation.weight_versions,
+                finish_reason=generation.finish_reason,
+                instance_id=call.session.instance_id,
+                turn_id=call.session.turn_id,
+                api="generate",
+                model=call.model,
+                engine_url=generation.engine_url,
+                engine_request_id=generation.request_id,
+                new_messages=[],
+                response_message={},
+                tools_hash=_tools_hash(parent.tools_key) if parent else "",
+                render_ms=0.0,
+                engine_ms=(time.perf_counter() - engine_started) * 1000,
+            )
+            await self.publish(step)
+            self._observe(step, len(prompt), started, span)
+            completion = array("i", generation.token_ids)
+            self.chains.advance_tokens(
+                session_id,
+                parent,
+                Chain(
+                    chain_id=step.chain_id,
+                    tools_key=parent.tools_key if parent else "",
+                    match_keys=(),  # set by advance_tokens: no chat request matches it
+                    tokens=prompt + completion,
+                    head_step_id=step_id,
+                    ends_with_terminator=bool(completion)
+                    and completion[-1] == self.renderer.terminator_id,
+                    depth=parent.depth + 1 if parent else 1,
+                ),
+            )
+            return TokensResult(step, generation, len(prompt))
+
+    async def open_session(
+        self,
+        session: SessionRef,
+        channel: str | None,
+        metadata: dict[str, Any],
+        options: SessionOptions,
+    ) -> SessionOpened:
+        event = SessionOpened(
+            session_id=session.session_id,
+            event_time=time.time(),
+            instance_id=session.instance_id,
+            channel=channel,
+            metadata=metadata,
+            options=options,
+        )
+        await self.publish(event)
+        return event
+
+    async def finalize(
+        self,
+        session: SessionRef,
+        metadata: dict[str, Any],
+        reward: float | None = None,
+        reward_components: dict[str, float] | None = None,
+    ) -> SessionFinalized:
         event = SessionFinalized(
+            session_id=session.session_id,
+            event_time=time.time(),
+            reward=reward,
+            reward_components=reward_components or {},
+            metadata=metadata,
+        )
+        await self.publish(event)
+        self.chains.forget(session.session_id)
+        return event
+
+    async def discard(self, session: SessionRef, metadata: dict[str, Any]) -> SessionDiscarded:
+        event = SessionDiscarded(
             session_id=session.session_id, event_time=time.time(), metadata=metadata
         )
         await self.publish(event)
         self.chains.forget(session.session_id)
         return event
+
+
+def _tools_hash(tools_key: str) -> str:
+    return hashlib.sha256(tools_key.encode()).hexdigest()[:16]

@@ -1,39 +1,140 @@
-"""Session operations and discovery routes shared by every API: finalize, models, base URL."""
+"""Session operations and discovery routes shared by every API: open, finalize, discard,
+models, base URL. Errors are in OpenAI's shape."""
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from ingress import http, openai_chat
+from ingress.turn import SessionRef
+from schemas.events import SessionOptions
 from titoflow.errors import IngressError, InvalidRequest
 
+# Ids go into URL paths (/sess/<id>/v1): keep them to characters no client escapes.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
-async def _finalize(request: Request, session: str | None) -> Response:
+# Options that shape how the ingress renders, not how workers assemble. The ingress keeps no
+# per-session state (any replica serves any call, and none reads the steps log), so they can
+# only be deployment-wide settings.
+_DEPLOYMENT_WIDE = {"matcher": "TITOFLOW_MATCHER", "partial_rollout": "the control plane"}
+
+
+class _Options(SessionOptions):
+    model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt option is an error
+
+
+class OpenSessionBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+    instance_id: str | None = None
+    channel: str | None = None
+    metadata: dict[str, Any] | None = None
+    options: _Options = Field(default_factory=_Options)
+
+
+class CloseSessionBody(BaseModel):
+    """Finalize and discard: a reward (finalize only: a number, or named numbers) and
+    metadata that the session's segments (or its discard notice) carry."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    reward: float | dict[str, float] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def base_urls(request: Request, session_id: str) -> dict[str, str]:
+    """Where clients of each API point for this session: the public URL setting, else the
+    scheme and Host the request came in with."""
+    root = http.settings(request).public_url or str(request.base_url)
+    session = f"{root.rstrip('/')}/sess/{session_id}"
+    return {
+        "openai_base_url": f"{session}/v1",
+        "anthropic_base_url": session,  # the Anthropic SDK appends /v1/messages itself
+        "generate_url": f"{session}/generate",
+        "finalize_url": f"{session}/finalize",
+        "discard_url": f"{session}/discard",
+    }
+
+
+async def _open(request: Request) -> Response:
     try:
-        body = await http.read_json(request, allow_empty=True)
-        if not isinstance(body, dict):
-            raise InvalidRequest("the body must be a JSON object")
-        ref = http.session_ref(session, http.lower_headers(request), body)
-        metadata = body.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            raise InvalidRequest("metadata must be an object", "metadata")
-        event = await http.service(request).finalize(ref, metadata)
+        raw = await http.read_json(request, allow_empty=True)
+        options = raw.get("options") if isinstance(raw, dict) else None
+        for name, setting in _DEPLOYMENT_WIDE.items():
+            if isinstance(options, dict) and name in options:
+                raise InvalidRequest(
+                    f"options.{name} is deployment-wide ({setting}): the ingress keeps no "
+                    "per-session state, so any replica must render every session alike",
+                    f"options.{name}",
+                )
+        body = http.validated(OpenSessionBody, raw)
+        ref = SessionRef(
+            session_id=body.session_id or uuid.uuid4().hex, instance_id=body.instance_id
+        )
+        event = await http.service(request).open_session(
+            ref, body.channel, body.metadata or {}, body.options
+        )
     except IngressError as exc:
         return openai_chat.error_response(exc)
-    return JSONResponse({"session_id": event.session_id, "finalized": True})
+    return JSONResponse(
+        {
+            "session_id": event.session_id,
+            "instance_id": event.instance_id,
+            "channel": event.channel,
+            **base_urls(request, event.session_id),
+        }
+    )
+
+
+async def _close(request: Request, session: str | None, discard: bool) -> Response:
+    try:
+        raw = await http.read_json(request, allow_empty=True)
+        if not isinstance(raw, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        ref = http.session_ref(session, http.lower_headers(request), raw)
+        body = http.validated(CloseSessionBody, raw)
+        svc = http.service(request)
+        if discard:
+            if body.reward is not None:
+                raise InvalidRequest("a discarded session has no reward", "reward")
+            await svc.discard(ref, body.metadata or {})
+            return JSONResponse({"session_id": ref.session_id, "discarded": True})
+        scalar = body.reward if not isinstance(body.reward, dict) else None
+        components = body.reward if isinstance(body.reward, dict) else {}
+        await svc.finalize(ref, body.metadata or {}, scalar, components)
+    except IngressError as exc:
+        return openai_chat.error_response(exc)
+    return JSONResponse({"session_id": ref.session_id, "finalized": True})
 
 
 def router() -> APIRouter:
     routes = APIRouter()
 
+    @routes.post("/v1/sessions")
+    async def open_session(request: Request) -> Response:
+        return await _open(request)
+
     @routes.post("/sess/{session}/finalize")
     async def finalize_in_session(request: Request, session: str) -> Response:
-        return await _finalize(request, session)
+        return await _close(request, session, discard=False)
 
     @routes.post("/finalize")
     async def finalize_by_header(request: Request) -> Response:
-        return await _finalize(request, None)
+        return await _close(request, None, discard=False)
+
+    @routes.post("/sess/{session}/discard")
+    async def discard_in_session(request: Request, session: str) -> Response:
+        return await _close(request, session, discard=True)
+
+    @routes.post("/discard")
+    async def discard_by_header(request: Request) -> Response:
+        return await _close(request, None, discard=True)
 
     @routes.get("/v1/models")
     @routes.get("/sess/{session}/v1/models")

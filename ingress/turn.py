@@ -1,4 +1,5 @@
-"""The one internal model every wire format (OpenAI chat, later Anthropic and Responses) maps to."""
+"""The one internal model every wire format (OpenAI chat, Anthropic, Responses) maps to, and the
+white-box token call."""
 
 from __future__ import annotations
 
@@ -120,3 +121,19 @@ class ChatTurn(BaseModel):
     def tools_key(self) -> str:
         """Chains continue only under the same tools and template switches: they shape prompts."""
         return json.dumps([list(self.tools), self.template_kwargs], sort_keys=True)
+
+
+class TokenCall(BaseModel):
+    """One white-box call: the caller tokenized, the ingress only records and forwards ids."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session: SessionRef
+    model: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0

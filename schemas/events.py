@@ -3,8 +3,10 @@
 Topics (``<prefix>`` is configurable):
 
 - ``<prefix>.steps``, key = session id: :class:`SessionOpened`, :class:`StepRecorded`,
-  :class:`SessionFinalized` — one ordered log per session, so a finalize never overtakes a step.
-- ``<prefix>.segments``, key = instance id (else session id): :class:`SegmentFinalized`.
+  :class:`SessionFinalized`, :class:`SessionDiscarded` — one ordered log per session, so a
+  finalize or discard never overtakes a step.
+- ``<prefix>.segments``, key = instance id (else session id): :class:`SegmentFinalized`, and
+  :class:`SessionDiscarded` for a session that yields no segment (discarded, or empty).
 - ``<prefix>.dlq``: :class:`DeadLetter` — events no worker could use, with the reason.
 
 Every event has ``schema_version``; a reader that meets a version it does not know must not guess.
@@ -31,12 +33,27 @@ class _Event(BaseModel):
     event_time: float = Field(description="Unix seconds at the producer when the event was made.")
 
 
+BuildMode = Literal["concat", "last-step"]
+
+
+class SessionOptions(BaseModel):
+    """Per-session options the workers apply (the ingress is stateless: it keeps none)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    build_mode: BuildMode | None = Field(
+        None, description="How workers build this session's segments; None: the worker's setting."
+    )
+
+
 class SessionOpened(_Event):
     """A session announced before its first call (optional: sessions also start implicitly)."""
 
     type: Literal["session_opened"] = "session_opened"
     instance_id: str | None = Field(None, description="The prompt/task this session samples.")
+    channel: str | None = Field(None, description="A label such as train or val; free-form.")
     metadata: dict[str, Any] = Field(default_factory=dict)
+    options: SessionOptions = Field(default_factory=SessionOptions)
 
 
 class VersionSpan(BaseModel):
@@ -78,7 +95,10 @@ class StepRecorded(_Event):
     finish_reason: str
     instance_id: str | None = None
     turn_id: str | None = None
-    api: Literal["openai.chat", "anthropic.messages", "openai.responses"]
+    api: Literal["openai.chat", "anthropic.messages", "openai.responses", "generate"] = Field(
+        description="The API the call came in through; generate: the white-box token API "
+        "(no messages: new_messages is empty and response_message is {})."
+    )
     stream: bool = Field(False, description="Whether the client asked for a streamed answer.")
     matcher: Literal["strict", "tool_call_id"] = Field(
         "strict", description="How the request's history was matched to the cached chain."
@@ -107,15 +127,35 @@ class SessionFinalized(_Event):
     """The scaffold (or rollout driver) declared the session done; workers emit its segments."""
 
     type: Literal["session_finalized"] = "session_finalized"
+    reward: float | None = Field(None, description="The session's scalar reward, if given.")
+    reward_components: dict[str, float] = Field(
+        default_factory=dict, description="Named reward components, if given."
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionDiscarded(_Event):
+    """A session that yields no segment.
+
+    On ``<prefix>.steps`` the rollout driver aborted it (``reason: discarded``): workers drop
+    what they assembled and finalize nothing. On ``<prefix>.segments`` (key = instance, else
+    session) a worker says so downstream, with ``reason`` ``discarded`` or ``empty`` (finalized
+    without a generated token), so whoever waits for the session's segments stops waiting.
+    """
+
+    type: Literal["session_discarded"] = "session_discarded"
+    reason: str = Field("discarded", description="discarded (explicit) or empty (no tokens).")
+    instance_id: str | None = None
+    channel: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 StepsTopicEvent = Annotated[
-    SessionOpened | StepRecorded | SessionFinalized, Field(discriminator="type")
+    SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded, Field(discriminator="type")
 ]
-steps_topic_adapter: TypeAdapter[SessionOpened | StepRecorded | SessionFinalized] = TypeAdapter(
-    StepsTopicEvent
-)
+steps_topic_adapter: TypeAdapter[
+    SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
+] = TypeAdapter(StepsTopicEvent)
 
 
 class SegmentStep(BaseModel):
@@ -187,6 +227,22 @@ class SegmentFinalized(_Event):
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Session metadata: SessionOpened's, then finalize's."
     )
+    channel: str | None = Field(None, description="The session's channel (SessionOpened).")
+    reward: float | None = Field(None, description="The reward the finalize call carried.")
+    reward_components: dict[str, float] = Field(
+        default_factory=dict, description="Named reward components the finalize call carried."
+    )
+    last_of_session: bool = Field(
+        False,
+        description="The last segment of its session: every other one precedes it in the same "
+        "partition (same key), so a reader that sees it has the whole session.",
+    )
+
+
+SegmentsTopicEvent = Annotated[SegmentFinalized | SessionDiscarded, Field(discriminator="type")]
+segments_topic_adapter: TypeAdapter[SegmentFinalized | SessionDiscarded] = TypeAdapter(
+    SegmentsTopicEvent
+)
 
 
 class DeadLetter(BaseModel):
@@ -207,5 +263,12 @@ class DeadLetter(BaseModel):
 
 ALL_EVENTS: dict[str, type[BaseModel]] = {
     cls.__name__: cls
-    for cls in (SessionOpened, StepRecorded, SessionFinalized, SegmentFinalized, DeadLetter)
+    for cls in (
+        SessionOpened,
+        StepRecorded,
+        SessionFinalized,
+        SessionDiscarded,
+        SegmentFinalized,
+        DeadLetter,
+    )
 }

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from schemas.events import SessionFinalized, StepRecorded
+from ingress.service import SessionEvent
 from titoflow.engine import GenerateParams, Generation, GenerationChunk
 from titoflow.errors import PublishFailed
 
@@ -62,10 +62,10 @@ class RecordingPublisher:
     """Stands in for the broker: records events, or fails like a broker that is down."""
 
     def __init__(self) -> None:
-        self.events: list[StepRecorded | SessionFinalized] = []
+        self.events: list[SessionEvent] = []
         self.fail_next = False
 
-    async def __call__(self, event: StepRecorded | SessionFinalized) -> None:
+    async def __call__(self, event: SessionEvent) -> None:
         if self.fail_next:
             self.fail_next = False
             raise PublishFailed("broker down (scripted)")

@@ -46,6 +46,10 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
+    if settings.otel_traces:
+        from ingress.tracing import install_otlp_exporter
+
+        install_otlp_exporter()
     uvicorn.run(
         create_app(settings),
         host=settings.ingress_host,

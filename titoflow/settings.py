@@ -93,6 +93,16 @@ class Settings(BaseSettings):
         "equality, or assistant tool-call turns anchored on their call ids.",
     )
     session_cache_size: int = Field(4096, description="Sessions whose token chains stay cached.")
+    public_url: str = Field(
+        "",
+        description="Base URL clients reach the ingress at (e.g. a load balancer's), used in "
+        "the base URLs POST /v1/sessions returns; empty: the request's own scheme and Host.",
+    )
+    otel_traces: bool = Field(
+        False,
+        description="One OpenTelemetry span per call (session, step, chain, engine, token "
+        "counts), exported over OTLP (OTEL_EXPORTER_OTLP_* variables); needs the otel extra.",
+    )
 
     # --- worker -------------------------------------------------------------------------------
     worker_group: str = Field("titoflow-workers", description="Consumer group of the workers.")

@@ -14,6 +14,8 @@ Invariants:
   tokens as context (loss mask 0), so no token is trained on twice and none loses its context.
 - Output is a function of the events alone (ids and times come from the log), so replaying the
   same events yields byte-identical segments, and a segment's id is that of its last step.
+- A session closes once (finalize, discard or idle) and then yields its segments, or, when it
+  yields none (discarded, or no generated token), one ``SessionDiscarded`` notice saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from schemas.events import (
     LOGPROB_SOURCE_SAMPLED,
     SegmentFinalized,
     SegmentStep,
+    SessionDiscarded,
     SessionFinalized,
     SessionOpened,
     StepRecorded,
@@ -41,7 +44,7 @@ from schemas.events import (
     steps_topic_adapter,
 )
 
-StepsEvent = SessionOpened | StepRecorded | SessionFinalized
+StepsEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
 FinalizeReason = Literal["finalized", "idle", "size"]
 Decode = Callable[[list[int]], str]
 MAX_TOMBSTONES = 100_000
@@ -178,6 +181,10 @@ class _Session:
     first_offset: int
     last_offset: int = -1
     metadata: dict[str, Any] = field(default_factory=dict)
+    channel: str | None = None
+    last_event_time: float = 0.0  # from the log, so a notice about the session is replayable
+    reward: float | None = None
+    reward_components: dict[str, float] = field(default_factory=dict)
     segments: list[_Segment] = field(default_factory=list)
     segment_of_step: dict[str, _Segment] = field(default_factory=dict)
     diagnostics: Counter[str] = field(default_factory=Counter)
@@ -194,14 +201,24 @@ class StepOutcome:
 
 
 @dataclass
+class Closed:
+    """A closed session's segments, or the notice that it yields none."""
+
+    segments: list[SegmentFinalized] = field(default_factory=list)
+    notice: SessionDiscarded | None = None
+
+
+@dataclass
 class Applied:
     """The result of one record of the steps topic: the event (None if undecodable), the
-    segments it closed, and why it was dead-lettered or skipped, if it was."""
+    segments it closed (or the notice that its session yields none), and why it was
+    dead-lettered or skipped, if it was."""
 
     event: StepsEvent | None
     segments: list[SegmentFinalized] = field(default_factory=list)
     dead_letter_reason: str | None = None
     skipped_reason: str | None = None
+    notice: SessionDiscarded | None = None
 
 
 class Assembler:
@@ -236,14 +253,52 @@ class Assembler:
             )
         elif isinstance(event, SessionFinalized):
             self._seen(event.session_id, offset)
-            applied = Applied(event, self.finalize(event.session_id, "finalized", event.metadata))
+            closed = self.close(
+                event.session_id,
+                "finalized",
+                event.metadata,
+                event.reward,
+                event.reward_components,
+            )
+            applied = Applied(event, closed.segments, notice=closed.notice)
+        elif isinstance(event, SessionDiscarded):
+            applied = self.discard(event, partition, offset)
         else:
             if event.session_id not in self._sessions and event.session_id not in self._finalized:
                 self._sessions[event.session_id] = _Session(
-                    event.instance_id, partition, offset, offset, dict(event.metadata)
+                    event.instance_id,
+                    partition,
+                    offset,
+                    offset,
+                    dict(event.metadata),
+                    channel=event.channel,
+                    last_event_time=event.event_time,
                 )
             applied = Applied(event)
         return applied
+
+    def discard(self, event: SessionDiscarded, partition: int, offset: int) -> Applied:
+        """Drop a session's open state and emit nothing but the notice that it was discarded.
+        Late steps of it then go to the DLQ, as after a finalize."""
+        if event.session_id in self._finalized:
+            self._seen(event.session_id, offset)
+            self.counters["discards_after_close"] += 1
+            return Applied(event, skipped_reason="session already closed")
+        session = self._sessions.get(event.session_id)
+        if session is None:  # discarded before any step: still closed, still announced
+            session = _Session(None, partition, offset, offset, last_event_time=event.event_time)
+            self._sessions[event.session_id] = session
+        self._seen(event.session_id, offset)
+        self._close(event.session_id)
+        self.counters["discarded_sessions"] += 1
+        notice = event.model_copy(
+            update={
+                "instance_id": session.instance_id,
+                "channel": session.channel,
+                "metadata": {**session.metadata, **event.metadata},
+            }
+        )
+        return Applied(event, notice=notice)
 
     def _seen(self, session_id: str, offset: int) -> None:
         """Stretch the offset span of the session an event belongs to, open or closed."""
@@ -273,6 +328,7 @@ class Assembler:
             session = _Session(step.instance_id, partition, offset, offset)
             self._sessions[step.session_id] = session
         session.instance_id = session.instance_id or step.instance_id
+        session.last_event_time = step.event_time
         if step.tool_parse_error:
             session.diagnostics["tool_parse_errors"] += 1
         earlier = session.segment_of_step.get(step.step_id)
@@ -363,21 +419,53 @@ class Assembler:
         metadata: dict[str, Any] | None = None,
     ) -> list[SegmentFinalized]:
         """Close a session and return its segments (none if it is unknown here)."""
-        session = self._sessions.pop(session_id, None)
+        return self.close(session_id, reason, metadata).segments
+
+    def close(
+        self,
+        session_id: str,
+        reason: FinalizeReason,
+        metadata: dict[str, Any] | None = None,
+        reward: float | None = None,
+        reward_components: dict[str, float] | None = None,
+    ) -> Closed:
+        """Close a session: its segments (the last one marked ``last_of_session``), or, for a
+        known session without a generated token, the ``empty`` notice."""
+        session = self._close(session_id)
         if session is None:
             self.counters["finalize_unknown_session"] += 1
-            return []
+            return Closed()
+        session.metadata.update(metadata or {})
+        session.reward = reward
+        session.reward_components = dict(reward_components or {})
+        kept = [s for s in session.segments if s.steps and s.loss_mask.count(1)]
+        segments = [
+            _segment_event(session_id, session, segment, reason, last=segment is kept[-1])
+            for segment in kept
+        ]
+        if segments:
+            return Closed(segments)
+        notice = SessionDiscarded(
+            session_id=session_id,
+            event_time=session.last_event_time,
+            reason="empty",
+            instance_id=session.instance_id,
+            channel=session.channel,
+            metadata=session.metadata,
+        )
+        return Closed(notice=notice)
+
+    def _close(self, session_id: str) -> _Session | None:
+        """Take a session out of the open ones, leaving a tombstone (late steps are late)."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return None
         self._finalized[session_id] = session.partition
         while len(self._finalized) > MAX_TOMBSTONES:
             self._finalized.popitem(last=False)
         spans = self._closed_spans.setdefault(session.partition, {})
         spans[session_id] = (session.first_offset, session.last_offset)
-        session.metadata.update(metadata or {})
-        return [
-            _segment_event(session_id, session, segment, reason)
-            for segment in session.segments
-            if segment.steps and segment.loss_mask.count(1)
-        ]
+        return session
 
     def drop_partitions(self, partitions: set[int]) -> list[str]:
         """Forget (and return) sessions of partitions this worker no longer owns; whoever owns
@@ -417,7 +505,11 @@ class Assembler:
 
 
 def _segment_event(
-    session_id: str, session: _Session, segment: _Segment, reason: FinalizeReason
+    session_id: str,
+    session: _Session,
+    segment: _Segment,
+    reason: FinalizeReason,
+    last: bool = False,
 ) -> SegmentFinalized:
     # A step ends at most one segment, so (session, last step) names a segment. A worker that
     # re-reads a finished session from mid-way (its start was below the committed offset)
@@ -441,4 +533,8 @@ def _segment_event(
         split_reason=segment.split_reason,
         diagnostics=dict(sorted(session.diagnostics.items())),
         metadata=session.metadata,
+        channel=session.channel,
+        reward=session.reward,
+        reward_components=session.reward_components,
+        last_of_session=last,
     )

@@ -6,6 +6,9 @@ the same ``segment_id``; this consumer drops the repeats. Usage::
     async with SegmentConsumer(settings, group_id="trainer") as segments:
         async for segment in segments:
             ...
+
+The topic also carries ``SessionDiscarded`` notices (a session that yields no segment);
+iterating gives segments only, :meth:`SegmentConsumer.records` gives both.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import Any
 
-from schemas.events import SegmentFinalized
+from schemas.events import SegmentFinalized, SessionDiscarded, segments_topic_adapter
 from titoflow.bus import make_consumer
 from titoflow.settings import Settings
 
@@ -23,11 +27,18 @@ DEDUPE_WINDOW = 1_000_000
 
 class SegmentConsumer:
     def __init__(
-        self, settings: Settings, group_id: str | None = None, dedupe_window: int = DEDUPE_WINDOW
+        self,
+        settings: Settings,
+        group_id: str | None = None,
+        dedupe_window: int = DEDUPE_WINDOW,
+        **consumer_options: Any,
     ) -> None:
-        """``group_id=None`` reads the whole topic without committing (inspection, tests)."""
+        """``group_id=None`` reads the whole topic without committing (inspection, tests);
+        ``consumer_options`` go to aiokafka's consumer (e.g. ``auto_offset_reset="latest"``)."""
         self._group_id = group_id
-        self._consumer = make_consumer(settings, settings.topic("segments"), group_id=group_id)
+        self._consumer = make_consumer(
+            settings, settings.topic("segments"), group_id=group_id, **consumer_options
+        )
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._dedupe_window = dedupe_window
         self.duplicates_dropped = 0
@@ -59,14 +70,25 @@ class SegmentConsumer:
         return True
 
     async def __aiter__(self) -> AsyncIterator[SegmentFinalized]:
+        async for record in self.records():
+            if isinstance(record, SegmentFinalized):
+                yield record
+
+    async def records(self) -> AsyncIterator[SegmentFinalized | SessionDiscarded]:
+        """Segments and discard notices, each once (a notice's id is its session's)."""
         while True:
             batch = await self._consumer.getmany(timeout_ms=1000)
             for tp, records in batch.items():
                 for record in records:
-                    segment = SegmentFinalized.model_validate_json(record.value)
-                    if self._first_time(segment.segment_id):
+                    event = segments_topic_adapter.validate_json(record.value)
+                    key = (
+                        event.segment_id
+                        if isinstance(event, SegmentFinalized)
+                        else f"discarded:{event.session_id}"
+                    )
+                    if self._first_time(key):
                         self.position = (record.topic, record.partition, record.offset)
-                        yield segment
+                        yield event
                 # Committed once the caller took every segment of the batch (at least once).
                 if self._group_id is not None:
                     await self._consumer.commit({tp: records[-1].offset + 1})

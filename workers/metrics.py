@@ -25,3 +25,8 @@ PUBLISH_SECONDS = Histogram(
     "From sending a segment to the broker's acknowledgement.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+DISCARDED = Counter(
+    "titoflow_worker_sessions_discarded_total",
+    "Sessions that yielded no segment, by reason (discarded, empty).",
+    ["reason"],
+)

@@ -18,7 +18,13 @@ from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from prometheus_client import start_http_server
 
-from schemas.events import DeadLetter, SegmentFinalized, SessionFinalized, StepRecorded
+from schemas.events import (
+    DeadLetter,
+    SegmentFinalized,
+    SessionDiscarded,
+    SessionFinalized,
+    StepRecorded,
+)
 from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.settings import Settings
 from titoflow.tokenizer import load_tokenizer
@@ -26,6 +32,8 @@ from workers import metrics
 from workers.assembler import Assembler, Decode
 
 log = logging.getLogger("titoflow.worker")
+
+Output = SegmentFinalized | SessionDiscarded  # what goes to <prefix>.segments
 
 POLL_TIMEOUT_MS = 500
 MAX_RECORDS = 1000
@@ -94,7 +102,7 @@ class Worker:
                     timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS
                 )
                 async with self.batch_lock:
-                    segments: list[SegmentFinalized] = []
+                    segments: list[Output] = []
                     for tp, records in batch.items():
                         if tp not in self.consumer.assignment():
                             continue  # revoked while this batch waited for the lock
@@ -114,7 +122,7 @@ class Worker:
             await self.consumer.stop()
             await self.publisher.stop()
 
-    async def _handle(self, record: ConsumerRecord) -> list[SegmentFinalized]:
+    async def _handle(self, record: ConsumerRecord) -> list[Output]:
         applied = self.assembler.apply(record.value, record.partition, record.offset)
         event = applied.event
         if event is not None:
@@ -122,7 +130,7 @@ class Worker:
             if isinstance(event, StepRecorded):
                 ids["step_id"] = event.step_id
                 log.debug("step %s", event.step_id, extra=ids)
-            if isinstance(event, SessionFinalized):
+            if isinstance(event, SessionFinalized | SessionDiscarded):
                 self._last_seen.pop(event.session_id, None)
             else:
                 self._last_seen[event.session_id] = time.monotonic()
@@ -130,7 +138,7 @@ class Worker:
                 log.info("event skipped: %s", applied.skipped_reason, extra=ids)
         if applied.dead_letter_reason:
             await self._dead_letter(record, applied.dead_letter_reason)
-        return applied.segments
+        return [*applied.segments, *([applied.notice] if applied.notice else [])]
 
     def _observe(self) -> None:
         for tp in self.consumer.assignment():
@@ -146,14 +154,17 @@ class Worker:
                 metrics.DIVERGENCES.labels(kind).inc(value - counted)
                 self._divergences_seen[kind] = value
 
-    def _finalize_idle(self) -> Iterable[SegmentFinalized]:
+    def _finalize_idle(self) -> Iterable[Output]:
         cutoff = time.monotonic() - self.settings.idle_finalize_s
         idle = [sid for sid, seen in self._last_seen.items() if seen < cutoff]
         for session_id in idle:
             del self._last_seen[session_id]
-            yield from self.assembler.finalize(session_id, "idle")
+            closed = self.assembler.close(session_id, "idle")
+            yield from closed.segments
+            if closed.notice:
+                yield closed.notice
 
-    async def _publish_segments(self, segments: list[SegmentFinalized]) -> None:
+    async def _publish_segments(self, segments: list[Output]) -> None:
         topic = self.settings.topic("segments")
         for segment in segments:
             started = time.perf_counter()
@@ -161,6 +172,13 @@ class Worker:
                 topic, segment.instance_id or segment.session_id, segment.model_dump_json().encode()
             )
             metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
+            if isinstance(segment, SessionDiscarded):
+                metrics.DISCARDED.labels(segment.reason).inc()
+                log.info(
+                    "session discarded",
+                    extra={"session_id": segment.session_id, "reason": segment.reason},
+                )
+                continue
             metrics.SEGMENTS.labels(segment.finalize_reason).inc()
             log.info(
                 "segment published",
