@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.events import SegmentFinalized, SessionFinalized, StepRecorded
+from schemas.events import (
+    SegmentFinalized,
+    SessionDiscarded,
+    SessionFinalized,
+    SessionOpened,
+    SessionOptions,
+    StepRecorded,
+)
 from workers.assembler import Assembler
 
 
@@ -32,7 +39,7 @@ def step(
         completion_ids=completion,
         completion_logprobs=[-0.5 * (i + 1) for i in range(len(completion))],
         finish_reason="stop",
-        api="openai.chat",
+        api=extra.pop("api", "openai.chat"),
         model="m",
         engine_url="u",
         engine_request_id="r",
@@ -240,3 +247,76 @@ def test_tokens_sampled_under_a_grammar_say_so() -> None:
     forced = step("a", [1], [10, 11], constrained=True)
     [segment] = assemble([forced])
     assert segment.logprob_source == [0, 2, 2] and segment.loss_mask == [0, 1, 1]
+
+
+def _apply(assembler: Assembler, events: list[Any]) -> list[Any]:
+    return [
+        assembler.apply(event.model_dump_json().encode(), 0, offset)
+        for offset, event in enumerate(events)
+    ]
+
+
+def test_opened_session_carries_instance_channel_metadata_and_reward_into_its_segments() -> None:
+    opened = SessionOpened(
+        session_id="s",
+        event_time=0.0,
+        instance_id="prompt-1",
+        channel="val",
+        metadata={"data_source": "gsm8k"},
+        options=SessionOptions(build_mode="last-step"),
+    )
+    untagged = [
+        step(s.step_id, s.prompt_tail_ids, s.completion_ids, s.parent_step_id, s.prefix_len)
+        for s in THREE_TURNS
+    ]
+    forked = step("d", [7], [16], parent="a", prefix_len=5)  # a second segment (a fork)
+    final = SessionFinalized(
+        session_id="s",
+        event_time=9.0,
+        reward_components={"correct": 1.0, "format": 0.5},
+        metadata={"judge": "exact"},
+    )
+    applied = _apply(Assembler(), [opened, *untagged, forked, final])
+    first, second = applied[-1].segments
+    for segment in (first, second):
+        assert segment.instance_id == "prompt-1" and segment.channel == "val"
+        assert segment.metadata == {"data_source": "gsm8k", "judge": "exact"}
+        assert segment.reward is None
+        assert segment.reward_components == {"correct": 1.0, "format": 0.5}
+    assert (first.last_of_session, second.last_of_session) == (False, True)
+    assert applied[-1].notice is None
+
+
+def test_discard_finalizes_nothing_says_so_and_late_steps_are_dead_letters() -> None:
+    assembler = Assembler()
+    opened = SessionOpened(session_id="s", event_time=0.0, instance_id="i", channel="train")
+    discard = SessionDiscarded(session_id="s", event_time=5.0, metadata={"why": "timeout"})
+    late = step("c", [5, 6], [13], parent="b", prefix_len=7)
+    applied = _apply(assembler, [opened, *THREE_TURNS[:2], discard, late])
+    notice = applied[3].notice
+    assert notice is not None and applied[3].segments == []
+    assert (notice.reason, notice.instance_id, notice.channel) == ("discarded", "i", "train")
+    assert notice.metadata == {"why": "timeout"} and notice.event_time == 5.0
+    assert assembler.open_sessions == []
+    assert applied[4].dead_letter_reason is not None
+    # Discarding again, or finalizing after, emits nothing more.
+    again = _apply(assembler, [discard, SessionFinalized(session_id="s", event_time=6.0)])
+    assert [a.notice for a in again] == [None, None] and again[1].segments == []
+    # A discarded session holds no commit point back.
+    assert assembler.commit_offset(0, 7) == 7
+
+
+def test_a_finalized_session_without_generated_tokens_says_it_is_empty() -> None:
+    opened = SessionOpened(session_id="s", event_time=3.0, instance_id="i")
+    [_, applied] = _apply(Assembler(), [opened, SessionFinalized(session_id="s", event_time=4.0)])
+    assert applied.segments == []
+    assert applied.notice is not None and applied.notice.reason == "empty"
+    assert applied.notice.instance_id == "i" and applied.notice.event_time == 3.0
+
+
+def test_white_box_steps_extend_a_chat_segment_like_any_tito_step() -> None:
+    chat = THREE_TURNS[0]
+    white_box = step("w", [20, 21], [22, 23], parent="a", prefix_len=5, api="generate")
+    [segment] = assemble([chat, white_box])
+    assert segment.token_ids == [1, 2, 3, 10, 11, 20, 21, 22, 23]
+    assert segment.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1]

@@ -13,16 +13,17 @@ iterating gives segments only, :meth:`SegmentConsumer.records` gives both.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
 
 from schemas.events import SegmentFinalized, SessionDiscarded, segments_topic_adapter
 from titoflow.bus import make_consumer
 from titoflow.settings import Settings
 
 DEDUPE_WINDOW = 1_000_000
+ASSIGNMENT_TIMEOUT_S = 30.0
 
 
 class SegmentConsumer:
@@ -31,14 +32,14 @@ class SegmentConsumer:
         settings: Settings,
         group_id: str | None = None,
         dedupe_window: int = DEDUPE_WINDOW,
-        **consumer_options: Any,
+        from_end: bool = False,
     ) -> None:
         """``group_id=None`` reads the whole topic without committing (inspection, tests);
-        ``consumer_options`` go to aiokafka's consumer (e.g. ``auto_offset_reset="latest"``)."""
+        with ``from_end`` too, only what is published after ``__aenter__`` returned (a rollout
+        driver waiting for the sessions it is about to run)."""
         self._group_id = group_id
-        self._consumer = make_consumer(
-            settings, settings.topic("segments"), group_id=group_id, **consumer_options
-        )
+        self._from_end = from_end and group_id is None
+        self._consumer = make_consumer(settings, settings.topic("segments"), group_id=group_id)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._dedupe_window = dedupe_window
         self.duplicates_dropped = 0
@@ -50,6 +51,16 @@ class SegmentConsumer:
 
     async def __aenter__(self) -> SegmentConsumer:
         await self._consumer.start()
+        if self._from_end:
+            # Pin every partition's position now: left to the first fetch, "the end" would be
+            # wherever the log is then, past segments published in between.
+            async with asyncio.timeout(ASSIGNMENT_TIMEOUT_S):
+                while not self._consumer.assignment():
+                    await asyncio.sleep(0.05)
+            partitions = list(self._consumer.assignment())
+            await self._consumer.seek_to_end(*partitions)
+            for tp in partitions:
+                await self._consumer.position(tp)
         return self
 
     async def __aexit__(
