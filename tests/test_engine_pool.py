@@ -1,0 +1,153 @@
+"""The engine pool's routing on ENGINE DOUBLES (tests/doubles.py StubEngine): stickiness,
+minimal movement on add/drain, weights, fallback past unhealthy/overloaded engines, retries,
+drain and removal with calls in flight. The same behaviour on two real vLLM engines:
+tests/test_e2e_engines.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.doubles import StubEngine
+from titoflow.engine import GenerateParams
+from titoflow.engine_pool import EnginePool, EngineSpec, parse_engine_specs
+from titoflow.errors import EngineUnavailable
+from titoflow.settings import Settings
+
+PARAMS = GenerateParams(max_tokens=1)
+SESSIONS = [f"session-{i}" for i in range(300)]
+
+
+def pool_of(*urls: str, max_in_flight: int = 0) -> tuple[EnginePool, dict[str, StubEngine]]:
+    stubs: dict[str, StubEngine] = {}
+
+    def make(spec: EngineSpec) -> StubEngine:
+        stubs[spec.url] = StubEngine(spec.url)
+        return stubs[spec.url]
+
+    return EnginePool([EngineSpec(u) for u in urls], make, max_in_flight), stubs
+
+
+async def served_by(pool: EnginePool, session: str) -> str:
+    return (await pool.generate([1, 2], PARAMS, f"r-{session}", session_id=session)).engine_url
+
+
+def first_choices(pool: EnginePool) -> dict[str, str]:
+    return {s: pool.ranking(s)[0] for s in SESSIONS}
+
+
+def test_engine_urls_setting() -> None:
+    settings = Settings(
+        engine_url="http://a:8000/", engine_urls="sglang=http://b:30000, http://c:8000,"
+    )
+    assert parse_engine_specs(settings) == [
+        EngineSpec("http://a:8000"),
+        EngineSpec("http://b:30000", "sglang"),
+        EngineSpec("http://c:8000"),
+    ]
+    assert parse_engine_specs(Settings(engine_urls="http://a", engine_backend="sglang")) == [
+        EngineSpec("http://a", "sglang")
+    ]
+    with pytest.raises(ValueError, match="backend"):
+        parse_engine_specs(Settings(engine_urls="tgi=http://a"))
+
+
+async def test_sessions_stick_and_spread() -> None:
+    pool, stubs = pool_of("http://a", "http://b", "http://c")
+    for session in SESSIONS[:60]:
+        assert {await served_by(pool, session) for _ in range(3)} == {pool.ranking(session)[0]}
+    shares = Counter(first_choices(pool).values())
+    assert set(shares) == set(stubs) and min(shares.values()) > len(SESSIONS) / 6
+
+
+async def test_add_and_drain_move_only_the_sessions_they_must() -> None:
+    pool, _ = pool_of("http://a", "http://b", "http://c")
+    before = first_choices(pool)
+    pool.drain("http://b")
+    drained = first_choices(pool)
+    assert "http://b" not in drained.values()
+    assert all(drained[s] == before[s] for s in SESSIONS if before[s] != "http://b")
+    pool.add(EngineSpec("http://b"))  # back in service: every session back where it was
+    assert first_choices(pool) == before
+    pool.add(EngineSpec("http://d"))
+    grown = first_choices(pool)
+    moved = [s for s in SESSIONS if grown[s] != before[s]]
+    assert moved and all(grown[s] == "http://d" for s in moved)
+    assert len(moved) < len(SESSIONS) / 2
+
+
+async def test_a_canary_weight_takes_its_share() -> None:
+    pool, _ = pool_of("http://a", "http://b")
+    pool.add(EngineSpec("http://canary", weight=0.1))
+    share = Counter(first_choices(pool).values())["http://canary"] / len(SESSIONS)
+    assert 0.01 < share < 0.15  # expected 0.1 / 2.1 ≈ 0.05
+
+
+async def test_unhealthy_engines_are_skipped_until_they_recover() -> None:
+    pool, stubs = pool_of("http://a", "http://b")
+    session = next(s for s in SESSIONS if pool.ranking(s)[0] == "http://a")
+    stubs["http://a"].down = True
+    assert await served_by(pool, session) == "http://b"  # failed on a, retried on b
+    assert len(stubs["http://a"].calls) == 1
+    assert await served_by(pool, session) == "http://b"  # a is marked: not tried again
+    assert len(stubs["http://a"].calls) == 1
+    stubs["http://a"].down = False
+    await pool.probe()
+    assert await served_by(pool, session) == "http://a"
+    assert REGISTRY.get_sample_value("titoflow_engine_fallbacks_total", {"reason": "failed"})
+    assert REGISTRY.get_sample_value("titoflow_engine_fallbacks_total", {"reason": "unhealthy"})
+    stubs["http://a"].down = stubs["http://b"].down = True
+    with pytest.raises(EngineUnavailable):
+        await served_by(pool, session)
+
+
+async def test_overloaded_engines_pass_calls_on_to_the_next() -> None:
+    pool, stubs = pool_of("http://a", "http://b", max_in_flight=1)
+    session = next(s for s in SESSIONS if pool.ranking(s)[0] == "http://a")
+    stubs["http://a"].release.clear()
+    held = asyncio.create_task(served_by(pool, session))
+    await asyncio.sleep(0)
+    assert await served_by(pool, session) == "http://b"
+    stubs["http://a"].release.set()
+    assert await held == "http://a"
+    assert await served_by(pool, session) == "http://a"
+
+
+async def test_drain_and_remove_let_calls_in_flight_finish() -> None:
+    pool, stubs = pool_of("http://a", "http://b")
+    session = next(s for s in SESSIONS if pool.ranking(s)[0] == "http://a")
+    stubs["http://a"].release.clear()
+    held = asyncio.create_task(served_by(pool, session))
+    await asyncio.sleep(0)
+    pool.drain("http://a")
+    assert await served_by(pool, session) == "http://b"
+    await pool.remove("http://a")
+    assert not stubs["http://a"].closed  # a call is still in flight there
+    stubs["http://a"].release.set()
+    assert await held == "http://a"
+    assert stubs["http://a"].closed
+    assert [s.url for s in pool.status()] == ["http://b"]
+    pool.drain("http://b")
+    with pytest.raises(EngineUnavailable, match="no engine is serving"):
+        await served_by(pool, session)
+
+
+async def test_streams_are_retried_only_before_their_first_token() -> None:
+    pool, stubs = pool_of("http://a", "http://b")
+    session = next(s for s in SESSIONS if pool.ranking(s)[0] == "http://a")
+    stubs["http://a"].down = True
+    chunks = [c async for c in pool.generate_stream([1], PARAMS, "r", session_id=session)]
+    assert {c.engine_url for c in chunks} == {"http://b"}
+    await pool.probe()
+    stubs["http://a"].down = False
+    await pool.probe()
+    stubs["http://a"].break_mid_stream = True
+    got = []
+    with pytest.raises(EngineUnavailable, match="mid-stream"):
+        async for chunk in pool.generate_stream([1], PARAMS, "r", session_id=session):
+            got.append(chunk)
+    assert [c.engine_url for c in got] == ["http://a"]
+    assert stubs["http://b"].calls == [session]

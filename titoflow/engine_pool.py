@@ -1,0 +1,355 @@
+"""Several engines behind one :class:`~titoflow.engine.Engine`.
+
+Routing: a session's steps go to the engine that ranks first for it by weighted rendezvous
+(highest-random-weight) hashing of the session id over the serving engines, so its prefix
+stays in one engine's cache, and adding or draining an engine moves only the sessions that
+ranked it first. Fallback, in the session's own ranking order (a sticky second choice): past an
+engine that is unhealthy (a failed call, or a failed ``/health`` probe), or overloaded (more
+calls in flight than ``max_in_flight``); when every healthy engine is overloaded, the least
+loaded one. A call that fails before the engine produced anything (unreachable, 502/503/504) is
+retried on the next engine; a stream that already yielded tokens is not.
+
+Run time changes (:meth:`EnginePool.add`, :meth:`drain`, :meth:`remove`) are idempotent, so
+replaying them in order (a replica reading the control log from the start) ends in the same
+pool. Drained engines take no new calls, their in-flight calls finish, and their sessions'
+next steps go to their next engine (a TITO step there: only the engine's prefix cache misses).
+A removed engine is closed once its last call has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import Counter, Gauge
+
+from titoflow.engine import Engine, GenerateParams, Generation, GenerationChunk, VLLMEngine
+from titoflow.errors import EngineUnavailable
+from titoflow.settings import Settings
+from titoflow.sglang_engine import SGLangEngine
+
+log = logging.getLogger("titoflow.engines")
+
+Backend = Literal["vllm", "sglang"]
+BACKENDS: tuple[Backend, ...] = ("vllm", "sglang")
+
+CALLS = Counter(
+    "titoflow_engine_calls_total",
+    "Generate calls per engine, by outcome: ok, unavailable (retried elsewhere when nothing "
+    "was streamed yet), error (the engine refused the request), cancelled (the client left).",
+    ["engine", "outcome"],
+)
+IN_FLIGHT = Gauge("titoflow_engine_in_flight", "Generate calls in flight per engine.", ["engine"])
+HEALTHY = Gauge(
+    "titoflow_engine_healthy", "1 when the engine's last probe or call succeeded.", ["engine"]
+)
+SERVING = Gauge(
+    "titoflow_engine_serving",
+    "1 when the engine takes new calls, 0 while it drains (removed engines have no series).",
+    ["engine"],
+)
+FALLBACKS = Counter(
+    "titoflow_engine_fallbacks_total",
+    "Calls not served by the session's first-ranked engine, by why: unhealthy, overloaded, "
+    "failed (that call failed and was retried).",
+    ["reason"],
+)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    url: str
+    backend: Backend = "vllm"
+    weight: float = 1.0  # share of sessions relative to the others (a canary takes e.g. 0.1)
+
+
+def parse_engine_specs(settings: Settings) -> list[EngineSpec]:
+    """``engine_url`` and the comma-separated ``engine_urls`` (``URL`` or ``BACKEND=URL``)."""
+    specs: dict[str, EngineSpec] = {}
+    entries = [settings.engine_url, *settings.engine_urls.split(",")]
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        head, named, tail = entry.partition("=")
+        backend, url = (head, tail) if named else (settings.engine_backend, entry)
+        if backend not in BACKENDS:
+            raise ValueError(f"engine {entry!r}: backend must be one of {', '.join(BACKENDS)}")
+        url = url.rstrip("/")
+        specs[url] = EngineSpec(url, backend)
+    return list(specs.values())
+
+
+def make_engine(spec: EngineSpec, timeout_s: float) -> Engine:
+    if spec.backend == "sglang":
+        return SGLangEngine(spec.url, timeout_s)
+    return VLLMEngine(spec.url, timeout_s)
+
+
+def rendezvous_score(session_id: str, url: str, weight: float) -> float:
+    """Weighted HRW: each engine's share of sessions is proportional to its weight."""
+    digest = hashlib.blake2b(f"{session_id}\0{url}".encode(), digest_size=8).digest()
+    unit = (int.from_bytes(digest, "big") + 0.5) / 2**64  # in (0, 1)
+    return -weight / math.log(unit)
+
+
+@dataclass
+class _Member:
+    spec: EngineSpec
+    engine: Engine
+    serving: bool = True
+    healthy: bool = True
+    removed: bool = False
+    in_flight: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    url: str
+    backend: Backend
+    weight: float
+    serving: bool
+    healthy: bool
+    in_flight: int
+
+
+class EnginePool:
+    url = "pool"
+
+    def __init__(
+        self,
+        specs: list[EngineSpec],
+        make: Callable[[EngineSpec], Engine],
+        max_in_flight: int = 0,
+        health_interval_s: float = 5.0,
+    ) -> None:
+        self._make = make
+        self.max_in_flight = max_in_flight
+        self.health_interval_s = health_interval_s
+        self._members: dict[str, _Member] = {}
+        self._health_task: asyncio.Task[None] | None = None
+        for spec in specs:
+            self.add(spec)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EnginePool:
+        return cls(
+            parse_engine_specs(settings),
+            lambda spec: make_engine(spec, settings.engine_timeout_s),
+            settings.engine_max_in_flight,
+            settings.engine_health_interval_s,
+        )
+
+    # --- run-time changes -------------------------------------------------------------------
+
+    def add(self, spec: EngineSpec) -> None:
+        """Add an engine, or put a draining one back into service (with ``spec``'s weight)."""
+        member = self._members.get(spec.url)
+        if member is not None and member.spec.backend != spec.backend:
+            log.warning(
+                "engine %s is already a %s engine; not added", spec.url, member.spec.backend
+            )
+            return
+        if member is None:
+            member = _Member(spec, self._make(spec))
+            self._members[spec.url] = member
+            HEALTHY.labels(spec.url).set(1)
+            IN_FLIGHT.labels(spec.url).set(0)
+        member.spec, member.serving = spec, True
+        SERVING.labels(spec.url).set(1)
+        log.info("engine serving", extra={"engine": spec.url, "backend": spec.backend})
+
+    def drain(self, url: str) -> None:
+        """No new calls go to ``url``; calls in flight there finish."""
+        member = self._members.get(url.rstrip("/"))
+        if member is None:
+            log.warning("drain of unknown engine %s ignored", url)
+            return
+        member.serving = False
+        SERVING.labels(member.url).set(0)
+        log.info("engine draining", extra={"engine": member.url, "in_flight": member.in_flight})
+
+    async def remove(self, url: str) -> None:
+        """Drain ``url`` and forget it; its client closes once its last call finished."""
+        member = self._members.pop(url.rstrip("/"), None)
+        if member is None:
+            log.warning("removal of unknown engine %s ignored", url)
+            return
+        member.serving, member.removed = False, True
+        for gauge in (SERVING, HEALTHY, IN_FLIGHT):
+            with contextlib.suppress(KeyError):
+                gauge.remove(member.url)
+        log.info("engine removed", extra={"engine": member.url, "in_flight": member.in_flight})
+        if member.in_flight == 0:
+            await member.engine.close()
+
+    def status(self) -> list[EngineStatus]:
+        return [
+            EngineStatus(m.url, m.spec.backend, m.spec.weight, m.serving, m.healthy, m.in_flight)
+            for m in self._members.values()
+        ]
+
+    # --- routing ----------------------------------------------------------------------------
+
+    def ranking(self, session_id: str) -> list[str]:
+        """The serving engines in ``session_id``'s order of preference (healthy or not)."""
+        return [m.url for m in self._ranked(session_id)]
+
+    def _ranked(self, session_id: str) -> list[_Member]:
+        serving = [m for m in self._members.values() if m.serving]
+        return sorted(
+            serving, key=lambda m: rendezvous_score(session_id, m.url, m.spec.weight), reverse=True
+        )
+
+    def _choose(self, session_id: str, tried: set[str]) -> _Member:
+        ranked = self._ranked(session_id)
+        if not ranked:
+            raise EngineUnavailable("no engine is serving (all drained or removed)")
+        untried = [m for m in ranked if m.url not in tried]
+        healthy = [m for m in untried if m.healthy]
+        if not healthy:
+            # Every health mark says down: a call is the freshest probe there is.
+            if not untried:
+                raise EngineUnavailable("every serving engine failed this call")
+            chosen = untried[0]
+        else:
+            idle = [m for m in healthy if not self._overloaded(m)]
+            chosen = idle[0] if idle else min(healthy, key=lambda m: m.in_flight)
+        first = ranked[0]
+        if chosen is not first:
+            reason = (
+                "failed"
+                if first.url in tried
+                else "unhealthy"
+                if not first.healthy
+                else "overloaded"
+            )
+            FALLBACKS.labels(reason).inc()
+        return chosen
+
+    def _overloaded(self, member: _Member) -> bool:
+        return bool(self.max_in_flight) and member.in_flight >= self.max_in_flight
+
+    def _enter(self, member: _Member) -> None:
+        member.in_flight += 1
+        if not member.removed:
+            IN_FLIGHT.labels(member.url).set(member.in_flight)
+
+    async def _leave(self, member: _Member, outcome: str) -> None:
+        member.in_flight -= 1
+        CALLS.labels(member.url, outcome).inc()
+        if member.removed:
+            if member.in_flight == 0:
+                await member.engine.close()
+            return
+        IN_FLIGHT.labels(member.url).set(member.in_flight)
+        if outcome in ("ok", "unavailable"):
+            self._mark(member, outcome == "ok")
+
+    def _mark(self, member: _Member, healthy: bool) -> None:
+        if member.healthy != healthy:
+            log.warning(
+                "engine %s", "healthy" if healthy else "unhealthy", extra={"engine": member.url}
+            )
+        member.healthy = healthy
+        if not member.removed:
+            HEALTHY.labels(member.url).set(int(healthy))
+
+    # --- the Engine protocol ----------------------------------------------------------------
+
+    async def generate(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+    ) -> Generation:
+        tried: set[str] = set()
+        while True:
+            member = self._choose(session_id, tried)
+            self._enter(member)
+            outcome = "cancelled"
+            try:
+                generation = await member.engine.generate(
+                    prompt_ids, params, request_id, session_id=session_id
+                )
+                outcome = "ok"
+                return generation
+            except EngineUnavailable:
+                outcome = "unavailable"
+                tried.add(member.url)
+                if not self._has_other(session_id, tried):
+                    raise
+            except Exception:
+                outcome = "error"
+                raise
+            finally:
+                await self._leave(member, outcome)
+
+    async def generate_stream(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+    ) -> AsyncIterator[GenerationChunk]:
+        tried: set[str] = set()
+        while True:
+            member = self._choose(session_id, tried)
+            self._enter(member)
+            outcome, streamed = "cancelled", False
+            try:
+                async for chunk in member.engine.generate_stream(
+                    prompt_ids, params, request_id, session_id=session_id
+                ):
+                    streamed = True
+                    yield chunk
+                outcome = "ok"
+                return
+            except EngineUnavailable:
+                outcome = "unavailable"
+                tried.add(member.url)
+                if streamed or not self._has_other(session_id, tried):
+                    raise
+            except Exception:
+                outcome = "error"
+                raise
+            finally:
+                await self._leave(member, outcome)
+
+    def _has_other(self, session_id: str, tried: set[str]) -> bool:
+        return any(m.url not in tried for m in self._ranked(session_id))
+
+    async def healthy(self) -> bool:
+        """Whether any serving engine answers its health probe."""
+        await self.probe()
+        return any(m.healthy for m in self._members.values() if m.serving)
+
+    async def probe(self) -> None:
+        members = list(self._members.values())
+        results = await asyncio.gather(*(m.engine.healthy() for m in members))
+        for member, ok in zip(members, results, strict=True):
+            self._mark(member, ok)
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.probe()
+            except Exception:  # a probe bug must not stop the probing
+                log.exception("engine health probe failed")
+
+    def start(self) -> None:
+        """Start the periodic health probes (needs a running event loop)."""
+        if self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        for member in list(self._members.values()):
+            await member.engine.close()
