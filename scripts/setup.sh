@@ -16,4 +16,7 @@ fi
     | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import titoflow, aiokafka, transformers" # fails loudly if the install did
 bash scripts/setup-engine.sh
+# SGLang's own request/response definitions (pinned wheel, a few files extracted, never
+# installed) for the SGLang backend's contract tests.
+.venv/bin/python -m tests.sglang_reference
 .venv/bin/titoflow build-model >/dev/null

@@ -1,12 +1,16 @@
 """In-process ingress apps on the SCRIPTED ENGINE DOUBLE (tests/doubles.py), for fast adapter
 tests with the official SDKs over httpx's ASGI transport. Nothing here replaces the end-to-end
-tests on the real engine."""
+tests on the real engine. :func:`serving` puts any app (a real ingress, an HTTP double) on a
+real port of this process."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import httpx2
+import uvicorn
 from fastapi import APIRouter, FastAPI
 
 from ingress.chains import ChainStore
@@ -14,6 +18,7 @@ from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import qwen3
+from titoflow.procs import free_port
 from titoflow.settings import Settings
 
 
@@ -46,3 +51,20 @@ def asgi_client(app: FastAPI) -> httpx2.AsyncClient:
     """A client that calls ``app`` in-process. httpx2, because the openai and anthropic SDKs
     take only httpx2 clients as ``http_client``."""
     return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://ingress")
+
+
+@asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """``app`` served over real HTTP from this process (its state within the test's reach)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task

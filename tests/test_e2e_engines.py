@@ -1,0 +1,194 @@
+"""Two real vLLM CPU engines behind one ingress: sessions stick to one engine, move when it is
+drained (calls in flight there finish), and nothing is lost: every call is one recorded step with
+the engine's exact tokens, and every session one segment made of exactly those steps.
+
+The second engine is started here (~50 s, ~4 GB); TITOFLOW_TEST_SECOND_ENGINE_URL points the
+test at one already running instead (developers sharing a machine; CI starts its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from pydantic import TypeAdapter
+
+from ingress.app import create_app
+from ingress.render import ChatRenderer
+from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
+from tests.apps import serving
+from tests.topics import engine_generate, read_until
+from titoflow.engine_pool import EnginePool
+from titoflow.engine_process import start_vllm
+from titoflow.settings import Settings
+from titoflow.stack import start_worker
+from titoflow.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.engine
+
+PER_ENGINE = 6  # sessions whose first choice is each engine
+TURNS = 4
+DRAIN_TURN = 2  # 0-based: the engine is drained while this turn's calls are in flight
+
+
+@pytest.fixture(scope="module")
+def second_engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    shared = os.environ.get("TITOFLOW_TEST_SECOND_ENGINE_URL")
+    if shared:
+        yield shared
+        return
+    log_dir = tmp_path_factory.mktemp("vllm-second")
+    proc, url = start_vllm(Settings(model_path=model_dir), log_dir=log_dir)
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+def seed(session: int, turn: int) -> int:
+    return 1000 * session + turn
+
+
+def max_tokens(turn: int) -> int:
+    return 24 if turn == DRAIN_TURN else 8  # the drained turn's calls stay in flight longer
+
+
+async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
+    stack_settings: Settings, second_engine_url: str, tmp_path: Path
+) -> None:
+    first_url = stack_settings.engine_url.rstrip("/")
+    second_url = second_engine_url.rstrip("/")
+    settings = stack_settings.model_copy(update={"engine_urls": second_url})
+    app = create_app(settings)
+    worker = start_worker(settings, tmp_path)
+    try:
+        async with serving(app) as url:
+            pool: EnginePool = app.state.engines
+            # As many sessions on each engine: the routing decides, the test only picks names.
+            by_first: dict[str, list[str]] = {first_url: [], second_url: []}
+            for n in range(1000):
+                name = f"eng-{n}"
+                group = by_first[pool.ranking(name)[0]]
+                if len(group) < PER_ENGINE:
+                    group.append(name)
+            sessions = by_first[first_url] + by_first[second_url]
+            assert len(sessions) == 2 * PER_ENGINE
+            conversations: dict[str, list[Any]] = {
+                s: [{"role": "user", "content": f"Task {i}: list the files."}]
+                for i, s in enumerate(sessions)
+            }
+            clients = {
+                s: AsyncOpenAI(base_url=f"{url}/sess/{s}/v1", api_key="unused", max_retries=0)
+                for s in sessions
+            }
+
+            async def turn(index: int, session: str, number: int) -> None:
+                messages = conversations[session]
+                request: dict[str, Any] = {
+                    "model": "policy",
+                    "messages": messages,
+                    "max_tokens": max_tokens(number),
+                    "seed": seed(index, number),
+                }
+                if index % 2:  # half the sessions stream
+                    stream = await clients[session].chat.completions.create(**request, stream=True)
+                    reply = "".join(
+                        [c.choices[0].delta.content or "" async for c in stream if c.choices]
+                    )
+                else:
+                    response = await clients[session].chat.completions.create(**request)
+                    reply = response.choices[0].message.content or ""
+                messages += [
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": f"Turn {number + 1}: go on."},
+                ]
+
+            in_flight_at_drain = 0
+            for number in range(TURNS):
+                calls = asyncio.gather(*(turn(i, s, number) for i, s in enumerate(sessions)))
+                if number == DRAIN_TURN:
+                    # Drain while calls are running on that engine: they must finish there.
+                    async with asyncio.timeout(60):
+                        while not (in_flight_at_drain := in_flight(pool, second_url)):
+                            await asyncio.sleep(0.002)
+                    pool.drain(second_url)
+                await calls
+            async with httpx.AsyncClient() as http:
+                for session in sessions:
+                    finalized = await http.post(f"{url}/sess/{session}/finalize", json={})
+                    finalized.raise_for_status()
+            for client in clients.values():
+                await client.close()
+    finally:
+        worker.stop()
+
+    events = await read_until(
+        settings,
+        settings.topic("steps"),
+        steps_topic_adapter,
+        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(sessions) * TURNS,
+    )
+    steps = [e for e in events if isinstance(e, StepRecorded)]
+    segments = await read_until(
+        settings,
+        settings.topic("segments"),
+        TypeAdapter(SegmentFinalized),
+        lambda got: {s.session_id for s in got} >= set(sessions),
+        timeout_s=120,
+    )
+
+    # Nothing lost, nothing twice: one step per call, one segment per session.
+    assert len(steps) == len(sessions) * TURNS
+    assert len({s.step_id for s in steps}) == len(steps)
+    assert sorted(s.session_id for s in segments) == sorted(sessions)
+    served = {s: [e for e in steps if e.session_id == s] for s in sessions}
+    for session in sessions:
+        chain = served[session]
+        assert [s.prefix for s in chain] == ["rendered"] + ["tito"] * (TURNS - 1)
+        assert [s.parent_step_id for s in chain] == [None] + [s.step_id for s in chain[:-1]]
+
+    # Sticky: until the drain every step of a session ran on its first-choice engine.
+    engines = {s: [e.engine_url for e in served[s]] for s in sessions}
+    for first, group in by_first.items():
+        for session in group:
+            assert engines[session][:DRAIN_TURN] == [first] * DRAIN_TURN
+    # The calls in flight on the drained engine finished there; later steps moved, as TITO
+    # steps (only the new engine's prefix cache missed).
+    drain_turn = [engines[s][DRAIN_TURN] for s in by_first[second_url]]
+    assert drain_turn.count(second_url) >= in_flight_at_drain > 0
+    for session in sessions:
+        assert engines[session][DRAIN_TURN + 1 :] == [first_url] * (TURNS - DRAIN_TURN - 1)
+
+    # Exact: each step's tokens are what its engine samples for the recorded prompt, and each
+    # segment is its session's steps, token for token.
+    terminator = ChatRenderer(load_tokenizer(settings.model_path)).terminator_id
+    for index, session in enumerate(sessions):
+        [segment] = [s for s in segments if s.session_id == session]
+        sent: list[int] = []
+        checks = []
+        for number, step in enumerate(served[session]):
+            prompt = sent + step.prompt_tail_ids
+            sent = prompt + step.completion_ids
+            checks.append(
+                engine_generate(
+                    step.engine_url, prompt, seed(index, number), terminator, max_tokens(number)
+                )
+            )
+        for step, direct in zip(served[session], await asyncio.gather(*checks), strict=True):
+            assert step.completion_ids == direct["token_ids"]
+            assert step.completion_logprobs == [e["logprob"] for e in direct["logprobs"]["content"]]
+        assert segment.token_ids == sent
+        assert [s.step_id for s in segment.steps] == [s.step_id for s in served[session]]
+        generated = [i for i, m in enumerate(segment.loss_mask) if m]
+        assert [segment.logprobs[i] for i in generated] == [
+            lp for s in served[session] for lp in s.completion_logprobs
+        ]
+
+
+def in_flight(pool: EnginePool, url: str) -> int:
+    return next(s.in_flight for s in pool.status() if s.url == url)
