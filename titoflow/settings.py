@@ -74,11 +74,22 @@ class Settings(BaseSettings):
         "footprint allows (a few thousand tokens, or a refusal to start). The tiny model needs "
         "1 KiB per token.",
     )
+    engine_return_routed_experts: bool = Field(
+        False,
+        description="Start a local vLLM with --enable-return-routed-experts (MoE models only) so "
+        "each generation returns the expert ids its tokens were routed to; steps and segments "
+        "then carry them (routing replay).",
+    )
 
     # --- model / tokenizer --------------------------------------------------------------------
     model_path: Path = Field(
         PROJECT_ROOT / ".models" / "tiny-qwen3",
         description="HF model directory (tokenizer + chat template + weights) served and rendered.",
+    )
+    moe_model_path: Path = Field(
+        PROJECT_ROOT / ".models" / "tiny-qwen3-moe",
+        description="Where `titoflow build-model --moe` writes the tiny Qwen3-MoE sibling "
+        "(serve it by pointing model_path at it, with engine_return_routed_experts).",
     )
     served_model_name: str = Field("titoflow-policy", description="Model name shown to clients.")
 
