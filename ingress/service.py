@@ -36,6 +36,7 @@ from schemas.events import (
     SessionOptions,
     StepRecorded,
 )
+from schemas.routing import RoutedExperts
 from titoflow.engine import Engine, GenerateParams, Generation
 from titoflow.errors import ContextOverflow, InvalidRequest, SessionStepLimit
 
@@ -128,6 +129,18 @@ def step_id_for(session_id: str, parent_step_id: str | None, prompt_tail: array[
     return digest.hexdigest()[:32]
 
 
+def _first_new_row(prefix_len: int) -> int:
+    """The first position whose routed experts no earlier step of the chain recorded: the
+    parent's last token, which is first fed to the model by this step's request."""
+    return max(prefix_len - 1, 0)
+
+
+def _new_rows(generation: Generation, first: int) -> RoutedExperts | None:
+    """Only this step's rows, also from an engine that ignored ``routed_experts_prompt_start``."""
+    rows = generation.routed_experts
+    return rows.between(first, rows.end) if rows else None
+
+
 class ChatService:
     def __init__(
         self,
@@ -191,6 +204,7 @@ class ChatService:
         logprobs: list[float] = []
         top: list[list[tuple[int, float]]] = []
         finish_reason, versions, stop_reason, engine_url = "stop", [], None, self.engine.url
+        routed: RoutedExperts | None = None
         async for chunk in self.engine.generate_stream(
             prepared.prompt.tolist(),
             prepared.params,
@@ -207,7 +221,7 @@ class ChatService:
                     yield delta
             if chunk.finish_reason is not None:
                 finish_reason, versions = chunk.finish_reason, chunk.weight_versions
-                stop_reason = chunk.stop_reason
+                stop_reason, routed = chunk.stop_reason, chunk.routed_experts
         engine_ms = (time.perf_counter() - started) * 1000
         for delta in parser.feed(trimmer.push(decoder.flush()) + trimmer.flush()):
             yield delta
@@ -223,6 +237,7 @@ class ChatService:
             weight_versions=versions,
             top_logprobs=top,
             stop_reason=stop_reason,
+            routed_experts=routed,
         )
         yield TurnDone(await self._record(prepared, generation, parsed, engine_ms, True, span))
 
@@ -265,7 +280,7 @@ class ChatService:
             prompt=prompt,
             step_id=step_id,
             request_id=f"{step_id}-{uuid.uuid4().hex[:8]}",
-            params=self._params(turn, len(prompt)),
+            params=self._params(turn, len(prompt), len(parent.tokens) if parent else 0),
             started=started,
             render_ms=(time.perf_counter() - started) * 1000,
         )
@@ -286,7 +301,7 @@ class ChatService:
             )
         return min(wanted, room)
 
-    def _params(self, turn: ChatTurn, prompt_len: int) -> GenerateParams:
+    def _params(self, turn: ChatTurn, prompt_len: int, prefix_len: int) -> GenerateParams:
         max_tokens = self._max_tokens(turn.sampling.max_tokens, prompt_len)
         try:
             structured = tool_call_constraint(
@@ -303,6 +318,7 @@ class ChatService:
             stop=turn.sampling.stop,
             top_logprobs=turn.sampling.logprobs or 0,
             structured=structured,
+            routed_experts_start=_first_new_row(prefix_len),
         )
 
     def _parser(self, prepared: _Prepared) -> OutputParser:
@@ -359,6 +375,7 @@ class ChatService:
             tool_parse_error=parsed.parse_error,
             tools_hash=_tools_hash(turn.tools_key()),
             constrained=prepared.params.structured is not None,
+            routed_experts=_new_rows(generation, prepared.params.routed_experts_start),
             render_ms=prepared.render_ms,
             engine_ms=engine_ms,
         )
@@ -431,6 +448,7 @@ class ChatService:
                 seed=call.seed,
                 stop_token_ids=call.stop_token_ids,
                 top_logprobs=call.top_logprobs,
+                routed_experts_start=_first_new_row(covered),
             )
             engine_started = time.perf_counter()
             generation = await self.engine.generate(
@@ -461,6 +479,7 @@ class ChatService:
                 new_messages=[],
                 response_message={},
                 tools_hash=_tools_hash(parent.tools_key) if parent else "",
+                routed_experts=_new_rows(generation, params.routed_experts_start),
                 render_ms=0.0,
                 engine_ms=(time.perf_counter() - engine_started) * 1000,
             )

@@ -64,3 +64,21 @@ def _packed(typecode: str, numpy_dtype: str) -> tuple[Any, ...]:
 Int32Array = Annotated[list[int], *_packed(_checked_width("i", 4), "int32 (numpy '<i4')")]
 Float32Array = Annotated[list[float], *_packed(_checked_width("f", 4), "float32 (numpy '<f4')")]
 UInt8Array = Annotated[list[int], *_packed(_checked_width("B", 1), "uint8 (numpy 'u1')")]
+
+
+def _decode_base64(value: Any) -> Any:
+    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
+
+
+# Raw bytes whose layout a sibling field describes (routed experts: dtype and shape).
+Base64Bytes = Annotated[
+    bytes,
+    BeforeValidator(_decode_base64),
+    PlainSerializer(
+        lambda v: base64.b64encode(v).decode("ascii"), return_type=str, when_used="json"
+    ),
+    WithJsonSchema(
+        {"type": "string", "contentEncoding": "base64", "description": "base64 of raw bytes"},
+        mode="serialization",
+    ),
+]

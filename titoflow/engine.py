@@ -4,10 +4,16 @@ vLLM: ``POST /inference/v1/generate`` (served with ``--enable-scale-out``) takes
 and ``sampling_params`` and returns the sampled ``token_ids`` with per-token logprobs and the
 ``weight_versions`` spans that sampled them; with ``stream`` it sends one SSE event per engine
 step carrying only the new tokens. Ids come from the engine, never from re-encoding text.
+A server started with ``--enable-return-routed-experts`` (MoE) also returns ``routed_experts``
+(base64 ``.npy``, rows for positions ``[routed_experts_prompt_start, prompt + completion - 1)``,
+on the last stream event only); it becomes :class:`~schemas.routing.RoutedExperts` here.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -15,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 
 from schemas.events import VersionSpan
+from schemas.routing import NUMPY_DTYPE, RoutedExperts
 from titoflow.errors import ContextOverflow, EngineError, EngineUnavailable
 
 TopLogprobs = list[list[tuple[int, float]]]
@@ -32,6 +40,9 @@ class GenerateParams:
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
     structured: dict[str, Any] | None = None  # extra sampling params of constrained decoding
+    # First prompt position whose routed experts are wanted (rows before it were recorded by
+    # earlier steps); only an engine that returns routed experts uses it.
+    routed_experts_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class GenerationChunk:
     weight_versions: list[VersionSpan] = field(default_factory=list)
     stop_reason: int | str | None = None  # the stop string or token id that ended it
     engine_url: str = ""  # the engine that sampled these tokens
+    routed_experts: RoutedExperts | None = None  # on the last chunk: the whole request's rows
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,8 @@ class Generation:
     weight_versions: list[VersionSpan] = field(default_factory=list)
     top_logprobs: TopLogprobs = field(default_factory=list)
     stop_reason: int | str | None = None  # the stop string or token id that ended it
+    # Positions of prompt + completion; None unless the engine returns routed experts.
+    routed_experts: RoutedExperts | None = None
 
 
 class Engine(Protocol):
@@ -110,6 +124,8 @@ class VLLMEngine:
             sampling["seed"] = params.seed
         if params.stop:
             sampling["stop"] = list(params.stop)
+        if params.routed_experts_start:
+            sampling["routed_experts_prompt_start"] = params.routed_experts_start
         sampling.update(params.structured or {})
         return {
             "request_id": request_id,
@@ -129,7 +145,7 @@ class VLLMEngine:
         if response.status_code != 200:
             raise engine_failure(response.status_code, response.text)
         payload = response.json()
-        chunk = self._chunk(payload)
+        chunk = self._chunk(payload, len(prompt_ids), 0)
         return Generation(
             token_ids=chunk.token_ids,
             logprobs=chunk.logprobs,
@@ -139,12 +155,14 @@ class VLLMEngine:
             weight_versions=chunk.weight_versions,
             top_logprobs=chunk.top_logprobs,
             stop_reason=chunk.stop_reason,
+            routed_experts=chunk.routed_experts,
         )
 
     async def generate_stream(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> AsyncIterator[GenerationChunk]:
         body = self._body(prompt_ids, params, request_id, stream=True)
+        sampled = 0
         try:
             async with self._client.stream("POST", "/inference/v1/generate", json=body) as response:
                 if response.status_code != 200:
@@ -157,11 +175,14 @@ class VLLMEngine:
                         error = payload["error"]
                         raise engine_failure(int(error.get("code", 500)), json.dumps(error))
                     if payload.get("choices"):
-                        yield self._chunk(payload)
+                        chunk = self._chunk(payload, len(prompt_ids), sampled)
+                        sampled += len(chunk.token_ids)
+                        yield chunk
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
 
-    def _chunk(self, payload: dict[str, Any]) -> GenerationChunk:
+    def _chunk(self, payload: dict[str, Any], prompt_len: int, sampled: int) -> GenerationChunk:
+        """One response or stream event; ``sampled`` tokens came in earlier events."""
         try:
             choice = payload["choices"][0]
             token_ids = [int(t) for t in choice.get("token_ids") or []]
@@ -172,7 +193,11 @@ class VLLMEngine:
                 for entry in entries
             ]
             spans = [VersionSpan(**span) for span in choice.get("weight_versions") or []]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            # Rows end at the last token fed to the model: every token but the newest.
+            routed = _routed_experts(
+                choice.get("routed_experts"), prompt_len + sampled + len(token_ids) - 1
+            )
+        except (KeyError, IndexError, TypeError, ValueError, binascii.Error) as exc:
             raise EngineError(f"unexpected generate response from {self.url}: {exc!r}") from exc
         if len(logprobs) != len(token_ids):
             raise EngineError(
@@ -186,6 +211,7 @@ class VLLMEngine:
             spans,
             choice.get("stop_reason"),
             self.url,
+            routed,
         )
 
     async def healthy(self) -> bool:
@@ -196,6 +222,24 @@ class VLLMEngine:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+_EXPERT_DTYPES = {np.dtype(v).newbyteorder("<"): k for k, v in NUMPY_DTYPE.items()}
+
+
+def _routed_experts(encoded: str | None, end: int) -> RoutedExperts | None:
+    """vLLM's base64 ``.npy`` of ``[rows, layers, top_k]`` expert ids for positions ending at
+    ``end`` → the internal block (little-endian, dtype kept: vLLM already picks the narrowest)."""
+    if not encoded:
+        return None
+    rows = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)), allow_pickle=False)
+    dtype = _EXPERT_DTYPES.get(rows.dtype.newbyteorder("<"))
+    if rows.ndim != 3 or dtype is None or len(rows) > end:
+        raise ValueError(f"routed_experts of shape {rows.shape} {rows.dtype} for {end} positions")
+    if not len(rows):
+        return None
+    data = rows.astype(NUMPY_DTYPE[dtype], copy=False).tobytes()
+    return RoutedExperts(start=end - len(rows), shape=rows.shape, dtype=dtype, data=data)
 
 
 def engine_failure(status: int, text: str) -> Exception:

@@ -43,6 +43,7 @@ from schemas.events import (
     VersionSpan,
     steps_topic_adapter,
 )
+from workers.routing import SegmentRouting
 
 StepsEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
 FinalizeReason = Literal["finalized", "idle", "size"]
@@ -79,6 +80,7 @@ class _Segment:
     tools_hash: str = ""
     last_event_time: float = 0.0
     carried: int = 0  # leading tokens carried over as context from a segment emitted at size
+    routing: SegmentRouting = field(default_factory=SegmentRouting)
 
     @property
     def head_step_id(self) -> str | None:
@@ -114,6 +116,7 @@ class _Segment:
                 finish_reason=step.finish_reason,
             )
         )
+        self.routing.add(step.routed_experts)
         self.messages += [_message_key(m) for m in (*step.new_messages, step.response_message)]
         self.messages_after.append(len(self.messages))
         self.tools_hash = step.tools_hash
@@ -136,6 +139,7 @@ class _Segment:
         for values in (self.tokens, self.loss_mask, self.logprobs, self.source):
             del values[cut:]
         self.versions = [span for span in self.versions if span.end <= cut]
+        self.routing.truncate(cut)
         del self.steps[steps:]
         del self.messages[self.messages_after[steps - 1] if steps else 0 :]
         del self.messages_after[steps:]
@@ -155,6 +159,7 @@ class _Segment:
             tools_hash=self.tools_hash,
             last_event_time=self.last_event_time,
             carried=self.carried,
+            routing=self.routing.copy(),
         )
 
     def fork_at(self, step_id: str) -> _Segment:
@@ -528,6 +533,7 @@ def _segment_event(
         logprobs=segment.logprobs.tolist(),
         logprob_source=segment.source.tolist(),
         weight_versions=segment.versions,
+        routed_experts=segment.routing.block(),
         steps=segment.steps,
         finalize_reason=reason,
         split_reason=segment.split_reason,
