@@ -34,6 +34,7 @@ from titoflow.engine import GenerateParams, VLLMEngine
 from titoflow.errors import EngineError
 from titoflow.settings import Settings
 from titoflow.stack import start_worker
+from workers.routing import SegmentRouting
 
 EXPERTS = (8, 2, 2)  # the tiny MoE's experts, layers, top-k
 
@@ -213,3 +214,27 @@ async def test_steps_record_only_new_rows_and_the_segment_aligns_them(
     assert rows is not None and (rows.start, rows.rows) == (0, n - 1)
     # What the engine's router gives for the segment's tokens in one direct call.
     assert rows == engine.routing(segment.token_ids, 0, n - 1)
+
+
+def test_segment_rows_first_writer_wins_and_a_gap_ends_the_run() -> None:
+    values = np.arange(12 * 2 * 2).reshape(12, 2, 2) % 8
+    other = (values + 1) % 8
+    routing = SegmentRouting()
+    routing.add(None)
+    assert routing.block() is None
+    routing.add(block(0, values[:5]))
+    routing.add(None)  # a step from an engine without routed experts: positions 5, 6 unknown
+    routing.add(block(7, values[7:10]))  # starts past the run: left out
+    assert routing.block() == block(0, values[:5])
+    # A rendered step that recomputed every row closes the gap; the rows already held stay.
+    routing.add(block(0, other))
+    expected = np.concatenate([values[:5], other[5:]])
+    assert routing.block() == block(0, expected)
+    routing.add(RoutedExperts(start=12, shape=(1, 3, 2), dtype="uint8", data=bytes(6)))
+    assert routing.end == 12  # another model's layout is not mixed in
+    copy = routing.copy()
+    routing.truncate(3)
+    assert routing.block() == block(0, values[:3])
+    assert copy.block() == block(0, expected)  # copies are independent (forks)
+    routing.truncate(0)
+    assert routing.block() is None
