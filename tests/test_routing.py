@@ -22,9 +22,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
-from ingress.service import ChatService, ServiceOptions, TurnDone
+from ingress.service import ChatService, ServiceOptions, SessionEvent, TurnDone
 from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef
-from schemas.events import SegmentFinalized, SessionFinalized, StepRecorded
+from schemas.events import SegmentFinalized, StepRecorded
 from schemas.routing import RoutedExperts
 from tests.doubles import ScriptedEngine
 from tests.families import qwen3
@@ -155,7 +155,7 @@ async def test_steps_record_only_new_rows_and_the_segment_aligns_them(
     publisher = Publisher(settings)
     steps: list[StepRecorded] = []
 
-    async def publish(event: StepRecorded | SessionFinalized) -> None:
+    async def publish(event: SessionEvent) -> None:
         if isinstance(event, StepRecorded):
             steps.append(event)
         await publisher.publish(settings.topic("steps"), session, event.model_dump_json().encode())
