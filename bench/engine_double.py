@@ -26,7 +26,7 @@ from titoflow.tokenizer import load_tokenizer
 
 TOOL = "read_file"
 ARGUMENTS = {"path": "src/titoflow/app.py"}
-REPLY = f'<tool_call>\n{json.dumps({"name": TOOL, "arguments": ARGUMENTS})}\n</tool_call>'
+REPLY = f"<tool_call>\n{json.dumps({'name': TOOL, 'arguments': ARGUMENTS})}\n</tool_call>"
 
 
 def generate_bodies(token_ids: list[int]) -> tuple[bytes, bytes]:
@@ -39,7 +39,11 @@ def generate_bodies(token_ids: list[int]) -> tuple[bytes, bytes]:
         "weight_versions": [{"version": "double", "start": 0, "end": len(token_ids)}],
         "logprobs": {
             "content": [
-                {"token_id": t, "logprob": -0.25, "top_logprobs": [{"token_id": t, "logprob": -0.25}]}
+                {
+                    "token_id": t,
+                    "logprob": -0.25,
+                    "top_logprobs": [{"token_id": t, "logprob": -0.25}],
+                }
                 for t in token_ids
             ]
         },
@@ -75,8 +79,7 @@ def chat_body(call_id: int) -> bytes:
 
 def _response(status: str, body: bytes, content_type: str = "application/json") -> bytes:
     head = (
-        f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 

@@ -82,7 +82,9 @@ def machine() -> dict[str, Any]:
 
 
 def write_results(name: str, command: str, data: dict[str, Any], table: str) -> Path:
-    """``bench/results/<name>.json`` and ``.md``: the numbers, the command and the machine."""
+    """Print ``table``; write ``bench/results/<name>.json`` and ``.md``: the numbers, the
+    command and the machine."""
+    print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"command": command, "machine": machine(), **data}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2))
@@ -126,6 +128,9 @@ def start_double(log_dir: Path, model_path: Path) -> tuple[ManagedProcess, str]:
     return proc, url
 
 
+LITELLM_KEY = "sk-titoflow-bench-0123456789abcdef0123456789abcdef"
+
+
 def litellm_available() -> bool:
     return (BENCH_VENV / "bin" / "litellm").exists()
 
@@ -148,6 +153,8 @@ def start_litellm(log_dir: Path, chat_base_url: str, model: str) -> tuple[Manage
             litellm_settings:
               telemetry: false
               drop_params: true
+            general_settings:
+              master_key: {LITELLM_KEY}
             """
         )
     )

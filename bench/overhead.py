@@ -1,6 +1,6 @@
 """Added latency and CPU of titoflow's ingress and of LiteLLM's proxy, side by side in one run.
 
-    bash scripts/setup-bench.sh    # LiteLLM's proxy in .venv-bench (skipped, and said so, without it)
+    bash scripts/setup-bench.sh    # LiteLLM's proxy in .venv-bench (without it: skipped, and said)
     .venv/bin/python bench/overhead.py                            # zero-latency engine double
     .venv/bin/python bench/overhead.py --engine-url URL --sessions 8 --turns 10   # a real vLLM
 
@@ -32,7 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -44,6 +47,7 @@ from typing import Any
 import httpx
 
 from bench.harness import (
+    LITELLM_KEY,
     command_line,
     group_cpu_seconds,
     litellm_available,
@@ -138,7 +142,11 @@ class ChatSessions:
         content = json.dumps(body).encode()
         started = time.perf_counter()
         response = await client.post(
-            self.url(session), content=content, headers={"content-type": "application/json"}
+            self.url(session),
+            content=content,
+            # Every path gets the key; only LiteLLM checks it (a proxy without keys is not how
+            # anyone runs it).
+            headers={"content-type": "application/json", "authorization": f"Bearer {LITELLM_KEY}"},
         )
         elapsed = time.perf_counter() - started
         response.raise_for_status()
@@ -150,7 +158,9 @@ class ChatSessions:
         messages.append(echo)
         result = tool_output(session, turn, self.workload.result_chars)
         if calls:
-            messages += [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls]
+            messages += [
+                {"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls
+            ]
         else:
             messages.append({"role": "user", "content": result})
         return elapsed
@@ -300,9 +310,21 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def _find(rows: list[dict[str, Any]], engine: str, conc: int, path: str) -> dict[str, Any] | None:
     return next(
-        (r for r in rows if r["engine"] == engine and r["concurrency"] == conc and r["path"] == path),
+        (
+            r
+            for r in rows
+            if r["engine"] == engine and r["concurrency"] == conc and r["path"] == path
+        ),
         None,
     )
+
+
+def profile(proc: ManagedProcess | None, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``proc`` until SIGINT, as collapsed stacks (one line a stack)."""
+    assert proc is not None
+    spy = Path(sys.executable).parent / "py-spy"
+    command = [str(spy), "record", "-p", str(proc.pid), "-f", "raw", "-o", str(out), "-r", "250"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -315,6 +337,9 @@ def main() -> None:
     parser.add_argument("--result-chars", type=int, default=300)
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's paths")
     parser.add_argument("--name", default="", help="result file name (default from the engine)")
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the ingress during titoflow's paths into this file"
+    )
     args = parser.parse_args()
     settings = Settings()
     real = bool(args.engine_url)
@@ -346,27 +371,37 @@ def main() -> None:
             started.append(ingress)
             tokenizer = load_tokenizer(settings.model_path)
             paths = [
-                Path_("direct tokens", None, lambda _: TokenSessions(workload, engine_url, tokenizer).turn),
+                Path_(
+                    "direct tokens",
+                    None,
+                    lambda _: TokenSessions(workload, engine_url, tokenizer).turn,
+                ),
                 Path_(
                     "titoflow",
                     "direct tokens",
-                    lambda label: ChatSessions(
-                        workload,
-                        lambda s: f"{ingress_url}/sess/{label}-{s}/v1/chat/completions",
-                        MODEL,
-                    ).turn,
+                    lambda label: (
+                        ChatSessions(
+                            workload,
+                            lambda s: f"{ingress_url}/sess/{label}-{s}/v1/chat/completions",
+                            MODEL,
+                        ).turn
+                    ),
                     ingress,
                 ),
                 Path_(
                     "direct chat",
                     None,
-                    lambda _: ChatSessions(
-                        workload, lambda s: f"{engine_url}/v1/chat/completions", MODEL
-                    ).turn,
+                    lambda _: (
+                        ChatSessions(
+                            workload, lambda s: f"{engine_url}/v1/chat/completions", MODEL
+                        ).turn
+                    ),
                 ),
             ]
             if args.no_litellm or not litellm_available():
-                print("LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh"))
+                print(
+                    "LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh")
+                )
             else:
                 litellm, litellm_url = start_litellm(log_dir, engine_url, MODEL)
                 started.append(litellm)
@@ -374,22 +409,32 @@ def main() -> None:
                     Path_(
                         "litellm",
                         "direct chat",
-                        lambda _: ChatSessions(
-                            workload, lambda s: f"{litellm_url}/v1/chat/completions", "policy"
-                        ).turn,
+                        lambda _: (
+                            ChatSessions(
+                                workload, lambda s: f"{litellm_url}/v1/chat/completions", "policy"
+                            ).turn
+                        ),
                         litellm,
                     )
                 )
-            warmup = Workload(2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice)
+            warmup = Workload(
+                2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice
+            )
             for concurrency in args.concurrency:
                 for path in paths:
                     label = f"{run_id}-{concurrency}-{path.name.replace(' ', '-')}"
                     asyncio.run(drive(path.make(f"{label}-warm"), warmup, 2))
+                    spy = None
+                    if args.profile and path.name == "titoflow":
+                        spy = profile(path.proxy, args.profile.with_suffix(f".{concurrency}.txt"))
                     cpu0 = group_cpu_seconds(path.proxy.pid) if path.proxy else 0.0
                     broker0 = group_cpu_seconds(broker.pid)
                     run = asyncio.run(drive(path.make(label), workload, concurrency))
                     cpu = group_cpu_seconds(path.proxy.pid) - cpu0 if path.proxy else 0.0
                     broker_cpu = group_cpu_seconds(broker.pid) - broker0
+                    if spy:
+                        spy.send_signal(signal.SIGINT)
+                        spy.wait()
                     rows.append(
                         row(
                             engine_label,
@@ -405,10 +450,8 @@ def main() -> None:
             for proc in reversed(started):
                 proc.stop()
     added(rows)
-    text = table(rows)
-    print(text)
     name = args.name or ("overhead-vllm" if real else "overhead-double")
-    write_results(name, command_line(), {"workload": vars(workload), "rows": rows}, text)
+    write_results(name, command_line(), {"workload": vars(workload), "rows": rows}, table(rows))
 
 
 if __name__ == "__main__":

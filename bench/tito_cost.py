@@ -73,7 +73,7 @@ def median_ms(fn: Any, repeat: int) -> float:
 async def measure(turns: list[int], repeat: int) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(Settings().model_path)
     renderer = ChatRenderer(tokenizer)
-    completion = tokenizer.encode(REPLY, add_special_tokens=False) + [renderer.terminator_id]
+    completion = [*tokenizer.encode(REPLY, add_special_tokens=False), renderer.terminator_id]
     service = ChatService(
         renderer=renderer,
         tokenizer=tokenizer,
@@ -143,9 +143,7 @@ def main() -> None:
     parser.add_argument("--name", default="tito_cost")
     args = parser.parse_args()
     rows = asyncio.run(measure(sorted(args.turns), args.repeat))
-    text = table(rows)
-    print(text)
-    write_results(args.name, command_line(), {"rows": rows, "repeat": args.repeat}, text)
+    write_results(args.name, command_line(), {"rows": rows, "repeat": args.repeat}, table(rows))
 
 
 if __name__ == "__main__":

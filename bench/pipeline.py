@@ -1,0 +1,257 @@
+"""Steps/s from publish to consumed segments with 1 and 2 workers, finalize→segment latency, and
+broker bytes per token, on a real tansu broker and real worker processes.
+
+    .venv/bin/python bench/pipeline.py [--workers 1 2] [--tokens 1000 16000] [--steps 8000 800]
+
+Per (step size, worker count): ``--steps`` StepRecorded events (sessions of ``--steps-per-session``
+TITO-chained steps, each adding ``tokens`` tokens: 80 % prompt tail, 20 % completion, packed
+as the ingress packs them) and one SessionFinalized per session are encoded first, then
+published by as many concurrent per-session publishers as there are sessions in flight (like an
+ingress serving them), while this process counts segments arriving on ``<prefix>.segments``.
+Steps/s = steps / (last segment consumed − first publish). Worker CPU per step is the workers'
+CPU time over the steps, the capacity a core gives whatever else the machine runs.
+
+Finalize→segment is measured apart, unsaturated: sessions published one at a time, the clock
+running from the broker's ack of the SessionFinalized to its segment arriving here.
+Bytes per token compares the events as published (packed arrays) with the same events as JSON
+lists (``bench/encoding.py`` compares the array encodings themselves, msgpack included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+import uuid
+from array import array
+from pathlib import Path
+from typing import Any
+
+from bench.encoding import json_lists
+from bench.harness import command_line, group_cpu_seconds, summary_ms, write_results
+from ingress.service import step_id_for
+from schemas.events import SessionFinalized, StepRecorded, VersionSpan
+from titoflow.broker import start_tansu
+from titoflow.bus import Publisher, ensure_topics, make_consumer
+from titoflow.procs import ManagedProcess
+from titoflow.settings import Settings
+from titoflow.stack import start_worker
+
+VOCAB = 151_000
+
+
+def session_events(session_id: str, steps: int, tokens: int, seed: int) -> list[StepRecorded]:
+    rng = random.Random(seed)
+    completion_len = tokens // 5
+    events: list[StepRecorded] = []
+    parent: StepRecorded | None = None
+    held = 0  # tokens of the chain so far
+    for index in range(steps):
+        tail = [rng.randrange(VOCAB) for _ in range(tokens - completion_len)]
+        completion = [rng.randrange(VOCAB) for _ in range(completion_len)]
+        step_id = step_id_for(session_id, parent.step_id if parent else None, array("i", tail))
+        step = StepRecorded(
+            session_id=session_id,
+            event_time=1_790_000_000.0 + index,
+            step_id=step_id,
+            chain_id=parent.chain_id if parent else step_id,
+            parent_step_id=parent.step_id if parent else None,
+            prefix="tito" if parent else "rendered",
+            prefix_len=held,
+            prompt_tail_ids=tail,
+            completion_ids=completion,
+            completion_logprobs=[-rng.expovariate(1.0) for _ in completion],
+            weight_versions=[VersionSpan(version="v1", start=0, end=completion_len)],
+            finish_reason="tool_calls",
+            api="openai.chat",
+            stream=False,
+            model="titoflow-policy",
+            engine_url="http://engine:8000",
+            engine_request_id=f"{step_id}-bench",
+            new_messages=[{"role": "tool", "content": "result " * 20, "tool_call_id": "c"}],
+            response_message={"role": "assistant", "content": "", "tool_calls": []},
+            render_ms=0.5,
+            engine_ms=100.0,
+        )
+        events.append(step)
+        held += tokens
+        parent = step
+    return events
+
+
+def encode_load(
+    prefix: str, sessions: int, steps: int, tokens: int
+) -> tuple[dict[str, list[bytes]], dict[str, float]]:
+    """Each session's records (its steps, then its finalize), and bytes per token both ways."""
+    load: dict[str, list[bytes]] = {}
+    packed = lists = 0
+    for index in range(sessions):
+        session_id = f"{prefix}-{index:05d}"
+        events = session_events(session_id, steps, tokens, seed=index)
+        records = [e.model_dump_json().encode() for e in events]
+        if index == 0:
+            packed = sum(len(r) for r in records)
+            lists = sum(len(json_lists(e.model_dump())) for e in events)
+        final = SessionFinalized(session_id=session_id, event_time=1_790_000_100.0)
+        load[session_id] = [*records, final.model_dump_json().encode()]
+    per_token = {
+        "step_bytes_per_token_packed": round(packed / (steps * tokens), 2),
+        "step_bytes_per_token_json_lists": round(lists / (steps * tokens), 2),
+    }
+    return load, per_token
+
+
+async def wait_assigned(workers: list[ManagedProcess], partitions: int, timeout_s: float) -> None:
+    """Until the workers' latest assignments split every partition of the steps topic."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        latest = []
+        for worker in workers:
+            lines = [
+                json.loads(line)
+                for line in worker.log_path.read_text().splitlines()
+                if "assigned partitions" in line
+            ]
+            latest.append(lines[-1]["message"] if lines else "")
+        owned = [m[m.index("[") :] for m in latest if "[" in m]
+        covered = sum(len(json.loads(o)) for o in owned)
+        if len(owned) == len(workers) and covered == partitions:
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError("workers did not settle their partitions")
+
+
+async def run(
+    settings: Settings, load: dict[str, list[bytes]], paced: bool
+) -> tuple[float, dict[str, float]]:
+    """Publish ``load``; return the seconds from first publish to last segment, and for each
+    session the seconds from its finalize's ack to its segment."""
+    publisher = Publisher(settings)
+    await publisher.start()
+    consumer = make_consumer(settings, settings.topic("segments"), group_id=None)
+    await consumer.start()
+    acked: dict[str, float] = {}
+    arrived: dict[str, float] = {}
+    steps_topic = settings.topic("steps")
+
+    async def publish_session(session_id: str, records: list[bytes]) -> None:
+        for record in records:
+            await publisher.publish(steps_topic, session_id, record)
+        acked[session_id] = time.perf_counter()
+
+    async def consume() -> None:
+        while len(arrived) < len(load):
+            batch = await consumer.getmany(timeout_ms=200)
+            now = time.perf_counter()
+            for records in batch.values():
+                for record in records:
+                    key = record.key.decode()
+                    if key in load:  # the topic holds earlier phases' segments too
+                        arrived.setdefault(key, now)
+
+    try:
+        started = time.perf_counter()
+        consuming = asyncio.create_task(consume())
+        if paced:
+            for session_id, records in load.items():
+                await publish_session(session_id, records)
+                await asyncio.sleep(0.02)
+        else:
+            await asyncio.gather(*(publish_session(s, r) for s, r in load.items()))
+        await asyncio.wait_for(consuming, timeout=600)
+        elapsed = max(arrived.values()) - started
+    finally:
+        await consumer.stop()
+        await publisher.stop()
+    return elapsed, {s: arrived[s] - acked[s] for s in load}
+
+
+def measure(
+    bootstrap: str, log_dir: Path, workers: int, tokens: int, steps: int, per_session: int
+) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex[:8]
+    settings = Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"bench-{run_id}",
+        worker_group=f"bench-{run_id}",
+        idle_finalize_s=3600,
+    )
+    asyncio.run(ensure_topics(settings))
+    procs = [start_worker(settings, log_dir, f"worker-{run_id}-{i}") for i in range(workers)]
+    try:
+        asyncio.run(wait_assigned(procs, settings.steps_partitions, 120))
+        warm, _ = encode_load(f"warm-{run_id}", 16, 1, 100)
+        asyncio.run(run(settings, warm, paced=False))
+        sessions = max(1, steps // per_session)
+        load, per_token = encode_load(f"s-{run_id}", sessions, per_session, tokens)
+        cpu0 = sum(group_cpu_seconds(p.pid) for p in procs)
+        elapsed, _ = asyncio.run(run(settings, load, paced=False))
+        cpu = sum(group_cpu_seconds(p.pid) for p in procs) - cpu0
+        paced, _ = encode_load(f"p-{run_id}", 100, per_session, tokens)
+        _, latency = asyncio.run(run(settings, paced, paced=True))
+    finally:
+        for proc in procs:
+            proc.stop()
+    done = sessions * per_session
+    finalize = summary_ms(list(latency.values()))
+    return {
+        "tokens_per_step": tokens,
+        "workers": workers,
+        "steps": done,
+        "steps_per_s": round(done / elapsed, 1),
+        "tokens_per_s": round(done * tokens / elapsed),
+        "worker_cpu_ms_per_step": round(cpu / done * 1000, 3),
+        "finalize_to_segment_p50_ms": finalize["p50_ms"],
+        "finalize_to_segment_p99_ms": finalize["p99_ms"],
+        **per_token,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'tok/step':>8} {'workers':>7} {'steps':>6} {'steps/s':>8} {'tokens/s':>10} "
+        f"{'wcpu ms/step':>12} {'fin→seg p50':>11} {'p99 ms':>7} {'B/tok packed':>12} "
+        f"{'B/tok lists':>11}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['tokens_per_step']:>8} {r['workers']:>7} {r['steps']:>6} {r['steps_per_s']:>8} "
+            f"{r['tokens_per_s']:>10} {r['worker_cpu_ms_per_step']:>12} "
+            f"{r['finalize_to_segment_p50_ms']:>11} {r['finalize_to_segment_p99_ms']:>7} "
+            f"{r['step_bytes_per_token_packed']:>12} {r['step_bytes_per_token_json_lists']:>11}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1000, 16000])
+    parser.add_argument(
+        "--steps", type=int, nargs="+", default=[8000, 800], help="steps per --tokens entry"
+    )
+    parser.add_argument("--steps-per-session", type=int, default=8)
+    parser.add_argument("--name", default="pipeline")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="titoflow-bench-") as tmp:
+        broker, bootstrap = start_tansu(Path(tmp))
+        try:
+            for tokens, steps in zip(args.tokens, args.steps, strict=True):
+                for workers in args.workers:
+                    rows.append(
+                        measure(
+                            bootstrap, Path(tmp), workers, tokens, steps, args.steps_per_session
+                        )
+                    )
+                    print(rows[-1], flush=True)
+        finally:
+            broker.stop()
+    write_results(args.name, command_line(), {"rows": rows}, table(rows))
+
+
+if __name__ == "__main__":
+    main()

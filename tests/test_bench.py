@@ -1,0 +1,64 @@
+"""Each benchmark runs end to end at tiny sizes and writes its results; no timing is asserted
+(numbers live in docs/benchmarks.md). The overhead benchmark runs on the ZERO-LATENCY ENGINE
+DOUBLE (bench/engine_double.py) and, when scripts/setup-bench.sh installed it, LiteLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.harness import RESULTS, ROOT
+
+
+def run_bench(*argv: str) -> dict[str, object]:
+    name = f"smoke-{Path(argv[0]).stem}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(
+        [sys.executable, *argv, "--name", name], cwd=ROOT, env=env, check=True, timeout=600
+    )
+    result: dict[str, object] = json.loads((RESULTS / f"{name}.json").read_text())
+    assert (RESULTS / f"{name}.md").read_text().startswith("`.venv/bin/python")
+    return result
+
+
+def test_overhead_bench_runs_every_path() -> None:
+    result = run_bench("bench/overhead.py", "--sessions", "2", "--turns", "3", "--concurrency", "2")
+    rows = result["rows"]
+    assert isinstance(rows, list)
+    paths = {r["path"] for r in rows}
+    assert {"direct tokens", "titoflow", "direct chat"} <= paths
+    titoflow = next(r for r in rows if r["path"] == "titoflow")
+    assert titoflow["turns"] == 6
+    assert titoflow["engine"] == "ZERO-LATENCY DOUBLE"
+    assert "added_p50_ms" in titoflow
+    assert titoflow["proxy_cpu_ms_per_turn"] is not None
+
+
+def test_tito_cost_bench_measures_each_turn() -> None:
+    result = run_bench("bench/tito_cost.py", "--turns", "1", "3", "--repeat", "2")
+    rows = result["rows"]
+    assert isinstance(rows, list)
+    assert [r["turn"] for r in rows] == [1, 3]
+    assert rows[0]["tito_ms"] is None  # turn 1 has no chain to extend
+    assert rows[1]["prompt_tokens"] > rows[0]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("script", ["pipeline", "memory"])
+def test_pipeline_and_memory_benches_run(script: str) -> None:
+    if script == "pipeline":
+        argv = ["--workers", "1", "--tokens", "100", "--steps", "16", "--steps-per-session", "2"]
+    else:
+        argv = ["--sessions", "20", "--turns", "1", "--steps", "1", "--tokens", "50"]
+    result = run_bench(f"bench/{script}.py", *argv)
+    rows = result["rows"]
+    assert isinstance(rows, list) and rows
+    if script == "pipeline":
+        assert rows[0]["steps"] == 16
+        assert rows[0]["step_bytes_per_token_packed"] < rows[0]["step_bytes_per_token_json_lists"]
+    else:
+        assert {r["process"] for r in rows} == {"ingress", "worker"}
