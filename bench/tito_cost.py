@@ -29,9 +29,8 @@ from bench.harness import command_line, write_results
 from bench.overhead import SYSTEM, TOOLS, tool_output
 from ingress.chains import ChainStore
 from ingress.render import ChatRenderer
-from ingress.service import ChatService, ServiceOptions
+from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.turn import ChatTurn, Message, SessionRef
-from schemas.events import SessionFinalized, StepRecorded
 from titoflow.engine import GenerateParams, Generation
 from titoflow.settings import Settings
 from titoflow.tokenizer import load_tokenizer
@@ -46,7 +45,7 @@ class FixedEngine:
         self.completion = completion
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
     ) -> Generation:
         return Generation(
             token_ids=self.completion,
@@ -57,7 +56,7 @@ class FixedEngine:
         )
 
 
-async def _drop(event: StepRecorded | SessionFinalized) -> None:
+async def _drop(event: SessionEvent) -> None:
     return None
 
 
