@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -70,10 +73,11 @@ def string_constants(file: str) -> Iterator[str | bytes]:
 
 
 def bodies() -> Iterator[dict[str, Any]]:
-    engine = SGLangEngine("http://sglang.invalid", 5.0)
+    dense, moe = SGLangEngine("http://sglang.invalid", 5.0), SGLangEngine("http://m", 5.0, 2)
     for params in VARIANTS:
         for stream in (False, True):
-            yield engine.body([1, 2, 3], params, "step-1-abcd", "session-9", stream)
+            yield dense.body([1, 2, 3], params, "step-1-abcd", "session-9", stream)
+    yield moe.body([1, 2, 3], replace(VARIANTS[0], routed_experts_start=2), "r", "s", False)
 
 
 def test_requests_pass_sglangs_own_contract_gate(api: ModuleType) -> None:
@@ -81,10 +85,13 @@ def test_requests_pass_sglangs_own_contract_gate(api: ModuleType) -> None:
     sampling_fields = class_fields("sglang/srt/sampling/sampling_params.py", "SamplingParams")
     for body in bodies():
         decoded = api.GenerateRequest.from_json_value(body)  # raises JsonContractError if not
-        assert decoded.input_ids == [1, 2, 3] and decoded.rid == "step-1-abcd"
-        assert decoded.return_logprob is True and decoded.routing_key == "session-9"
-        assert set(body) <= set(api.GenerateRequest.__struct_fields__) & generate_fields
+        assert decoded.input_ids == [1, 2, 3] and decoded.return_logprob is True
+        # The gate ignores top-level keys it does not declare (return_routed_experts is one);
+        # the Python server's dataclass must declare every one.
+        assert set(body) <= generate_fields
         assert set(body["sampling_params"]) <= sampling_fields
+    assert decoded.routed_experts_start_len == 2 and body["return_routed_experts"] is True
+    assert {"rid", "routing_key"} <= set(api.GenerateRequest.__struct_fields__)
     # The gate can say no: vLLM's body is not SGLang's.
     vllm_style = {"token_ids": [1], "sampling_params": {"max_tokens": 4, "logprobs": 0}}
     with pytest.raises(api.JsonContractError, match="unknown field `max_tokens`"):
@@ -146,7 +153,7 @@ def test_responses_from_sglangs_encoder_parse_exactly(api: ModuleType) -> None:
         [("v1", 0, 2), ("v2", 2, 3)],
         top=[[(-0.5, 11), (-2.0, 99)], [(-1.25, 12)], [(-0.125, 151645)]],
     )
-    chunk = engine.chunk(payload, seen=0)
+    chunk = engine.chunk(payload, 0, 3)
     assert (chunk.token_ids, chunk.logprobs) == ([11, 12, 151645], [-0.5, -1.25, -0.125])
     assert (chunk.finish_reason, chunk.stop_reason) == ("stop", 151645)
     assert chunk.weight_versions == [
@@ -155,17 +162,32 @@ def test_responses_from_sglangs_encoder_parse_exactly(api: ModuleType) -> None:
     ]
     assert chunk.top_logprobs[0] == [(11, -0.5), (99, -2.0)]
     length = sglang_response(api, [5], [-1.0], 1, api.FinishLength(length=1))
-    assert engine.chunk(length, seen=0).finish_reason == "length"
+    assert engine.chunk(length, 0, 3).finish_reason == "length"
     # An older server without spans: its one version covers the whole output.
     no_spans = sglang_response(api, [5, 6], [-1.0, -2.0], 2, api.FinishLength(length=2))
-    assert engine.chunk(no_spans, seen=0).weight_versions == [
+    assert engine.chunk(no_spans, 0, 3).weight_versions == [
         VersionSpan(version="default", start=0, end=2)
     ]
     # Ids and logprobs that disagree are an engine error, never a guess.
     bad = sglang_response(api, [5, 6], [-1.0, -2.0], 2, api.FinishLength(length=2))
     bad["output_ids"] = [5, 7]
     with pytest.raises(EngineError, match="other tokens"):
-        engine.chunk(bad, seen=0)
+        engine.chunk(bad, 0, 3)
+
+
+def test_routed_experts_as_sglang_encodes_them(api: ModuleType) -> None:
+    # SGLang: base64 of the int32 [rows, layers, top_k] tensor's bytes, rows for positions
+    # [routed_experts_start_len, prompt + completion - 1) (state_capturer/routed_experts.py).
+    engine = SGLangEngine("http://sglang.invalid", 5.0, experts_per_token=2)
+    payload = sglang_response(api, [11, 12, 13], [-1.0] * 3, 3, api.FinishLength(length=3))
+    ids = np.arange(4 * 3 * 2, dtype=np.int32).reshape(4, 3, 2)  # 3 prompt + 3 - 1 - start 1
+    payload["meta_info"]["routed_experts"] = base64.b64encode(ids.tobytes()).decode()
+    routed = engine.chunk(payload, 0, prompt_len=3, experts_start=1).routed_experts
+    assert routed is not None and (routed.start, routed.shape) == (1, (4, 3, 2))
+    assert (routed.to_numpy() == ids).all()
+    payload["meta_info"]["routed_experts"] = base64.b64encode(ids[:3].tobytes()).decode()
+    with pytest.raises(EngineError, match="routed expert ids"):
+        engine.chunk(payload, 0, prompt_len=3, experts_start=1)
 
 
 def test_the_parser_reads_keys_sglang_writes(api: ModuleType) -> None:
@@ -183,6 +205,7 @@ def test_the_parser_reads_keys_sglang_writes(api: ModuleType) -> None:
     }
     assert read <= written
     assert read - {"meta_info", "output_ids"} <= set(api.GenerateMetaInfo.__struct_fields__)
+    assert "routed_experts" in written  # not declared by the contract: the Python server's own
     framing = set(string_constants("sglang/srt/entrypoints/http_server.py"))
     assert {b"data: ", b"data: [DONE]\n\n"} <= framing
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
@@ -85,10 +86,16 @@ def parse_engine_specs(settings: Settings) -> list[EngineSpec]:
     return list(specs.values())
 
 
-def make_engine(spec: EngineSpec, timeout_s: float) -> Engine:
+def make_engine(spec: EngineSpec, settings: Settings) -> Engine:
     if spec.backend == "sglang":
-        return SGLangEngine(spec.url, timeout_s)
-    return VLLMEngine(spec.url, timeout_s)
+        experts = _experts_per_token(settings) if settings.engine_return_routed_experts else 0
+        return SGLangEngine(spec.url, settings.engine_timeout_s, experts)
+    return VLLMEngine(spec.url, settings.engine_timeout_s)
+
+
+def _experts_per_token(settings: Settings) -> int:
+    config = json.loads((settings.model_path / "config.json").read_text())
+    return int(config.get("num_experts_per_tok") or 0)
 
 
 def rendezvous_score(session_id: str, url: str, weight: float) -> float:
@@ -144,7 +151,7 @@ class EnginePool:
     def from_settings(cls, settings: Settings) -> EnginePool:
         return cls(
             parse_engine_specs(settings),
-            lambda spec: make_engine(spec, settings.engine_timeout_s),
+            lambda spec: make_engine(spec, settings),
             settings.engine_max_in_flight,
             settings.engine_health_interval_s,
         )

@@ -78,7 +78,8 @@ class Settings(BaseSettings):
         False,
         description="Start a local vLLM with --enable-return-routed-experts (MoE models only) so "
         "each generation returns the expert ids its tokens were routed to; steps and segments "
-        "then carry them (routing replay).",
+        "then carry them (routing replay). SGLang engines are asked for them per request "
+        "(return_routed_experts; their server needs --enable-return-routed-experts too).",
     )
 
     # --- model / tokenizer --------------------------------------------------------------------

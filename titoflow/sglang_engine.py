@@ -4,7 +4,9 @@
 ``sampling_seed``, ...), ``return_logprob`` and ``rid``, and answers ``output_ids`` with
 ``meta_info``: ``output_token_logprobs`` as ``[logprob, token_id, text]`` triples,
 ``finish_reason`` as ``{"type": "stop"|"length"|"abort", ...}``, ``completion_tokens``,
-``weight_version`` and the ``weight_versions`` spans. A stream is SSE ``data:`` events ended by
+``weight_version`` and the ``weight_versions`` spans, and with ``return_routed_experts`` the
+base64 int32 ``routed_experts`` of positions ``[routed_experts_start_len, prompt + completion -
+1)``. A stream is SSE ``data:`` events ended by
 ``data: [DONE]``; each event carries either all tokens so far (the default) or only the new ones
 (``--incremental-streaming-output``), so new tokens are taken as the last
 ``completion_tokens - seen`` of each event, which is right in both modes. Aborts go to
@@ -18,14 +20,18 @@ manager), pinned by tests/test_sglang_contract.py; see docs/engine.md.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import numpy as np
 
 from schemas.events import VersionSpan
+from schemas.routing import RoutedExperts
 from titoflow.engine import (
     GenerateParams,
     Generation,
@@ -38,8 +44,12 @@ from titoflow.errors import EngineError, EngineUnavailable
 
 
 class SGLangEngine:
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, experts_per_token: int = 0) -> None:
+        """``experts_per_token`` > 0 (a MoE policy's ``num_experts_per_tok``) asks for the
+        routed experts of every request: SGLang sends them as bare int32s, so the row width
+        must be known to split layers from experts."""
         self.url = url.rstrip("/")
+        self.experts_per_token = experts_per_token
         self._client = httpx.AsyncClient(
             base_url=self.url,
             transport=nodelay_transport(),
@@ -82,6 +92,9 @@ class SGLangEngine:
             body["top_logprobs_num"] = params.top_logprobs
         if session_id:
             body["routing_key"] = session_id  # keeps a session on one data-parallel rank
+        if self.experts_per_token:
+            body["return_routed_experts"] = True
+            body["routed_experts_start_len"] = params.routed_experts_start
         return body
 
     async def generate(
@@ -97,7 +110,7 @@ class SGLangEngine:
             raise
         if response.status_code != 200:
             raise engine_failure(response.status_code, response.text)
-        chunk = self.chunk(response.json(), seen=0)
+        chunk = self.chunk(response.json(), 0, len(prompt_ids), params.routed_experts_start)
         return Generation(
             token_ids=chunk.token_ids,
             logprobs=chunk.logprobs,
@@ -107,6 +120,7 @@ class SGLangEngine:
             weight_versions=chunk.weight_versions,
             top_logprobs=chunk.top_logprobs,
             stop_reason=chunk.stop_reason,
+            routed_experts=chunk.routed_experts,
         )
 
     async def generate_stream(
@@ -121,7 +135,8 @@ class SGLangEngine:
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    chunk = self.chunk(json.loads(line[len("data: ") :]), seen)
+                    payload = json.loads(line[len("data: ") :])
+                    chunk = self.chunk(payload, seen, len(prompt_ids), params.routed_experts_start)
                     seen += len(chunk.token_ids)
                     yield chunk
         except httpx.TransportError as exc:
@@ -130,7 +145,9 @@ class SGLangEngine:
             await self.abort(request_id)
             raise
 
-    def chunk(self, payload: dict[str, Any], seen: int) -> GenerationChunk:
+    def chunk(
+        self, payload: dict[str, Any], seen: int, prompt_len: int, experts_start: int = 0
+    ) -> GenerationChunk:
         """The tokens of ``payload`` past the first ``seen`` (see the module docstring)."""
         if "error" in payload:  # errors inside a 200 stream
             error = payload["error"] or {}
@@ -161,7 +178,10 @@ class SGLangEngine:
                 # Servers before the spans: the version at the end covers the whole output.
                 total = seen + new
                 spans = [VersionSpan(version=str(meta["weight_version"]), start=0, end=total)]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            # Rows end at the last token fed to the model: every token but the newest.
+            end = prompt_len + seen + new - 1
+            routed = self._routed_experts(meta.get("routed_experts"), experts_start, end)
+        except (KeyError, IndexError, TypeError, ValueError, binascii.Error) as exc:
             raise EngineError(f"unexpected generate response from {self.url}: {exc!r}") from exc
         return GenerationChunk(
             token_ids=token_ids,
@@ -169,9 +189,21 @@ class SGLangEngine:
             top_logprobs=top,
             finish_reason=finish["type"] if finish else None,
             weight_versions=spans,
-            stop_reason=finish.get("matched") if finish else None,
+            stop_reason=_stop_reason(finish.get("matched")) if finish else None,
             engine_url=self.url,
+            routed_experts=routed,
         )
+
+    def _routed_experts(self, encoded: str | None, start: int, end: int) -> RoutedExperts | None:
+        """SGLang's base64 int32 ``[rows, layers, top_k]`` for positions ``[start, end)``."""
+        if not encoded or not self.experts_per_token:
+            return None
+        ids = np.frombuffer(base64.b64decode(encoded, validate=True), dtype="<i4")
+        rows, width = end - start, self.experts_per_token
+        if rows <= 0 or len(ids) % (rows * width):
+            raise ValueError(f"{len(ids)} routed expert ids for {rows} positions × {width}")
+        shape = (rows, len(ids) // (rows * width), width)
+        return RoutedExperts(start=start, shape=shape, dtype="int32", data=ids.tobytes())
 
     async def abort(self, request_id: str) -> None:
         """Best effort: a request already finished or unknown is not an error."""
@@ -186,6 +218,11 @@ class SGLangEngine:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _stop_reason(matched: Any) -> int | str | None:
+    """A matched stop token id or string; SGLang may also name a token sequence (a list)."""
+    return matched if isinstance(matched, int | str) else None
 
 
 def _structural_tag(structured: dict[str, Any]) -> str:
