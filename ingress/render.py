@@ -83,9 +83,24 @@ class ChatRenderer:
         messages: Sequence[Message],
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
+        add_generation_prompt: bool = True,
     ) -> list[int]:
-        text = self.render_text(messages, tools, template_kwargs, add_generation_prompt=True)
+        text = self.render_text(messages, tools, template_kwargs, add_generation_prompt)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def assistant_opening(self) -> list[int]:
+        """Token ids the template writes before an assistant turn's content in history
+        (``<|im_start|>assistant\n``): an earlier turn, since templates decorate the last one
+        (Qwen3 adds an empty think block)."""
+        stand_in = Message(role="assistant", content=_SENTINEL)
+        text = self.render_text(
+            [_ANCHOR_USER, stand_in, _ANCHOR_USER, stand_in], (), {}, add_generation_prompt=False
+        )
+        opening = self.render_text([_ANCHOR_USER], (), {}, add_generation_prompt=False)
+        if not text.startswith(opening):
+            raise TemplateError("the chat template is not append-only before an assistant turn")
+        header = text[len(opening) : text.index(_SENTINEL)]
+        return list(self.tokenizer.encode(header, add_special_tokens=False))
 
     def continuation(
         self,

@@ -374,6 +374,9 @@ class ChatService:
             response_message=answer.template_dict(),
             tool_parse_error=parsed.parse_error,
             tools_hash=_tools_hash(turn.tools_key()),
+            # What a worker needs to re-render the chain; its TITO steps share them.
+            tools=list(turn.tools) if parent is None else [],
+            template_kwargs=dict(turn.template_kwargs) if parent is None else {},
             constrained=prepared.params.structured is not None,
             routed_experts=_new_rows(generation, prepared.params.routed_experts_start),
             render_ms=prepared.render_ms,

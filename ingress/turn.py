@@ -61,6 +61,27 @@ class Message(BaseModel):
             out["name"] = self.name
         return out
 
+    @classmethod
+    def from_template_dict(cls, message: dict[str, Any]) -> Message:
+        """The inverse of :meth:`template_dict` (how steps record messages)."""
+        calls = tuple(
+            ToolCall(
+                id=str(call.get("id") or ""),
+                name=call["function"]["name"],
+                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+            )
+            for call in message.get("tool_calls") or ()
+            for arguments in [call["function"].get("arguments")]
+        )
+        return cls(
+            role=message["role"],
+            content=message.get("content") or "",
+            reasoning=message.get("reasoning_content"),
+            tool_calls=calls,
+            tool_call_id=message.get("tool_call_id"),
+            name=message.get("name"),
+        )
+
     def match_key(self, matcher: Matcher) -> tuple[Any, ...]:
         """What must be equal for a client's echo of this message to count as the same message.
 

@@ -7,6 +7,8 @@ Topics (``<prefix>`` is configurable):
   finalize or discard never overtakes a step.
 - ``<prefix>.segments``, key = instance id (else session id): :class:`SegmentFinalized`, and
   :class:`SessionDiscarded` for a session that yields no segment (discarded, or empty).
+- ``<prefix>.recompute``, key = as segments: :class:`RecomputeRequested` — segments whose
+  rebuilt tokens wait for the recompute stage to fill in the engine's prompt logprobs.
 - ``<prefix>.dlq``: :class:`DeadLetter` — events no worker could use, with the reason.
 
 Every event has ``schema_version``; a reader that meets a version it does not know must not guess.
@@ -115,6 +117,15 @@ class StepRecorded(_Event):
     tools_hash: str = Field(
         "", description="Digest of the tools and template switches the prompt was rendered with."
     )
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The tools the prompt was rendered with, on rendered steps only (a chain's "
+        "TITO steps share its tools): what workers re-render with.",
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Chat-template switches (enable_thinking...), on rendered steps only.",
+    )
     constrained: bool = Field(
         False,
         description="Sampled under constrained decoding (tool_choice required/named): the "
@@ -186,6 +197,9 @@ LOGPROB_SOURCE_SAMPLED = 1
 # Sampled under the engine's constrained decoding (a forced tool call): vLLM reports the logprob
 # of the grammar-masked distribution, not the policy's own; recompute before using it as such.
 LOGPROB_SOURCE_CONSTRAINED = 2
+# Not sampled here (a rebuilt prefix, a re-rendered turn): the engine's prompt logprob of the token
+# in this segment's context, filled in by the recompute stage.
+LOGPROB_SOURCE_RECOMPUTED = 3
 
 DIVERGENCE_CLASSES = ("cache_miss", "template", "retokenization", "history_rewrite", "tool_change")
 
@@ -211,8 +225,9 @@ class SegmentFinalized(_Event):
     loss_mask: UInt8Array
     logprobs: Float32Array
     logprob_source: UInt8Array = Field(
-        description="0 = none (context), 1 = sampled, 2 = sampled under constrained decoding "
-        "(logprob of the grammar-masked distribution)."
+        description="0 = none (context, or a token masked because its logprob is unknown), "
+        "1 = sampled, 2 = sampled under constrained decoding (logprob of the grammar-masked "
+        "distribution), 3 = recomputed (the engine's prompt logprob in this segment's context)."
     )
     weight_versions: list[VersionSpan] = Field(
         default_factory=list,
@@ -235,11 +250,17 @@ class SegmentFinalized(_Event):
         "--enable-return-routed-experts): positions from start + rows on are unknown. None: no "
         "step brought any.",
     )
+    build_mode: Literal["concat", "last-step"] = Field(
+        "concat",
+        description="concat: the tokens the engine saw, step after step; last-step: the final "
+        "conversation re-rendered with the chat template, assistant turns trainable.",
+    )
     diagnostics: dict[str, int] = Field(
         default_factory=dict,
         description="Counts over the session so far: divergence classes (cache_miss, template, "
-        "retokenization, history_rewrite, tool_change), forks, superseded retries, tool-call "
-        "parse errors.",
+        "retokenization, history_rewrite, tool_change), rebuilt (divergences repaired by "
+        "recompute), rebuild_fallback (recompute or last-step impossible, kept as split/concat), "
+        "forks, superseded retries, tool-call parse errors, and per segment recompute_failed.",
     )
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Session metadata: SessionOpened's, then finalize's."
@@ -260,6 +281,15 @@ SegmentsTopicEvent = Annotated[SegmentFinalized | SessionDiscarded, Field(discri
 segments_topic_adapter: TypeAdapter[SegmentFinalized | SessionDiscarded] = TypeAdapter(
     SegmentsTopicEvent
 )
+
+
+class RecomputeRequested(_Event):
+    """A segment whose tokens with ``logprob_source`` 3 still need their logprobs: the recompute
+    stage asks the engine for prompt logprobs, fills them in, and publishes ``segment`` to
+    ``<prefix>.segments``."""
+
+    type: Literal["recompute_requested"] = "recompute_requested"
+    segment: SegmentFinalized
 
 
 class DeadLetter(BaseModel):
@@ -286,6 +316,7 @@ ALL_EVENTS: dict[str, type[BaseModel]] = {
         SessionFinalized,
         SessionDiscarded,
         SegmentFinalized,
+        RecomputeRequested,
         DeadLetter,
     )
 }

@@ -71,6 +71,7 @@ def _wanted_partitions(settings: Settings) -> dict[str, int]:
         settings.topic("segments"): settings.segments_partitions,
         # Control is a broadcast log every ingress applies in one total order: one partition.
         settings.topic("control"): 1,
+        settings.topic("recompute"): settings.recompute_partitions,
         settings.topic("dlq"): settings.dlq_partitions,
     }
 
@@ -127,7 +128,7 @@ async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str,
 
 
 async def ensure_topics(settings: Settings) -> None:
-    """Create the four topics with their configured partition counts; idempotent.
+    """Create the five topics with their configured partition counts; idempotent.
 
     An existing topic with more partitions than configured is accepted (keys still spread), one
     with fewer is not, and a control topic must have exactly one partition.

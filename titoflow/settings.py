@@ -22,9 +22,10 @@ class Settings(BaseSettings):
     bootstrap_servers: str = Field(
         "", description="Kafka bootstrap servers (host:port,...). Empty: `up` starts tansu."
     )
-    topic_prefix: str = Field("titoflow", description="Prefix of the four topics.")
+    topic_prefix: str = Field("titoflow", description="Prefix of the five topics.")
     steps_partitions: int = Field(8, description="Partitions of <prefix>.steps.")
     segments_partitions: int = Field(8, description="Partitions of <prefix>.segments.")
+    recompute_partitions: int = Field(8, description="Partitions of <prefix>.recompute.")
     dlq_partitions: int = Field(1, description="Partitions of <prefix>.dlq.")
     max_event_bytes: int = Field(
         16 * 1024 * 1024,
@@ -148,6 +149,32 @@ class Settings(BaseSettings):
     idle_finalize_s: float = Field(
         300.0, description="Finalize a session's segments after this long without events."
     )
+    build_mode: Literal["concat", "last-step"] = Field(
+        "concat",
+        description="concat: segments are the tokens the engine saw (TITO); last-step: each "
+        "segment is its final conversation re-rendered with the chat template, assistant turns "
+        "trainable. A SessionOpened event's options.build_mode overrides it per session.",
+    )
+    divergence_policy: Literal["split", "recompute"] = Field(
+        "split",
+        description="A rendered step that does not extend its segment: split (start a new "
+        "segment) or recompute (its prompt becomes the segment's tokens; earlier turns stay "
+        "trainable with logprobs recomputed by the recompute stage).",
+    )
+    recompute_disabled: bool = Field(
+        False,
+        description="Kill switch: workers split instead of recomputing and the recompute stage "
+        "masks (loss mask 0, source none) what it was asked to recompute, without engine calls.",
+    )
+
+    # --- recompute stage ----------------------------------------------------------------------
+    recompute_group: str = Field("titoflow-recompute", description="Consumer group of recompute.")
+    recompute_concurrency: int = Field(
+        4, description="Engine calls the recompute stage keeps in flight."
+    )
+    recompute_metrics_port: int = Field(
+        0, description="Port of the recompute stage's Prometheus /metrics; 0: none."
+    )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level."
@@ -156,5 +183,9 @@ class Settings(BaseSettings):
         "json", description="json: one object per line with session/step ids; text: for people."
     )
 
-    def topic(self, name: Literal["steps", "segments", "control", "dlq"]) -> str:
+    @property
+    def recompute_enabled(self) -> bool:
+        return self.divergence_policy == "recompute" and not self.recompute_disabled
+
+    def topic(self, name: Literal["steps", "segments", "control", "recompute", "dlq"]) -> str:
         return f"{self.topic_prefix}.{name}"

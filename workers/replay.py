@@ -41,8 +41,11 @@ from titoflow.bus import (
     create_topics,
     make_consumer,
 )
+from titoflow.engine import VLLMEngine
+from titoflow.errors import EngineUnavailable
 from titoflow.settings import Settings
-from workers.assembler import Assembler, StepsEvent
+from workers.assembler import Assembler, StepsEvent, needs_recompute
+from workers.recompute import PromptScorer, complete
 from workers.worker import assembler_for
 
 # A fetch that brings nothing for this long while records are still due means the log changed
@@ -452,13 +455,22 @@ async def replay(
     observe: EventObserver | None = None,
     assembler: Assembler | None = None,
 ) -> ReplayReport:
-    """Re-assemble the steps topic as ``options`` say and hand every segment to ``sink``."""
+    """Re-assemble the steps topic as ``options`` say and hand every segment to ``sink``.
+
+    With ``divergence_policy=recompute`` the replay is its own recompute stage: segments that
+    need logprobs get them from ``engine_url`` before they reach ``sink``."""
     began = time.monotonic()
     topic = settings.topic("steps")
     assembler = assembler if assembler is not None else assembler_for(settings)
     report = ReplayReport(topic=topic)
     filters = _Filter(options.session, options.instance)
     bar = progress if progress is not None else NoProgress()
+    if settings.recompute_enabled and not settings.engine_url:
+        raise ReplayError("divergence_policy=recompute needs --engine-url to recompute logprobs")
+    engine = (
+        VLLMEngine(settings.engine_url, settings.engine_timeout_s) if settings.engine_url else None
+    )
+    sink = _recomputing(sink, engine)
     consumer = await start_reader(settings)
     try:
         tps = await topic_partitions(consumer, topic)
@@ -479,19 +491,36 @@ async def replay(
             await _replay_partitions(
                 consumer, group, options, filters, assembler, sink, report, bar, observe
             )
+        report.open_sessions = assembler.open_sessions
+        if options.finalize_open:
+            for session_id in report.open_sessions:
+                for segment in assembler.finalize(session_id, "idle"):
+                    await sink(segment)
+                    report.segments += 1
+            report.finalized_open = True
     finally:
         bar.close()
         await consumer.stop()
-    report.open_sessions = assembler.open_sessions
-    if options.finalize_open:
-        for session_id in report.open_sessions:
-            for segment in assembler.finalize(session_id, "idle"):
-                await sink(segment)
-                report.segments += 1
-        report.finalized_open = True
+        if engine is not None:
+            await engine.close()
     report.counters = dict(assembler.counters)
     report.elapsed_s = time.monotonic() - began
     return report
+
+
+def _recomputing(sink: SegmentSink, scorer: PromptScorer | None) -> SegmentSink:
+    """``sink`` behind the recompute stage's own step (what the live pipeline does between the
+    worker and the segments topic)."""
+
+    async def recomputed(segment: SegmentFinalized) -> None:
+        if needs_recompute(segment):
+            try:
+                segment = await complete(segment, scorer)
+            except EngineUnavailable as exc:
+                raise ReplayError(f"cannot recompute logprobs: {exc}") from exc
+        await sink(segment)
+
+    return recomputed
 
 
 def home_partition(key: str, tps: list[TopicPartition]) -> TopicPartition:

@@ -18,8 +18,10 @@ from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from prometheus_client import start_http_server
 
+from ingress.render import ChatRenderer
 from schemas.events import (
     DeadLetter,
+    RecomputeRequested,
     SegmentFinalized,
     SessionDiscarded,
     SessionFinalized,
@@ -29,7 +31,8 @@ from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.settings import Settings
 from titoflow.tokenizer import load_tokenizer
 from workers import metrics
-from workers.assembler import Assembler, Decode
+from workers.assembler import Assembler, needs_recompute
+from workers.rebuild import Rebuilder
 
 log = logging.getLogger("titoflow.worker")
 
@@ -56,23 +59,41 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
 
 
+def dead_letter(record: ConsumerRecord, reason: str) -> DeadLetter:
+    """The DLQ event for ``record``: its bytes, where it came from, and why."""
+    return DeadLetter(
+        reason=reason,
+        source_topic=record.topic,
+        source_partition=record.partition,
+        source_offset=record.offset,
+        key=record.key.decode("utf-8", "replace") if record.key else None,
+        value_b64=base64.b64encode(record.value or b"").decode("ascii"),
+        event_time=time.time(),
+    )
+
+
 def assembler_for(settings: Settings) -> Assembler:
-    """The assembler ``settings`` call for; live workers and replays build theirs here."""
-    return Assembler(settings.max_segment_tokens, _decoder(settings))
+    """The assembler ``settings`` call for; live workers and replays build theirs here.
 
-
-def _decoder(settings: Settings) -> Decode | None:
-    """The policy's tokenizer, when the worker can see it, tells retokenization from template
-    divergences; without it both count as template."""
+    The policy's tokenizer, when the worker can see it, tells retokenization from template
+    divergences and provides the chat template that ``last-step`` and ``recompute`` re-render
+    with; without it divergences count as template, segments stay concat and divergences split.
+    """
     if not (settings.model_path / "tokenizer_config.json").exists():
-        log.warning("no tokenizer at %s: divergences are not told apart", settings.model_path)
-        return None
+        log.warning("no tokenizer at %s: concat and split only", settings.model_path)
+        return Assembler(settings.max_segment_tokens)
     tokenizer = load_tokenizer(settings.model_path)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=False))
 
-    return decode
+    return Assembler(
+        settings.max_segment_tokens,
+        decode,
+        Rebuilder(ChatRenderer(tokenizer)),
+        settings.build_mode,
+        settings.recompute_enabled,
+    )
 
 
 class Worker:
@@ -165,12 +186,20 @@ class Worker:
                 yield closed.notice
 
     async def _publish_segments(self, segments: list[Output]) -> None:
-        topic = self.settings.topic("segments")
         for segment in segments:
             started = time.perf_counter()
-            await self.publisher.publish(
-                topic, segment.instance_id or segment.session_id, segment.model_dump_json().encode()
-            )
+            key = segment.instance_id or segment.session_id
+            if isinstance(segment, SegmentFinalized) and needs_recompute(segment):
+                # finished and published by the recompute stage
+                request = RecomputeRequested(
+                    session_id=segment.session_id, event_time=segment.event_time, segment=segment
+                )
+                value = request.model_dump_json().encode()
+                await self.publisher.publish(self.settings.topic("recompute"), key, value)
+                metrics.RECOMPUTE_REQUESTED.inc()
+            else:
+                value = segment.model_dump_json().encode()
+                await self.publisher.publish(self.settings.topic("segments"), key, value)
             metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
             if isinstance(segment, SessionDiscarded):
                 metrics.DISCARDED.labels(segment.reason).inc()
@@ -196,15 +225,7 @@ class Worker:
         log.warning(
             "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
         )
-        letter = DeadLetter(
-            reason=reason,
-            source_topic=record.topic,
-            source_partition=record.partition,
-            source_offset=record.offset,
-            key=record.key.decode("utf-8", "replace") if record.key else None,
-            value_b64=base64.b64encode(record.value or b"").decode("ascii"),
-            event_time=time.time(),
-        )
+        letter = dead_letter(record, reason)
         await self.publisher.publish(
             self.settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
         )

@@ -1,0 +1,198 @@
+"""Build modes and the recompute divergence policy on the real Qwen3 chat template (no engine):
+``last-step`` re-renders the final conversation, ``recompute`` rebuilds a diverged segment on
+the rendered prompt; a token keeps its sampled logprob only where its context is unchanged,
+every other trainable token is marked for recomputation (source 3) or masked (source 0)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ingress.render import ChatRenderer
+from ingress.turn import Message
+from schemas.events import (
+    LOGPROB_SOURCE_RECOMPUTED,
+    BuildMode,
+    SegmentFinalized,
+    SessionOpened,
+    StepRecorded,
+    VersionSpan,
+)
+from tests.families import qwen3
+from tests.test_assembler import step
+from titoflow.engine import PromptScores
+from workers.assembler import Assembler, needs_recompute
+from workers.rebuild import Rebuilder
+from workers.recompute import complete, fill
+
+SYSTEM = {"role": "system", "content": "You are a shell agent."}
+ASK = {"role": "user", "content": "List the files."}
+NEXT = {"role": "user", "content": "Which one is largest?"}
+REMINDER = "<system-reminder>Today is Friday.</system-reminder>\n"
+
+
+def renderer() -> ChatRenderer:
+    return ChatRenderer(qwen3())
+
+
+def encode(text: str) -> list[int]:
+    return list(qwen3().encode(text, add_special_tokens=False))
+
+
+def render(messages: list[dict[str, Any]], generation: bool = True) -> list[int]:
+    turns = [Message.from_template_dict(m) for m in messages]
+    return renderer().full_prompt(turns, (), {}, add_generation_prompt=generation)
+
+
+def turn(
+    step_id: str,
+    tail: list[int],
+    completion: list[int],
+    new_messages: list[dict[str, Any]],
+    reply: str,
+    parent: str | None = None,
+    prefix_len: int = 0,
+) -> StepRecorded:
+    return step(
+        step_id,
+        tail,
+        completion,
+        parent,
+        prefix_len,
+        new_messages=new_messages,
+        response_message={"role": "assistant", "content": reply},
+        weight_versions=[VersionSpan(version="v1", start=0, end=len(completion))],
+    )
+
+
+END = renderer().terminator_id
+FIRST_REPLY, SECOND_REPLY = "a.txt b.txt", "b.txt"
+FIRST_PROMPT = render([SYSTEM, ASK])
+FIRST = turn("a", FIRST_PROMPT, [*encode(FIRST_REPLY), END], [SYSTEM, ASK], FIRST_REPLY)
+SENT = FIRST_PROMPT + FIRST.completion_ids
+TAIL = renderer().continuation(
+    [Message.from_template_dict(m) for m in (SYSTEM, ASK)]
+    + [Message(role="assistant", content=FIRST_REPLY), Message.from_template_dict(NEXT)],
+    3,
+    True,
+    (),
+    {},
+)
+SECOND = turn("b", TAIL, [*encode(SECOND_REPLY), END], [NEXT], SECOND_REPLY, "a", len(SENT))
+
+
+def assembler(build_mode: BuildMode = "concat", recompute: bool = False) -> Assembler:
+    return Assembler(rebuilder=Rebuilder(renderer()), build_mode=build_mode, recompute=recompute)
+
+
+def run(asm: Assembler, *events: StepRecorded | SessionOpened) -> list[SegmentFinalized]:
+    for offset, event in enumerate(events):
+        asm.apply(event.model_dump_json().encode(), 0, offset)
+    return asm.finalize("s", "finalized")
+
+
+def trainable(segment: SegmentFinalized) -> list[int]:
+    return [p for p, m in enumerate(segment.loss_mask) if m]
+
+
+def test_assistant_turns_are_found_in_a_render() -> None:
+    rebuilder = Rebuilder(renderer())
+    full = render([SYSTEM, ASK, FIRST.response_message], generation=False)
+    [(start, end)] = rebuilder.assistant_spans(full)
+    # Content through <|im_end|>; Qwen3 writes an empty think block into the last turn.
+    assert full[start:end] == encode("<think>\n\n</think>\n\n") + FIRST.completion_ids
+    assert rebuilder.assistant_spans(FIRST_PROMPT) == []  # a generation prompt is not a turn
+
+
+def test_last_step_re_renders_the_final_conversation() -> None:
+    [concat] = run(assembler(), FIRST, SECOND)
+    [last] = run(assembler("last-step"), FIRST, SECOND)
+    conversation = [SYSTEM, ASK, FIRST.response_message, NEXT, SECOND.response_message]
+    assert concat.build_mode == "concat" and last.build_mode == "last-step"
+    # Tokens: the template's render of the final conversation, which writes an empty think block
+    # into the last assistant turn (Qwen3) that the model never generated.
+    assert last.token_ids == render(conversation, generation=False) != concat.token_ids
+    think = encode("<think>\n\n</think>\n\n")
+    second = last.steps[1]
+    assert last.token_ids[second.completion_start : second.completion_end] == (
+        think + SECOND.completion_ids
+    )
+    # The first turn's tokens and context are unchanged: sampled logprobs and versions kept.
+    first = last.steps[0]
+    assert (first.completion_start, first.completion_end) == (len(FIRST_PROMPT), len(SENT))
+    kept = list(range(first.completion_start, first.completion_end))
+    assert trainable(last) == kept  # without recompute the re-rendered turn is masked, source 0
+    assert [last.logprobs[p] for p in kept] == FIRST.completion_logprobs
+    assert set(last.logprob_source[second.completion_start :]) == {0}
+    assert [(v.start, v.end) for v in last.weight_versions] == [(kept[0], kept[-1] + 1)]
+
+    # With recompute the whole re-rendered turn is trainable and waits for the engine.
+    [pending] = run(assembler("last-step", recompute=True), FIRST, SECOND)
+    span = range(second.completion_start, second.completion_end)
+    assert trainable(pending) == kept + list(span)
+    assert {pending.logprob_source[p] for p in span} == {LOGPROB_SOURCE_RECOMPUTED}
+    assert needs_recompute(pending) and not needs_recompute(last)
+
+
+def test_a_session_chooses_its_build_mode() -> None:
+    opened = SessionOpened(session_id="s", event_time=0.0, options={"build_mode": "last-step"})
+    [segment] = run(assembler(), opened, FIRST, SECOND)
+    assert segment.build_mode == "last-step"
+
+
+def rewritten() -> StepRecorded:
+    """Claude Code's turn 2 on another replica: a reminder injected into the first user message,
+    the whole conversation rendered."""
+    edited = {**ASK, "content": REMINDER + ASK["content"]}
+    messages = [SYSTEM, edited, FIRST.response_message, NEXT]
+    completion = [*encode(SECOND_REPLY), END]
+    return turn("b2", render(messages), completion, messages, SECOND_REPLY)
+
+
+def test_a_history_rewrite_splits_or_is_rebuilt_for_recompute() -> None:
+    old, new = run(assembler(), FIRST, rewritten())
+    assert new.split_reason == "history_rewrite" and old.token_ids == SENT
+    n = len(new.token_ids)
+    assert trainable(new) == list(range(n - len(rewritten().completion_ids), n))
+
+    [rebuilt] = run(assembler(recompute=True), FIRST, rewritten())
+    step2 = rewritten()
+    assert rebuilt.token_ids == step2.prompt_tail_ids + step2.completion_ids
+    assert rebuilt.split_reason is None
+    assert rebuilt.diagnostics == {"history_rewrite": 1, "rebuilt": 1}
+    first, second = rebuilt.steps
+    assert [s.step_id for s in rebuilt.steps] == ["a", "b2"]
+    turn = range(first.completion_start, first.completion_end)
+    assert rebuilt.token_ids[first.completion_start : first.completion_end] == FIRST.completion_ids
+    # Same tokens, other context (the reminder precedes them): recomputed, not copied.
+    assert {rebuilt.logprob_source[p] for p in turn} == {LOGPROB_SOURCE_RECOMPUTED}
+    assert rebuilt.logprobs[second.completion_start :] == step2.completion_logprobs
+    assert rebuilt.logprob_source[second.completion_start :] == [1] * len(step2.completion_ids)
+    assert trainable(rebuilt) == [*turn, *range(second.completion_start, second.completion_end)]
+
+
+def test_a_rewrite_that_drops_generated_turns_still_splits() -> None:
+    compacted = [SYSTEM, {"role": "user", "content": "Summary: listed files."}, NEXT]
+    step2 = turn("b3", render(compacted), [*encode("ok"), END], compacted, "ok")
+    asm = assembler(recompute=True)
+    old, new = run(asm, FIRST, step2)
+    assert (
+        old.token_ids == SENT
+        and new.split_reason == "history_rewrite"
+        and new.diagnostics["rebuild_fallback"] == 1
+    )
+
+
+async def test_the_recompute_stage_fills_logprobs_and_versions() -> None:
+    [pending] = run(assembler(recompute=True), FIRST, rewritten())
+    where = [p for p, s in enumerate(pending.logprob_source) if s == LOGPROB_SOURCE_RECOMPUTED]
+    scores = PromptScores([None] + [-float(p) for p in range(1, max(where) + 1)], "v7")
+    done = fill(pending, scores)
+    assert [done.logprobs[p] for p in where] == [-float(p) for p in where]
+    assert not needs_recompute(done) and done.segment_id == pending.segment_id
+    assert ("v7", where[0], where[-1] + 1) in [
+        (v.version, v.start, v.end) for v in done.weight_versions
+    ]
+    # The kill switch (no scorer): masked with source none, and the segment says so.
+    masked = await complete(pending, None)
+    assert {masked.loss_mask[p] for p in where} == {0} and not needs_recompute(masked)
+    assert masked.diagnostics["recompute_masked_disabled"] == len(where)

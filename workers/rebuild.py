@@ -1,0 +1,137 @@
+"""Re-rendered token sequences and which of their tokens keep their sampled logprobs.
+
+Used where a segment's tokens are not (only) the ones its steps sampled: ``last-step`` segments
+(the final conversation re-rendered with the chat template) and divergences repaired by
+``recompute`` (a rendered step's prompt becomes the segment's tokens). Pure functions over token
+arrays; the chat template is the ingress' own :class:`ingress.render.ChatRenderer`.
+
+Invariant: a token keeps its sampled logprob (and weight version) only inside the longest common
+prefix of the new tokens and the tokens the engine actually saw — there its context is identical,
+so the sampled logprob is exactly the engine's logprob in the new sequence. Every other trainable
+token is marked for recomputation (source 3, logprob NaN until the recompute stage fills it in)
+or masked (loss mask 0, source 0): never a silent zero.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ingress.render import ChatRenderer
+from ingress.turn import Message
+from schemas.events import LOGPROB_SOURCE_NONE, LOGPROB_SOURCE_RECOMPUTED, VersionSpan
+
+Span = tuple[int, int]
+# The logprob of a token waiting for the recompute stage (source 3): not a number, never a zero.
+PENDING = math.nan
+
+
+class Rebuilder:
+    """Renders recorded conversations and finds the assistant turns in token sequences."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.renderer = renderer
+        self.opening = renderer.assistant_opening()
+        self.terminator_id = renderer.terminator_id
+
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], kwargs: Any
+    ) -> list[int]:
+        """The whole conversation as the chat template renders it (no generation prompt)."""
+        turns = [Message.from_template_dict(m) for m in messages]
+        return self.renderer.full_prompt(turns, tools, kwargs, add_generation_prompt=False)
+
+    def assistant_spans(self, tokens: Sequence[int]) -> list[Span]:
+        """``[start, end)`` of every closed assistant turn: its content through the terminator
+        (what the model generates after the template's assistant opening). An opening with no
+        terminator after it is a generation prompt, not a turn."""
+        spans: list[Span] = []
+        opening, n = list(self.opening), len(self.opening)
+        at = 0
+        while at + n <= len(tokens):
+            if list(tokens[at : at + n]) != opening:
+                at += 1
+                continue
+            start = at + n
+            end = next(
+                (i for i in range(start, len(tokens)) if tokens[i] == self.terminator_id), -1
+            )
+            if end < 0:
+                break
+            spans.append((start, end + 1))
+            at = end + 1
+        return spans
+
+
+@dataclass
+class Relabelled:
+    """Loss mask, logprobs, sources and versions of a rebuilt token sequence."""
+
+    loss_mask: array[int]
+    logprobs: array[float]
+    source: array[int]
+    versions: list[VersionSpan]
+    same: int  # leading tokens equal to the sampled sequence: their context is unchanged
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def relabel(
+    sampled_tokens: Sequence[int],
+    sampled_mask: Sequence[int],
+    sampled_logprobs: Sequence[float],
+    sampled_source: Sequence[int],
+    sampled_versions: Sequence[VersionSpan],
+    tokens: Sequence[int],
+    trainable: Sequence[Span],
+    recompute: bool,
+) -> Relabelled:
+    """Labels for ``tokens`` whose ``trainable`` spans are generated turns, given the sampled
+    sequence (the tokens the engine saw and made, with their labels)."""
+    n = len(tokens)
+    same = common_prefix(sampled_tokens, tokens)
+    mask = array("B", bytes(n))
+    logprobs = array("f", bytes(4 * n))
+    source = array("B", bytes(n))
+    kept = bytearray(n)
+    for start, end in trainable:
+        for p in range(start, end):
+            if p < same and sampled_mask[p]:
+                mask[p], logprobs[p], source[p], kept[p] = (
+                    1,
+                    sampled_logprobs[p],
+                    sampled_source[p],
+                    1,
+                )
+            elif recompute and p > 0:  # position 0 has no prompt logprob
+                mask[p], logprobs[p], source[p] = 1, PENDING, LOGPROB_SOURCE_RECOMPUTED
+            else:
+                source[p] = LOGPROB_SOURCE_NONE
+    versions = [
+        VersionSpan(version=span.version, start=start, end=end)
+        for span in sampled_versions
+        for start, end in runs(kept, span.start, min(span.end, same))
+    ]
+    return Relabelled(mask, logprobs, source, versions, same)
+
+
+def runs(flags: Sequence[int], start: int, end: int) -> list[Span]:
+    """Maximal ``[a, b)`` within ``[start, end)`` where ``flags`` are set."""
+    found: list[Span] = []
+    run_start: int | None = None
+    for p in range(start, max(start, end)):
+        if flags[p] and run_start is None:
+            run_start = p
+        elif not flags[p] and run_start is not None:
+            found.append((run_start, p))
+            run_start = None
+    if run_start is not None:
+        found.append((run_start, end))
+    return found

@@ -1,0 +1,210 @@
+"""The recompute stage: fills in the logprobs of rebuilt tokens with the engine's prompt logprobs.
+
+The assembly worker sends a segment whose tokens include some with ``logprob_source`` 3 (a
+prefix rebuilt after a divergence, a re-rendered ``last-step`` turn) to ``<prefix>.recompute``
+instead of ``<prefix>.segments``. This stage — its own consumer group and process, so a slow
+engine never stalls assembly of other sessions — asks the engine for the prompt logprobs of the
+segment's tokens up to the last such token, writes them in, stamps the weight version that
+computed them, and publishes the segment, unchanged otherwise (same id, so replays and
+redeliveries stay byte-identical while the weights are), to ``<prefix>.segments``.
+
+Kill switch (``recompute_disabled``): no engine call; those tokens get loss mask 0 and source 0
+(``none``). So does a token the engine refuses to score: never a silent zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Protocol
+
+from aiokafka import ConsumerRecord
+from aiokafka.errors import CommitFailedError
+from prometheus_client import start_http_server
+from pydantic import ValidationError
+
+from schemas.events import (
+    LOGPROB_SOURCE_NONE,
+    RecomputeRequested,
+    SegmentFinalized,
+    VersionSpan,
+)
+from titoflow.bus import Publisher, ensure_topics, make_consumer
+from titoflow.engine import PromptScores, VLLMEngine
+from titoflow.errors import EngineError, EngineUnavailable
+from titoflow.settings import Settings
+from workers import metrics
+from workers.assembler import pending_positions
+from workers.rebuild import runs
+from workers.worker import dead_letter
+
+log = logging.getLogger("titoflow.recompute")
+
+POLL_TIMEOUT_MS = 500
+RETRY_BACKOFF_S = (0.5, 30.0)
+
+
+class PromptScorer(Protocol):
+    async def prompt_logprobs(self, token_ids: list[int], request_id: str) -> PromptScores: ...
+
+
+def fill(segment: SegmentFinalized, scores: PromptScores) -> SegmentFinalized:
+    """``segment`` with its pending logprobs taken from ``scores`` (prompt logprobs of its
+    tokens); a position the engine gave none for is masked."""
+    logprobs, mask, source = (
+        list(segment.logprobs),
+        list(segment.loss_mask),
+        list(segment.logprob_source),
+    )
+    scored = bytearray(len(segment.token_ids))
+    for p in pending_positions(segment):
+        value = scores.logprobs[p] if p < len(scores.logprobs) else None
+        if value is None:
+            mask[p], source[p], logprobs[p] = 0, LOGPROB_SOURCE_NONE, 0.0
+        else:
+            logprobs[p], scored[p] = value, 1
+    versions = list(segment.weight_versions)
+    if scores.weight_version is not None:
+        versions += [
+            VersionSpan(version=scores.weight_version, start=a, end=b)
+            for a, b in runs(scored, 0, len(scored))
+        ]
+    metrics.RECOMPUTE_TOKENS.labels("recomputed").inc(sum(scored))
+    return segment.model_copy(
+        update={
+            "logprobs": logprobs,
+            "loss_mask": mask,
+            "logprob_source": source,
+            "weight_versions": sorted(versions, key=lambda v: v.start),
+        }
+    )
+
+
+def mask_pending(segment: SegmentFinalized, reason: str) -> SegmentFinalized:
+    """``segment`` with its pending tokens masked (loss mask 0, source none)."""
+    where = pending_positions(segment)
+    mask, source = list(segment.loss_mask), list(segment.logprob_source)
+    logprobs = list(segment.logprobs)
+    for p in where:
+        mask[p], source[p], logprobs[p] = 0, LOGPROB_SOURCE_NONE, 0.0
+    diagnostics = dict(segment.diagnostics)
+    diagnostics[f"recompute_masked_{reason}"] = len(where)
+    metrics.RECOMPUTE_TOKENS.labels("masked").inc(len(where))
+    return segment.model_copy(
+        update={
+            "loss_mask": mask,
+            "logprob_source": source,
+            "logprobs": logprobs,
+            "diagnostics": diagnostics,
+        }
+    )
+
+
+async def complete(segment: SegmentFinalized, scorer: PromptScorer | None) -> SegmentFinalized:
+    """The finished segment: pending logprobs recomputed by ``scorer``, or masked without one
+    (the kill switch) or when the engine refuses the request (EngineUnavailable propagates:
+    the caller retries)."""
+    where = pending_positions(segment)
+    if not where:
+        return segment
+    if scorer is None:
+        return mask_pending(segment, "disabled")
+    request_id = f"recompute-{segment.segment_id}-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    try:
+        scores = await scorer.prompt_logprobs(segment.token_ids[: where[-1] + 1], request_id)
+    except EngineUnavailable:
+        raise
+    except EngineError as exc:
+        log.warning("engine refused recompute of %s: %s", segment.segment_id, exc)
+        return mask_pending(segment, "refused")
+    metrics.RECOMPUTE_SECONDS.observe(time.perf_counter() - started)
+    return fill(segment, scores)
+
+
+class RecomputeWorker:
+    """A consumer-group member on ``<prefix>.recompute`` publishing finished segments."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = settings.topic("recompute")
+        self.consumer = make_consumer(settings, group_id=settings.recompute_group)
+        self.publisher = Publisher(settings)
+        self.engine = VLLMEngine(settings.engine_url, settings.engine_timeout_s)
+        self.limit = asyncio.Semaphore(max(1, settings.recompute_concurrency))
+        self.in_flight = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.settings.recompute_metrics_port:
+            start_http_server(self.settings.recompute_metrics_port, addr=self.settings.ingress_host)
+        await ensure_topics(self.settings)
+        await self.publisher.start()
+        self.consumer.subscribe([self.topic])
+        await self.consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await self.consumer.getmany(
+                    timeout_ms=POLL_TIMEOUT_MS, max_records=4 * self.settings.recompute_concurrency
+                )
+                records = [r for part in batch.values() for r in part]
+                self.in_flight = len(records)
+                await self._observe()
+                await asyncio.gather(*(self._handle(record, stop) for record in records))
+                self.in_flight = 0
+                if records:
+                    try:  # everything fetched is published: its offsets may go
+                        await self.consumer.commit()
+                    except CommitFailedError:  # rebalanced meanwhile: the next owner redoes it
+                        log.info("commit lost to a rebalance; segments will be republished")
+                await self._observe()
+        finally:
+            await self.consumer.stop()
+            await self.publisher.stop()
+            await self.engine.close()
+
+    async def _observe(self) -> None:
+        unread = 0
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None:
+                unread += max(highwater - await self.consumer.position(tp), 0)
+        metrics.RECOMPUTE_QUEUE.set(unread + self.in_flight)
+
+    async def _handle(self, record: ConsumerRecord, stop: asyncio.Event) -> None:
+        try:
+            request = RecomputeRequested.model_validate_json(record.value or b"")
+        except ValidationError as exc:
+            await self._dead_letter(record, f"undecodable recompute request: {exc.errors()[:3]}")
+            return
+        scorer = None if self.settings.recompute_disabled else self.engine
+        backoff = RETRY_BACKOFF_S[0]
+        while True:
+            try:
+                async with self.limit:
+                    segment = await complete(request.segment, scorer)
+                break
+            except EngineUnavailable as exc:  # wait for the engine; never mask what it could do
+                log.warning("engine unavailable for recompute, retrying: %s", exc)
+                if stop.is_set():
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, RETRY_BACKOFF_S[1])
+        key = segment.instance_id or segment.session_id
+        await self.publisher.publish(
+            self.settings.topic("segments"), key, segment.model_dump_json().encode()
+        )
+        log.info(
+            "recomputed segment published",
+            extra={"session_id": segment.session_id, "segment_id": segment.segment_id},
+        )
+
+    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
+        log.warning(
+            "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+        letter = dead_letter(record, reason)
+        await self.publisher.publish(
+            self.settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
+        )
