@@ -31,7 +31,7 @@ LB_ENTRYPOINT = PROJECT_ROOT / "deploy" / "lb-entrypoint.sh"
 
 # Services that run once and exit; everything else runs for good and has a healthcheck.
 ONE_SHOTS = {"topics", "model"}
-TITOFLOW_SERVICES = {"topics", "ingress", "worker"}
+TITOFLOW_SERVICES = {"topics", "ingress", "worker", "recompute"}
 # Settings whose compose value is deliberately not the local default: addresses and paths
 # inside the compose network.
 COMPOSE_SPECIFIC_SETTINGS = {
@@ -169,7 +169,14 @@ def test_a_renamed_service_breaks_its_dependents(tmp_path: Path) -> None:
 
 
 def test_profiles_choose_the_engine() -> None:
-    assert set(resolved()["services"]) == {"kafka", "topics", "ingress", "lb", "worker"}
+    assert set(resolved()["services"]) == {
+        "kafka",
+        "topics",
+        "ingress",
+        "lb",
+        "worker",
+        "recompute",
+    }
     assert set(resolved("cpu")["services"]) - set(resolved()["services"]) == {"model", "vllm-cpu"}
     assert set(resolved("gpu")["services"]) - set(resolved()["services"]) == {"vllm"}
 

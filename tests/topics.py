@@ -87,3 +87,24 @@ async def engine_generate(
         response = await client.post(f"{engine_url}/inference/v1/generate", json=body)
     response.raise_for_status()
     return response.json()["choices"][0]
+
+
+async def engine_prompt_logprobs(engine_url: str, tokens: list[int]) -> list[float | None]:
+    """vLLM's prompt logprob of every token of ``tokens`` (None for the first), asked directly
+    with the prefix cache bypassed."""
+    body = {
+        "token_ids": tokens,
+        "sampling_params": {
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "skip_reading_prefix_cache": True,
+        },
+    }
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(f"{engine_url}/inference/v1/generate", json=body)
+    response.raise_for_status()
+    entries = response.json()["prompt_logprobs"]
+    return [
+        None if entry is None else entry[str(token)]["logprob"]
+        for token, entry in zip(tokens, entries, strict=True)
+    ]
