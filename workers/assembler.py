@@ -560,7 +560,8 @@ class Assembler:
         built: _Segment | None = segment
         if mode == "last-step":
             built = self._last_step(segment)
-            session.diagnostics["rebuild_fallback"] += built is None
+            if built is None:
+                session.diagnostics["rebuild_fallback"] += 1
         if built is None or mode == "concat":
             return _segment_event(session_id, session, segment, reason, "concat", last)
         return _segment_event(session_id, session, built, reason, "last-step", last)
@@ -682,7 +683,7 @@ def pending_positions(segment: SegmentFinalized) -> list[int]:
 
 
 def needs_recompute(segment: SegmentFinalized) -> bool:
-    return LOGPROB_SOURCE_RECOMPUTED in segment.logprob_source and bool(pending_positions(segment))
+    return bool(pending_positions(segment))
 
 
 def _replace(session: _Session, old: _Segment, new: _Segment) -> None:
