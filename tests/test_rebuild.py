@@ -1,17 +1,24 @@
-"""Build modes and the recompute divergence policy on the real Qwen3 chat template (no engine):
+"""Build modes and the recompute divergence policy on the real Qwen3 chat template (no engine;
+the recompute stage's own process loop on the real broker, under the kill switch):
 ``last-step`` re-renders the final conversation, ``recompute`` rebuilds a diverged segment on
 the rendered prompt; a token keeps its sampled logprob only where its context is unchanged,
 every other trainable token is marked for recomputation (source 3) or masked (source 0)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import numpy as np
+from pydantic import TypeAdapter
 
 from ingress.render import ChatRenderer
 from ingress.turn import Message
 from schemas.events import (
     LOGPROB_SOURCE_RECOMPUTED,
     BuildMode,
+    DeadLetter,
+    RecomputeRequested,
     SegmentFinalized,
     SessionOpened,
     StepRecorded,
@@ -19,10 +26,14 @@ from schemas.events import (
 )
 from tests.families import qwen3
 from tests.test_assembler import step
+from tests.test_routing import block
+from tests.topics import read_until
+from titoflow.bus import Publisher
 from titoflow.engine import PromptScores
+from titoflow.settings import Settings
 from workers.assembler import Assembler, needs_recompute
 from workers.rebuild import Rebuilder
-from workers.recompute import complete, fill
+from workers.recompute import RecomputeWorker, complete, fill
 
 SYSTEM = {"role": "system", "content": "You are a shell agent."}
 ASK = {"role": "user", "content": "List the files."}
@@ -196,3 +207,53 @@ async def test_the_recompute_stage_fills_logprobs_and_versions() -> None:
     masked = await complete(pending, None)
     assert {masked.loss_mask[p] for p in where} == {0} and not needs_recompute(masked)
     assert masked.diagnostics["recompute_masked_disabled"] == len(where)
+
+
+def test_routed_experts_of_a_rebuilt_segment_hold_only_where_the_context_is_unchanged() -> None:
+    rows = np.arange(len(SENT) * 4).reshape(len(SENT), 2, 2) % 8
+    first = FIRST.model_copy(update={"routed_experts": block(0, rows[: len(SENT) - 1])})
+    [rebuilt] = run(assembler(recompute=True), first, rewritten())
+    changed = next(
+        i for i, (a, b) in enumerate(zip(SENT, rebuilt.token_ids, strict=False)) if a != b
+    )
+    assert rebuilt.routed_experts is not None
+    assert (rebuilt.routed_experts.start, rebuilt.routed_experts.rows) == (0, changed)
+
+
+async def test_the_recompute_stage_under_the_kill_switch_masks_without_an_engine(
+    settings: Settings,
+) -> None:
+    """A real ``RecomputeWorker`` on a real broker, its engine URL pointing nowhere: with the kill
+    switch it publishes the queued segment masked, and dead-letters a poison record."""
+    [pending] = run(assembler(recompute=True), FIRST, rewritten())
+    killed = settings.model_copy(
+        update={
+            "recompute_disabled": True,
+            "engine_url": "http://127.0.0.1:9",
+            "recompute_group": f"{settings.topic_prefix}-recompute",
+        }
+    )
+    request = RecomputeRequested(session_id="s", event_time=1.0, segment=pending)
+    publisher = Publisher(killed)
+    try:
+        await publisher.publish(killed.topic("recompute"), "s", b"\xff poison")
+        await publisher.publish(killed.topic("recompute"), "s", request.model_dump_json().encode())
+    finally:
+        await publisher.stop()
+    stop = asyncio.Event()
+    running = asyncio.create_task(RecomputeWorker(killed).run(stop))
+    try:
+        [done] = await read_until(
+            killed, killed.topic("segments"), TypeAdapter(SegmentFinalized), bool
+        )
+        [letter] = await read_until(killed, killed.topic("dlq"), TypeAdapter(DeadLetter), bool)
+    finally:
+        stop.set()
+        await running
+    assert done.segment_id == pending.segment_id and not needs_recompute(done)
+    where = [p for p, s in enumerate(pending.logprob_source) if s == LOGPROB_SOURCE_RECOMPUTED]
+    assert {done.loss_mask[p] for p in where} == {0} and {
+        done.logprob_source[p] for p in where
+    } == {0}
+    assert done.diagnostics["recompute_masked_disabled"] == len(where)
+    assert "undecodable recompute request" in letter.reason
