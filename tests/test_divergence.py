@@ -1,13 +1,14 @@
 """Divergences on the real stack: httpx → two ingress replicas → real vLLM (CPU) → tansu → a
 worker with ``divergence_policy: recompute`` → the recompute stage → segments.
 
-Four sessions each take a second turn that does not extend the tokens of their first: a history
-rewrite (an edited user message), a Claude-Code-style ``<system-reminder>`` injected into an
-earlier user message, a changed tool schema, and a plain cache miss (the turn goes to a replica
-that never saw the session). Each is classified; the live segments are rebuilt on the rendered
-prompt with the first turn recomputed (invariant 1: every recomputed logprob equals the engine's
-own prompt logprob for that token), and replays of the recorded steps show the same steps
-under ``split`` and under ``last-step``.
+Five sessions each take a second turn through a full render: a history rewrite (an edited user
+message), a Claude-Code-style ``<system-reminder>`` injected into an earlier user message, a
+changed tool schema, and two cache misses (the turn goes to a replica that never saw the
+session): one whose render repeats the tokens sent (it extends the segment, ``cache_miss``) and
+one whose sampled reply re-encodes to other ids (a divergence). Each is classified; diverged
+segments are rebuilt on the rendered prompt with the first turn recomputed (invariant 1: every
+recomputed logprob equals the engine's own prompt logprob for that token), and replays of the
+recorded steps show the same steps under ``split`` and under ``last-step``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from titoflow.procs import free_port
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_recompute, start_worker
 from titoflow.tokenizer import load_tokenizer
+from workers.rebuild import common_prefix
 from workers.replay import JsonlSink, ReplayOptions, replay
 from workers.worker import assembler_for
 
@@ -53,7 +55,10 @@ SCENARIOS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "rewrite": ("history_rewrite", {"edit": "List the files in /var."}),
     "reminder": ("history_rewrite", {"edit": REMINDER + ASK["content"]}),
     "tools": ("tool_change", {"tools": TOOLS}),
-    "miss": (None, {"other_replica": True}),  # template, retokenization or a clean cache_miss
+    # A cache miss whose rendered prompt repeats the tokens sent (seed 7's reply re-encodes to
+    # the ids sampled) extends the segment; one whose reply re-encodes otherwise (seed 2) diverges.
+    "miss": ("cache_miss", {"other_replica": True}),
+    "miss_diverging": (None, {"other_replica": True, "seed": 2}),
 }
 
 
@@ -66,7 +71,7 @@ async def chat(url: str, session: str, messages: list[dict[str, Any]], **extra: 
 
 
 async def run_scenario(urls: tuple[str, str], session: str, change: dict[str, Any]) -> None:
-    reply = await chat(urls[0], session, [SYSTEM, ASK])
+    reply = await chat(urls[0], session, [SYSTEM, ASK], seed=change.get("seed", 7))
     first_user = {**ASK, "content": change.get("edit", ASK["content"])}
     messages = [SYSTEM, first_user, {"role": "assistant", "content": reply}, FOLLOW_UP]
     url = urls[1] if change.get("other_replica") else urls[0]
@@ -135,9 +140,7 @@ async def test_divergences_are_classified_recomputed_and_replayed_as_split_or_la
         assert (first.prefix, second.prefix) == ("rendered", "rendered")
         [segment] = [s for s in live if s.session_id == session]
         divergence = expected or next(
-            kind
-            for kind in ("cache_miss", "template", "retokenization")
-            if kind in segment.diagnostics
+            kind for kind in ("template", "retokenization") if kind in segment.diagnostics
         )
         assert segment.diagnostics.get(divergence) == 1, (name, segment.diagnostics)
         prompt = second.prompt_tail_ids
@@ -168,8 +171,13 @@ async def test_divergences_are_classified_recomputed_and_replayed_as_split_or_la
             assert recomputed and set(recomputed) <= set(
                 range(turn.completion_start, turn.completion_end)
             )
+            # Tokens up to the first one that differs from what the engine saw keep their
+            # sampled logprobs (same context); the rest of the turn is recomputed.
+            same = common_prefix(kept.token_ids, segment.token_ids)
+            span = range(turn.completion_start, turn.completion_end)
+            assert [segment.logprob_source[p] for p in span] == [1 if p < same else 3 for p in span]
             direct = await engine_prompt_logprobs(settings.engine_url, segment.token_ids)
-            assert [segment.logprobs[p] for p in recomputed] == [direct[p] for p in recomputed]
+            assert [segment.logprobs[p] for p in span] == [direct[p] for p in span]
             recomputed_total += len(recomputed)
 
         # Replayed with last-step: the final conversation re-rendered by the chat template.
