@@ -379,7 +379,12 @@ async def _stream_events(
         yield _sse(error_body(exc))
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+}
 
 
 def _status_and_type(error: IngressError) -> tuple[int, str]:
@@ -410,7 +415,7 @@ async def _messages_call(request: Request, session: str | None) -> Response:
         turn, raw = parse_request(body, session, http.lower_headers(request))
         http.check_model(request, turn.model)
         if raw.stream:
-            started, events = http.service(request).open_stream(turn)
+            started, events = await http.service(request).open_stream(turn)
             return http.sse_response(_stream_events(turn, started, events))
         result = await http.service(request).complete(turn)
         return JSONResponse(message_response(result, turn.model))

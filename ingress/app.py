@@ -3,6 +3,7 @@ wires the service, the session operations, discovery and health routes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ingress import (
+    admin_routes,
     anthropic_messages,
     metrics,
     openai_chat,
@@ -22,10 +24,15 @@ from ingress import (
     token_api,
 )
 from ingress.chains import ChainStore
+from ingress.control_follower import ControlFollower
+from ingress.control_state import ControlState, PauseGate
+from ingress.engine_driver import EngineDriver
+from ingress.pausable_engine import PausableEngine
 from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
+from titoflow.engine import EngineControl
 from titoflow.engine_pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
@@ -58,7 +65,16 @@ async def unexpected_error_response(request: Request, exc: Exception) -> Respons
 
 def create_app(settings: Settings) -> FastAPI:
     publisher = Publisher(settings)
-    engine = EnginePool.from_settings(settings)
+    pool = EnginePool.from_settings(settings)
+    gate = PauseGate(ControlState(), settings.pause_hold_s)
+    engine = PausableEngine(pool, gate)
+    follower = ControlFollower(settings)
+    follower.subscribe(gate.apply)
+    driver = EngineDriver(
+        gate.state, lambda: [e for e in pool.engines() if isinstance(e, EngineControl)]
+    )
+    if settings.drive_engine:
+        follower.subscribe(lambda event, _offset: driver.notify(event))
     steps_topic = settings.topic("steps")
 
     async def publish(event: SessionEvent) -> None:
@@ -77,7 +93,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = load_tokenizer(settings.model_path)
         app.state.settings = settings
-        app.state.engines = engine
+        app.state.engines = pool
+        app.state.publisher = publisher
+        app.state.control_gate = gate
         app.state.service = ChatService(
             renderer=ChatRenderer(tokenizer),
             tokenizer=tokenizer,
@@ -93,21 +111,39 @@ def create_app(settings: Settings) -> FastAPI:
                 tool_parser=settings.tool_parser,
                 matcher=settings.matcher,
                 vocab_size=len(tokenizer),
+                partial_rollout=settings.partial_rollout,
             ),
             tracer=CallTracer(settings.otel_traces),
+            control=gate,
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates
             await publisher.start()
         except BrokerUnavailable as exc:  # stateless: serve anyway, publishes retry the broker
             log.warning("broker not reachable at startup: %s", exc)
-        engine.start()
+        pool.start()
+        # Paused or not, and the weight version, before the first request is admitted.
+        await follower.start(settings.publish_timeout_s)
+        tasks = [asyncio.create_task(follower.run())]
+        if settings.drive_engine:
+            tasks.append(asyncio.create_task(driver.run()))
         yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await follower.stop()
         await publisher.stop()
         await engine.close()
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
-    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes, token_api):
+    for adapter in (
+        openai_chat,
+        anthropic_messages,
+        openai_responses,
+        session_routes,
+        token_api,
+        admin_routes,
+    ):
         app.include_router(adapter.router())
 
     app.add_exception_handler(StarletteHTTPException, unknown_route_response)

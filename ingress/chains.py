@@ -36,6 +36,9 @@ class Chain:
     depth: int  # steps in this chain, for the per-session step limit
     # A white-box call's tokens go beyond any message list: no chat request matches the chain.
     white_box: bool = False
+    # The control log's weight version when the chain's first step ran (None: none announced);
+    # with partial rollout off a later step on other weights is refused.
+    first_version: str | None = None
 
 
 def _extends(messages: Sequence[Message], held: Sequence[Message], matcher: Matcher) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 STEPS = Counter(
     "titoflow_ingress_steps_total",
@@ -41,4 +41,21 @@ PUBLISH_SECONDS = Histogram(
 PUBLISH_FAILURES = Counter(
     "titoflow_ingress_publish_failures_total",
     "Events the broker did not acknowledge (the client got a retryable error).",
+)
+PAUSED = Gauge(
+    "titoflow_ingress_paused",
+    "1 while the control log says generation is paused (new requests are held), else 0.",
+)
+HELD = Gauge(
+    "titoflow_ingress_held_requests",
+    "Requests waiting for a resume: new ones held at admission and abort-ended ones waiting "
+    "to continue.",
+)
+CONTINUED_AFTER_ABORT = Counter(
+    "titoflow_ingress_continued_after_abort_total",
+    "Generations ended by an abort-mode pause and continued after the resume (one response).",
+)
+ENGINE_CONTROL_FAILURES = Counter(
+    "titoflow_ingress_engine_control_failures_total",
+    "Engine control calls (pause, resume, update_weight_version) that failed and are retried.",
 )

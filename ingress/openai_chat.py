@@ -271,7 +271,9 @@ async def _stream_chunks(
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     503: "service_unavailable",
 }
@@ -301,7 +303,7 @@ async def _chat(request: Request, session: str | None) -> Response:
         logprobs = _Logprobs(request, turn.sampling.logprobs or 0) if raw.logprobs else None
         if raw.stream:
             include_usage = bool(raw.stream_options and raw.stream_options.include_usage)
-            started, events = http.service(request).open_stream(turn)
+            started, events = await http.service(request).open_stream(turn)
             return http.sse_response(_stream_chunks(turn, started, events, include_usage, logprobs))
         result = await http.service(request).complete(turn)
         return JSONResponse(completion_response(result, turn.model, logprobs))

@@ -455,7 +455,7 @@ async def _responses_call(request: Request, session: str | None) -> Response:
         turn, raw = parse_request(body, session, http.lower_headers(request))
         http.check_model(request, turn.model)
         if raw.stream:
-            started, events = http.service(request).open_stream(turn)
+            started, events = await http.service(request).open_stream(turn)
             return http.sse_response(_stream_events(_echo(raw), started, events))
         result = await http.service(request).complete(turn)
         return JSONResponse(response_object(result, _echo(raw)))

@@ -17,7 +17,7 @@ import time
 import uuid
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from ingress import metrics
@@ -38,12 +38,26 @@ from schemas.events import (
 )
 from schemas.routing import RoutedExperts
 from titoflow.engine import Engine, GenerateParams, Generation
-from titoflow.errors import ContextOverflow, InvalidRequest, SessionStepLimit
+from titoflow.errors import (
+    ContextOverflow,
+    InvalidRequest,
+    SessionStepLimit,
+    TrajectoryVersionChanged,
+)
 
 log = logging.getLogger("titoflow.ingress")
 
 SessionEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
 Publish = Callable[[SessionEvent], Awaitable[None]]
+
+
+class Control(Protocol):
+    """The control plane as the service sees it (:class:`ingress.control_state.PauseGate`)."""
+
+    @property
+    def version(self) -> str | None: ...
+
+    async def admit(self) -> None: ...
 
 
 class Tokenizer(Protocol):
@@ -60,6 +74,7 @@ class ServiceOptions:
     tool_parser: str = "qwen3"
     matcher: Matcher = "strict"
     vocab_size: int = 1 << 31  # token ids a white-box call may send: [0, vocab_size)
+    partial_rollout: bool = True  # False: refuse a step on newer weights than its chain's first
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,7 @@ class _Prepared:
     params: GenerateParams
     started: float  # perf_counter at the start of the turn
     render_ms: float
+    version: str | None = None  # the control log's weight version when the turn was admitted
 
 
 _ID_PREFIX = {"anthropic.messages": "toolu_"}
@@ -151,6 +167,7 @@ class ChatService:
         chains: ChainStore,
         options: ServiceOptions,
         tracer: CallTracer | None = None,
+        control: Control | None = None,
     ) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
@@ -159,13 +176,14 @@ class ChatService:
         self.chains = chains
         self.options = options
         self.tracer = tracer or CallTracer(enabled=False)
+        self.control = control
 
     def count_prompt_tokens(self, turn: ChatTurn) -> int:
         return len(self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs))
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
         with self.tracer.call(turn.api, turn.session.session_id) as span:
-            prepared = self._prepare(turn)
+            prepared = await self._admitted(self._prepare(turn))
             started = time.perf_counter()
             generation = await self.engine.generate(
                 prepared.prompt.tolist(),
@@ -181,11 +199,11 @@ class ChatService:
             _, parsed = parser.finish()
             return await self._record(prepared, generation, parsed, engine_ms, False, span)
 
-    def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
-        """Prepare a streamed turn. Refusals (context overflow, step limit, bad tool_choice)
-        raise here, before an adapter commits to a 200; the events are deltas as the engine
-        samples, then :class:`TurnDone` once the step is durable."""
-        prepared = self._prepare(turn)
+    async def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
+        """Prepare a streamed turn. Refusals (context overflow, step limit, bad tool_choice,
+        paused past the hold time) raise here, before an adapter commits to a 200; the events
+        are deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
+        prepared = await self._admitted(self._prepare(turn))
         started = TurnStarted(prepared.step_id, len(prepared.prompt), time.time())
         return started, self._stream(prepared)
 
@@ -283,6 +301,27 @@ class ChatService:
             params=self._params(turn, len(prompt), len(parent.tokens) if parent else 0),
             started=started,
             render_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    async def _admitted(self, prepared: _Prepared) -> _Prepared:
+        version = await self._admit(prepared.turn.session.session_id, prepared.parent)
+        return replace(prepared, version=version)
+
+    async def _admit(self, session_id: str, parent: Chain | None) -> str | None:
+        """Wait while generation is paused (bounded), then check the weights the call will run
+        on (a version announced during the wait counts); return their version."""
+        if self.control is None:
+            return None
+        await self.control.admit()
+        current = self.control.version
+        first = parent.first_version if parent else None
+        if self.options.partial_rollout or current is None or first is None or current == first:
+            return current
+        raise TrajectoryVersionChanged(
+            f"session {session_id} started on weights {first!r}; they are now {current!r} "
+            "and partial rollout is off: start a new session",
+            first_version=first,
+            current_version=current,
         )
 
     def _max_tokens(self, asked: int | None, prompt_len: int) -> int:
@@ -402,6 +441,7 @@ class ChatService:
                 ends_with_terminator=bool(completion)
                 and completion[-1] == self.renderer.terminator_id,
                 depth=parent.depth + 1 if parent else 1,
+                first_version=parent.first_version if parent else prepared.version,
             ),
         )
         return TurnResult(step, parsed, generation, len(prepared.prompt))
@@ -453,6 +493,7 @@ class ChatService:
                 top_logprobs=call.top_logprobs,
                 routed_experts_start=_first_new_row(covered),
             )
+            version = await self._admit(session_id, parent)
             engine_started = time.perf_counter()
             generation = await self.engine.generate(
                 prompt.tolist(),
@@ -501,6 +542,7 @@ class ChatService:
                     ends_with_terminator=bool(completion)
                     and completion[-1] == self.renderer.terminator_id,
                     depth=parent.depth + 1 if parent else 1,
+                    first_version=parent.first_version if parent else version,
                 ),
             )
             return TokensResult(step, generation, len(prompt))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from schemas.control import CONTROL_EVENTS
 from schemas.events import ALL_EVENTS
 
 
@@ -11,5 +12,5 @@ def render_schemas() -> dict[str, str]:
     """File name → JSON Schema text (serialization side: what is on the wire)."""
     return {
         f"{name}.json": json.dumps(model.model_json_schema(mode="serialization"), indent=2) + "\n"
-        for name, model in ALL_EVENTS.items()
+        for name, model in {**ALL_EVENTS, **{c.__name__: c for c in CONTROL_EVENTS}}.items()
     }

@@ -177,7 +177,7 @@ async def test_steps_record_only_new_rows_and_the_segment_aligns_them(
             Message(role="assistant", content=first.parsed.content),
             Message(role="user", content="again"),
         ]
-        _, events = service.open_stream(chat(history, session))
+        _, events = await service.open_stream(chat(history, session))
         [second] = [e.result for e in [e async for e in events] if isinstance(e, TurnDone)]
         history += [
             Message(role="assistant", content=second.parsed.content),

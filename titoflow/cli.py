@@ -125,6 +125,40 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_control(args: argparse.Namespace) -> int:
+    from titoflow.bus import BrokerUnavailable, Publisher, ensure_topics
+    from titoflow.control import control_event, publish_control
+
+    settings = _settings(args)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    command: dict[str, Any] = {
+        "pause": {"type": "pause", "mode": getattr(args, "mode", "keep")},
+        "resume": {"type": "resume"},
+        "set-version": {"type": "set_weight_version", "version": getattr(args, "version", "")},
+    }[args.action]
+    try:
+        event = control_event(command, issued_by="cli")
+    except ValueError as exc:
+        print(f"titoflow control: {exc}", file=sys.stderr)
+        return 2
+
+    async def publish() -> int:
+        await ensure_topics(settings)
+        publisher = Publisher(settings)
+        try:
+            return await publish_control(publisher, settings, event)
+        finally:
+            await publisher.stop()
+
+    try:
+        offset = asyncio.run(publish())
+    except BrokerUnavailable as exc:
+        print(f"titoflow control: {exc.message}", file=sys.stderr)
+        return 1
+    print(f"{settings.topic('control')}@{offset}: {event.model_dump_json()}")
+    return 0
+
+
 def cmd_docs(args: argparse.Namespace) -> int:
     from titoflow.docs_gen import stale_docs, write_docs
 
@@ -343,6 +377,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_settings_flags(inspect)
     inspect.set_defaults(func=cmd_inspect)
+
+    control = sub.add_parser(
+        "control",
+        help="publish a control command (pause, resume, set-version) to <prefix>.control",
+        description="Every ingress replica applies it: pause holds new generations and "
+        "freezes (keep) or ends-and-later-continues (abort) in-flight ones; set-version labels "
+        "the weights tokens are sampled with from now on.",
+    )
+    actions = control.add_subparsers(dest="action", required=True)
+    pause = actions.add_parser("pause", help="stop admitting generations")
+    pause.add_argument("--mode", choices=["keep", "abort"], default="keep")
+    actions.add_parser("resume", help="admit generations again")
+    set_version = actions.add_parser("set-version", help="announce the current weight version")
+    set_version.add_argument("version")
+    for action in (pause, actions.choices["resume"], set_version):
+        _add_settings_flags(action)
+        action.set_defaults(func=cmd_control)
 
     sub.add_parser("build-model", help="write the tiny deterministic model (--out, --seed)")
 

@@ -18,7 +18,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 import numpy as np
@@ -97,6 +97,23 @@ class Engine(Protocol):
     async def healthy(self) -> bool: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EngineControl(Protocol):
+    """What the control plane drives on each engine the ingress knows (vLLM's RL routes)."""
+
+    url: str
+
+    async def pause(self, mode: Literal["keep", "abort"]) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def is_paused(self) -> bool: ...
+
+    async def set_weight_version(self, version: str) -> None: ...
+
+    async def weight_version(self) -> str: ...
 
 
 def nodelay_transport() -> httpx.AsyncHTTPTransport:
@@ -257,6 +274,33 @@ class VLLMEngine:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    # The RL routes (served with VLLM_SERVER_DEV_MODE=1). Pausing twice, resuming a running
+    # engine and setting the current version again are harmless, so replicas may repeat them.
+    async def pause(self, mode: Literal["keep", "abort"]) -> None:
+        await self._control("POST", "/pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._control("POST", "/resume")
+
+    async def is_paused(self) -> bool:
+        return bool((await self._control("GET", "/is_paused"))["is_paused"])
+
+    async def set_weight_version(self, version: str) -> None:
+        await self._control("POST", "/update_weight_version", json={"new_version": version})
+
+    async def weight_version(self) -> str:
+        return str((await self._control("GET", "/weight_info"))["weight_version"])
+
+    async def _control(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = await self._client.request(method, path, timeout=30.0, **kwargs)
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise engine_failure(response.status_code, f"{method} {path}: {response.text}")
+        body: dict[str, Any] = response.json()
+        return body
 
 
 _EXPERT_DTYPES = {np.dtype(v).newbyteorder("<"): k for k, v in NUMPY_DTYPE.items()}

@@ -199,6 +199,10 @@ class EnginePool:
         if member.in_flight == 0:
             await member.engine.close()
 
+    def engines(self) -> list[Engine]:
+        """Every engine of the pool, draining ones included (the control plane drives them)."""
+        return [m.engine for m in self._members.values()]
+
     def status(self) -> list[EngineStatus]:
         return [
             EngineStatus(m.url, m.spec.backend, m.spec.weight, m.serving, m.healthy, m.in_flight)

@@ -76,3 +76,27 @@ class EngineUnavailable(Unavailable):
 
 class PublishFailed(Unavailable):
     code = "broker_unavailable"
+
+
+class TrajectoryVersionChanged(IngressError):
+    """Partial rollout is off and the weights changed since the session's first step: its next
+    step would mix versions in one trajectory. Not retryable: start a new session."""
+
+    status = 409
+    code = "trajectory_version_changed"
+
+    def __init__(self, message: str, first_version: str, current_version: str) -> None:
+        super().__init__(message, "weight_version")
+        self.first_version = first_version
+        self.current_version = current_version
+
+
+class Paused(Unavailable):
+    """Generation is paused (a weight update) and did not resume within the hold time."""
+
+    code = "paused"
+
+
+class Unauthorized(IngressError):
+    status = 401
+    code = "unauthorized"

@@ -125,6 +125,30 @@ class Settings(BaseSettings):
         "equality, or assistant tool-call turns anchored on their call ids.",
     )
     session_cache_size: int = Field(4096, description="Sessions whose token chains stay cached.")
+
+    # --- control plane (pause/resume, weight versions) ------------------------------------------
+    admin_token: str = Field(
+        "",
+        description="Bearer token of the ingress admin endpoint (POST /admin/control); empty: "
+        "the endpoint is disabled (the CLI `titoflow control` still publishes).",
+    )
+    pause_hold_s: float = Field(
+        30.0,
+        description="How long a request that arrives while generation is paused waits for a "
+        "resume before it gets a retryable error (OpenAI 503 / Anthropic 529, Retry-After).",
+    )
+    drive_engine: bool = Field(
+        True,
+        description="Whether the ingress drives the engines on control events (vLLM /pause, "
+        "/resume, /update_weight_version; idempotent across replicas); false: the trainer "
+        "does, and publishes the same events so the ingress gates and stamps versions.",
+    )
+    partial_rollout: bool = Field(
+        True,
+        description="Whether a session may continue on newer weights than its first step "
+        "sampled with; false: such a step is refused with trajectory_version_changed.",
+    )
+
     public_url: str = Field(
         "",
         description="Base URL clients reach the ingress at (e.g. a load balancer's), used in "
@@ -165,6 +189,12 @@ class Settings(BaseSettings):
         False,
         description="Kill switch: workers split instead of recomputing and the recompute stage "
         "masks (loss mask 0, source none) what it was asked to recompute, without engine calls.",
+    )
+    mask_stale_versions: bool = Field(
+        False,
+        description="Set loss mask 0 on generated tokens whose weight version is not the "
+        "segment's latest (partial rollout, strictly on-policy training); the segment carries "
+        "the version spans either way.",
     )
 
     # --- recompute stage ----------------------------------------------------------------------

@@ -56,6 +56,7 @@ from schemas.events import (
 from titoflow.errors import TemplateError
 from workers.rebuild import Rebuilder, relabel
 from workers.routing import SegmentRouting
+from workers.versions import mask_stale_versions
 
 StepsEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
 FinalizeReason = Literal["finalized", "idle", "size"]
@@ -269,17 +270,20 @@ class Assembler:
         rebuilder: Rebuilder | None = None,
         build_mode: BuildMode = "concat",
         recompute: bool = False,
+        mask_stale_versions: bool = False,
     ) -> None:
         """``decode`` (token ids → text) lets divergences be told apart as retokenization
         (same text, other ids) or template (other text); without it they count as template.
         ``rebuilder`` (the policy's chat template) is what ``last-step`` and ``recompute``
         need; without it segments stay concat and divergences split. ``recompute``: repair
-        divergences and mark re-rendered turns for the recompute stage (else split / mask)."""
+        divergences and mark re-rendered turns for the recompute stage (else split / mask).
+        ``mask_stale_versions``: loss mask 0 on tokens of other versions than the latest."""
         self.max_segment_tokens = max_segment_tokens
         self.decode = decode
         self.rebuilder = rebuilder
         self.build_mode = build_mode
         self.recompute = recompute
+        self.mask_stale_versions = mask_stale_versions
         self._sessions: dict[str, _Session] = {}
         # Sessions already finalized here (→ partition): a step for one of them is late, not new.
         self._finalized: OrderedDict[str, int] = OrderedDict()
@@ -562,9 +566,10 @@ class Assembler:
             built = self._last_step(segment)
             if built is None:
                 session.diagnostics["rebuild_fallback"] += 1
+        mask = self.mask_stale_versions
         if built is None or mode == "concat":
-            return _segment_event(session_id, session, segment, reason, "concat", last)
-        return _segment_event(session_id, session, built, reason, "last-step", last)
+            return _segment_event(session_id, session, segment, reason, "concat", last, mask)
+        return _segment_event(session_id, session, built, reason, "last-step", last, mask)
 
     def _last_step(self, segment: _Segment) -> _Segment | None:
         """The segment's final conversation re-rendered (None: it cannot be, keep concat)."""
@@ -706,6 +711,7 @@ def _segment_event(
     reason: FinalizeReason,
     build_mode: BuildMode,
     last: bool = False,
+    mask_stale: bool = False,
 ) -> SegmentFinalized:
     # A step ends at most one segment, so (session, last step) names a segment. A worker that
     # re-reads a finished session from mid-way (its start was below the committed offset)
@@ -720,7 +726,9 @@ def _segment_event(
         instance_id=session.instance_id,
         rollout_id=str(session.metadata.get("rollout_id") or session_id),
         token_ids=segment.tokens.tolist(),
-        loss_mask=segment.loss_mask.tolist(),
+        loss_mask=mask_stale_versions(segment.loss_mask.tolist(), segment.versions)
+        if mask_stale
+        else segment.loss_mask.tolist(),
         logprobs=segment.logprobs.tolist(),
         logprob_source=segment.source.tolist(),
         weight_versions=segment.versions,

@@ -81,7 +81,9 @@ def assembler_for(settings: Settings) -> Assembler:
     """
     if not (settings.model_path / "tokenizer_config.json").exists():
         log.warning("no tokenizer at %s: concat and split only", settings.model_path)
-        return Assembler(settings.max_segment_tokens)
+        return Assembler(
+            settings.max_segment_tokens, mask_stale_versions=settings.mask_stale_versions
+        )
     tokenizer = load_tokenizer(settings.model_path)
 
     def decode(ids: list[int]) -> str:
@@ -93,6 +95,7 @@ def assembler_for(settings: Settings) -> Assembler:
         Rebuilder(ChatRenderer(tokenizer)),
         settings.build_mode,
         settings.recompute_enabled,
+        settings.mask_stale_versions,
     )
 
 

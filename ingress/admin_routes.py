@@ -1,0 +1,77 @@
+"""Operator routes, never under a per-session base URL: the control endpoint (authenticated
+with ``admin_token``; disabled without one) and the pause state."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ingress import http, openai_chat
+from ingress.control_state import PauseGate
+from titoflow.bus import BrokerUnavailable, Publisher
+from titoflow.control import control_event, publish_control
+from titoflow.errors import IngressError, InvalidRequest, NotFound, PublishFailed, Unauthorized
+
+APPLIED_POLL_S = 0.02
+
+
+def _gate(request: Request) -> PauseGate:
+    gate: PauseGate = request.app.state.control_gate
+    return gate
+
+
+def _check_token(request: Request) -> None:
+    token = http.settings(request).admin_token
+    if not token:
+        raise NotFound("the admin endpoint is disabled: set TITOFLOW_ADMIN_TOKEN to enable it")
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized("a valid admin token is required (Authorization: Bearer <token>)")
+
+
+async def _control(request: Request) -> Response:
+    try:
+        _check_token(request)
+        body = await http.read_json(request)
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        try:
+            event = control_event(body, issued_by="admin")
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        publisher: Publisher = request.app.state.publisher
+        settings = http.settings(request)
+        try:
+            offset = await publish_control(publisher, settings, event)
+        except BrokerUnavailable as exc:
+            raise PublishFailed(f"the control event was not recorded: {exc.message}") from exc
+        gate = _gate(request)
+        # Answer once this replica applied it, so the caller's next request sees the new state.
+        try:
+            async with asyncio.timeout(settings.publish_timeout_s):
+                while gate.state.offset < offset:
+                    await asyncio.sleep(APPLIED_POLL_S)
+        except TimeoutError:
+            pass  # recorded; this replica applies it when its follower catches up
+    except IngressError as exc:
+        return openai_chat.error_response(exc)
+    result: dict[str, Any] = {"offset": offset, "event": event.model_dump(), **gate.snapshot()}
+    return JSONResponse(result)
+
+
+def router() -> APIRouter:
+    routes = APIRouter()
+
+    @routes.post("/admin/control")
+    async def control(request: Request) -> Response:
+        return await _control(request)
+
+    @routes.get("/v1/rollout/pause_state")
+    async def pause_state(request: Request) -> dict[str, Any]:
+        return _gate(request).snapshot()
+
+    return routes

@@ -1,0 +1,66 @@
+"""Drives the engines to what the control log says (when ``drive_engine`` is on).
+
+Reconciles rather than replays: after events are applied it compares each engine's own state
+(``/is_paused``, ``/weight_info``) with the control state and makes only the calls that differ,
+so several replicas driving one engine converge on the same state and a replica that catches up
+on an old log makes no calls for pauses long over. Each replica pauses an engine at most once
+per pause and mode (an abort-mode pause repeated by a second replica finds nothing new to abort:
+new requests are held at admission). A failed call is retried until it succeeds or the state
+moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from ingress import metrics
+from ingress.control_state import ControlState
+from schemas.control import AnyControl, PauseMode
+from titoflow.engine import EngineControl
+from titoflow.errors import IngressError
+
+log = logging.getLogger("titoflow.control")
+
+RETRY_S = 1.0
+
+
+class EngineDriver:
+    def __init__(self, state: ControlState, engines: Callable[[], Iterable[EngineControl]]) -> None:
+        self.state = state
+        self.engines = engines  # every engine the ingress knows, asked anew on each reconcile
+        self._dirty = asyncio.Event()
+        self._dirty.set()  # reconcile once at start: the log may say paused or a version
+        self._paused_by_me: dict[str, tuple[int, PauseMode]] = {}
+
+    def notify(self, event: AnyControl) -> None:
+        """Subscription hook of the control follower: something may differ now."""
+        self._dirty.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            for engine in list(self.engines()):
+                try:
+                    await self.reconcile(engine)
+                except IngressError as exc:
+                    metrics.ENGINE_CONTROL_FAILURES.inc()
+                    log.warning("driving engine %s failed, retrying: %s", engine.url, exc.message)
+                    asyncio.get_running_loop().call_later(RETRY_S, self._dirty.set)
+
+    async def reconcile(self, engine: EngineControl) -> None:
+        state = self.state
+        if state.paused and state.mode is not None:
+            driven = (state.pauses, state.mode)
+            if self._paused_by_me.get(engine.url) != driven or not await engine.is_paused():
+                log.info("pausing engine %s (mode %s)", engine.url, state.mode)
+                await engine.pause(state.mode)
+                self._paused_by_me[engine.url] = driven
+        if state.version is not None and await engine.weight_version() != state.version:
+            log.info("engine %s: weight version %s", engine.url, state.version)
+            await engine.set_weight_version(state.version)
+        if not state.paused and await engine.is_paused():
+            log.info("resuming engine %s", engine.url)
+            await engine.resume()

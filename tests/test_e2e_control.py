@@ -1,0 +1,404 @@
+"""The control plane on the real stack (broker, vLLM CPU engine, ingress processes, worker):
+pause/resume in keep and abort mode with a weight-version bump in between, per-token versions
+and masking, the broadcast to several replicas, the partial-rollout refusal, and a concurrent
+load across pauses.
+
+These tests pause the engine and change its weight version: run them against an engine of your
+own, never a shared one (unset TITOFLOW_TEST_ENGINE_URL). Every test resumes it in ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.events import StepRecorded, steps_topic_adapter
+from tests.topics import finalized_segments, read_until, recorded_steps
+from titoflow.settings import Settings
+from titoflow.stack import settings_env, start_ingress, start_worker
+
+pytestmark = pytest.mark.engine
+
+TOKEN = "test-admin-token"
+LONG = 200  # tokens of an interrupted generation: ~3 s on the tiny model
+
+
+async def admin(http: httpx.AsyncClient, url: str, **command: Any) -> dict[str, Any]:
+    response = await http.post(
+        f"{url}/admin/control", json=command, headers={"authorization": f"Bearer {TOKEN}"}
+    )
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+
+async def engine_is(
+    http: httpx.AsyncClient, engine_url: str, paused: bool, version: str | None = None
+) -> None:
+    async def reached() -> bool:
+        is_paused = (await http.get(f"{engine_url}/is_paused")).json()["is_paused"]
+        current = (await http.get(f"{engine_url}/weight_info")).json()["weight_version"]
+        return bool(is_paused == paused and (version is None or current == version))
+
+    await until(reached, f"engine paused={paused} version={version}")
+
+
+async def resume_engine(engine_url: str) -> None:
+    async with httpx.AsyncClient() as http:
+        await http.post(f"{engine_url}/resume")
+
+
+def chat_body(content: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    return {
+        "model": "policy",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "logprobs": True,
+        "stream": stream,
+    }
+
+
+async def stream_chat(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], logprobs: list[float]
+) -> tuple[list[str | None], int]:
+    """Stream a chat completion, appending each token's logprob as it arrives; the finish
+    reasons seen and the number of ``[DONE]`` markers."""
+    finishes: list[str | None] = []
+    done = 0
+    async with http.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line == "data: [DONE]":
+                done += 1
+            elif line.startswith("data: "):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                choice = chunk["choices"][0]
+                logprobs += [
+                    e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or []
+                ]
+                if choice["finish_reason"] is not None:
+                    finishes.append(choice["finish_reason"])
+    return finishes, done
+
+
+def spans(step: StepRecorded) -> list[tuple[str, int, int]]:
+    return [(s.version, s.start, s.end) for s in step.weight_versions]
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+async def test_pause_bump_resume_one_response_stamped_v1_then_v2_and_masked(
+    stack_settings: Settings, engine_url: str, tmp_path: Path, mode: str
+) -> None:
+    settings = stack_settings.model_copy(update={"admin_token": TOKEN, "mask_stale_versions": True})
+    ingress, url = start_ingress(settings, tmp_path)
+    worker = start_worker(settings, tmp_path)
+    streamed_session, whole_session = f"s-{uuid.uuid4().hex[:6]}", f"w-{uuid.uuid4().hex[:6]}"
+    streamed: list[float] = []
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            await admin(http, url, type="set_weight_version", version="v1")
+            await engine_is(http, engine_url, paused=False, version="v1")
+            stream_task = asyncio.create_task(
+                stream_chat(
+                    http,
+                    f"{url}/sess/{streamed_session}/v1/chat/completions",
+                    chat_body("tell a long story", LONG, stream=True),
+                    streamed,
+                )
+            )
+            whole_task = asyncio.create_task(
+                http.post(
+                    f"{url}/sess/{whole_session}/v1/chat/completions",
+                    json=chat_body("tell another story", LONG, stream=False),
+                )
+            )
+
+            async def some_tokens() -> bool:
+                return len(streamed) >= 20
+
+            await until(some_tokens, "20 streamed tokens")
+            await admin(http, url, type="pause", mode=mode)
+            await engine_is(http, engine_url, paused=True)
+            await asyncio.sleep(0.5)  # tokens sampled before the pause reach the client
+            boundary = len(streamed)
+            await admin(http, url, type="set_weight_version", version="v2")
+            await engine_is(http, engine_url, paused=True, version="v2")
+            await asyncio.sleep(0.5)
+            assert len(streamed) == boundary  # nothing sampled while paused
+            state = (await http.get(f"{url}/v1/rollout/pause_state")).json()
+            assert (state["state"], state["mode"], state["weight_version"]) == (
+                "paused",
+                mode,
+                "v2",
+            )
+            # abort: both generations were ended and wait for the resume to continue
+            assert state["held_requests"] == (2 if mode == "abort" else 0)
+            await admin(http, url, type="resume")
+            finishes, done = await stream_task
+            whole = (await whole_task).json()
+            metrics = (await http.get(f"{url}/metrics")).text
+        [streamed_step] = await recorded_steps(settings, streamed_session, 1)
+        [whole_step] = await recorded_steps(settings, whole_session, 1)
+        segments = [
+            segment
+            for session in (streamed_session, whole_session)
+            for segment in await finalized_segments(settings, url, session)
+        ]
+    finally:
+        await resume_engine(engine_url)
+        ingress.stop()
+        worker.stop()
+
+    # One response each: the stream ended once, the whole answer has every token.
+    assert finishes == ["length"] and done == 1
+    assert whole["choices"][0]["finish_reason"] == "length"
+    whole_logprobs = [e["logprob"] for e in whole["choices"][0]["logprobs"]["content"]]
+    # One step each, whose completion is exactly what the client got (stitched when aborted),
+    # stamped v1 up to where the pause struck and v2 after.
+    assert len(streamed_step.completion_ids) == LONG and len(whole_step.completion_ids) == LONG
+    assert streamed_step.completion_logprobs == pytest.approx(streamed, rel=1e-6)
+    assert whole_step.completion_logprobs == pytest.approx(whole_logprobs, rel=1e-6)
+    assert spans(streamed_step) == [("v1", 0, boundary), ("v2", boundary, LONG)]
+    [(v1, _, cut), (v2, _, end)] = spans(whole_step)
+    assert (v1, v2, end) == ("v1", "v2", LONG) and 0 < cut < LONG
+    assert streamed_step.finish_reason == whole_step.finish_reason == "length"
+    continued = "titoflow_ingress_continued_after_abort_total 2.0"
+    assert (continued in metrics) == (mode == "abort")
+    # Masking on: what v1 sampled is not trained on, what v2 sampled is.
+    assert len(segments) == 2
+    for segment in segments:
+        [(_, v1_start, v1_end), (_, v2_start, v2_end)] = [
+            (s.version, s.start, s.end) for s in segment.weight_versions
+        ]
+        assert set(segment.loss_mask[v1_start:v1_end]) == {0}
+        assert set(segment.loss_mask[v2_start:v2_end]) == {1}
+
+
+async def test_one_broadcast_gates_every_replica_and_a_late_replica_starts_paused(
+    stack_settings: Settings, engine_url: str, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(update={"admin_token": TOKEN, "pause_hold_s": 1.0})
+    first, first_url = start_ingress(settings, tmp_path, "ingress-a")
+    second, second_url = start_ingress(settings, tmp_path, "ingress-b")
+    late = None
+    body = chat_body("hello", 4, stream=False)
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            await admin(http, first_url, type="pause", mode="keep")
+
+            async def second_paused() -> bool:
+                state = (await http.get(f"{second_url}/v1/rollout/pause_state")).json()
+                return bool(state["state"] == "paused")
+
+            await until(second_paused, "replica b paused")
+            # Both gate: a request held past pause_hold_s gets a retryable error in its shape.
+            held_openai = await http.post(
+                f"{second_url}/sess/a/v1/chat/completions", json={**body, "stream": True}
+            )
+            held_anthropic = await http.post(
+                f"{first_url}/sess/b/v1/messages",
+                json={
+                    "model": "m",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+            )
+            late, late_url = start_ingress(settings, tmp_path, "ingress-late")
+            late_state = (await http.get(f"{late_url}/v1/rollout/pause_state")).json()
+            # The control API is never part of a session's base URL, and needs the token.
+            in_session = await http.post(f"{first_url}/sess/a/admin/control", json={})
+            no_token = await http.post(f"{first_url}/admin/control", json={"type": "resume"})
+            metrics = (await http.get(f"{second_url}/metrics")).text
+            # The CLI publishes the resume; every replica applies it.
+            cli = subprocess.run(
+                [sys.executable, "-m", "titoflow", "control", "resume"],
+                env={**settings_env(settings)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            for replica in (first_url, second_url, late_url):
+
+                async def running(replica: str = replica) -> bool:
+                    state = (await http.get(f"{replica}/v1/rollout/pause_state")).json()
+                    return bool(state["state"] == "running")
+
+                await until(running, f"{replica} running")
+            answered = await http.post(f"{late_url}/sess/c/v1/chat/completions", json=body)
+    finally:
+        await resume_engine(engine_url)
+        for proc in (first, second, late):
+            if proc is not None:
+                proc.stop()
+
+    assert held_openai.status_code == 503 and held_openai.headers["retry-after"]
+    assert held_openai.json()["error"]["code"] == "paused"
+    assert held_anthropic.status_code == 529 and held_anthropic.headers["retry-after"]
+    assert held_anthropic.json()["error"]["type"] == "overloaded_error"
+    assert (late_state["state"], late_state["mode"]) == ("paused", "keep")
+    assert in_session.status_code == 404
+    assert no_token.status_code == 401
+    assert "titoflow_ingress_paused 1.0" in metrics
+    assert cli.returncode == 0, cli.stderr
+    assert answered.status_code == 200
+
+
+async def test_partial_rollout_off_refuses_a_step_on_newer_weights_in_each_api_shape(
+    stack_settings: Settings, engine_url: str, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(update={"admin_token": TOKEN, "partial_rollout": False})
+    ingress, url = start_ingress(settings, tmp_path)
+    first = {"role": "user", "content": "hi"}
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            await admin(http, url, type="set_weight_version", version="v1")
+            chat = await http.post(
+                f"{url}/sess/c/v1/chat/completions",
+                json={"model": "m", "max_tokens": 4, "messages": [first]},
+            )
+            messages = await http.post(
+                f"{url}/sess/a/v1/messages",
+                json={"model": "m", "max_tokens": 4, "messages": [first]},
+            )
+            responses = await http.post(
+                f"{url}/sess/r/v1/responses",
+                json={"model": "m", "max_output_tokens": 4, "input": "hi", "store": False},
+            )
+            await admin(http, url, type="set_weight_version", version="v2")
+            follow = {"role": "user", "content": "and then?"}
+            chat_reply = chat.json()["choices"][0]["message"]
+            refused_chat = await http.post(
+                f"{url}/sess/c/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "max_tokens": 4,
+                    "messages": [
+                        first,
+                        {"role": "assistant", "content": chat_reply["content"] or ""},
+                        follow,
+                    ],
+                },
+            )
+            refused_messages = await http.post(
+                f"{url}/sess/a/v1/messages",
+                json={
+                    "model": "m",
+                    "max_tokens": 4,
+                    "messages": [
+                        first,
+                        {"role": "assistant", "content": messages.json()["content"]},
+                        follow,
+                    ],
+                },
+            )
+            output = responses.json()["output"]
+            refused_responses = await http.post(
+                f"{url}/sess/r/v1/responses",
+                json={
+                    "model": "m",
+                    "max_output_tokens": 4,
+                    "store": False,
+                    "input": [{"role": "user", "content": "hi"}, *output, follow],
+                },
+            )
+            fresh = await http.post(
+                f"{url}/sess/new/v1/chat/completions",
+                json={"model": "m", "max_tokens": 4, "messages": [first]},
+            )
+    finally:
+        ingress.stop()
+
+    assert [r.status_code for r in (chat, messages, responses)] == [200, 200, 200]
+    for refused in (refused_chat, refused_responses):
+        assert refused.status_code == 409
+        error = refused.json()["error"]
+        assert error["code"] == "trajectory_version_changed"
+        assert error["type"] == "invalid_request_error"
+    assert refused_messages.status_code == 409
+    assert refused_messages.json()["type"] == "error"
+    assert refused_messages.json()["error"]["type"] == "invalid_request_error"
+    assert "partial rollout is off" in refused_messages.json()["error"]["message"]
+    assert fresh.status_code == 200  # a new session starts on the new weights
+
+
+async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_sessions(
+    stack_settings: Settings, engine_url: str, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(update={"admin_token": TOKEN, "pause_hold_s": 120.0})
+    ingress, url = start_ingress(settings, tmp_path)
+    sessions, min_turns = 16, 3
+    answers: dict[str, int] = {}
+    pauses_over = asyncio.Event()
+
+    async def session(index: int, http: httpx.AsyncClient) -> None:
+        """Turns back to back until both pauses are over (and at least ``min_turns``), so
+        calls are in flight, held and cut whenever a pause strikes."""
+        name = f"load-{index}-{uuid.uuid4().hex[:4]}"
+        messages: list[dict[str, Any]] = []
+        turn = 0
+        while turn < min_turns or not pauses_over.is_set():
+            messages.append({"role": "user", "content": f"turn {turn} of {index}"})
+            body = {"model": "m", "messages": messages, "max_tokens": 16, "logprobs": True}
+            target = f"{url}/sess/{name}/v1/chat/completions"
+            if index % 2:
+                streamed: list[float] = []
+                finishes, done = await stream_chat(http, target, {**body, "stream": True}, streamed)
+                assert len(finishes) == 1 and done == 1
+                text = ""  # a mismatching history only costs a cache miss: still one step
+            else:
+                response = await http.post(target, json=body)
+                assert response.status_code == 200, response.text
+                text = response.json()["choices"][0]["message"]["content"] or ""
+            answers[f"{name}/{turn}"] = answers.get(f"{name}/{turn}", 0) + 1
+            messages.append({"role": "assistant", "content": text})
+            turn += 1
+
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            load = asyncio.gather(*(session(i, http) for i in range(sessions)))
+            for mode, version in (("keep", "v2"), ("abort", "v3")):
+                await asyncio.sleep(1.0)
+                await admin(http, url, type="pause", mode=mode)
+                await asyncio.sleep(1.0)
+                await admin(http, url, type="set_weight_version", version=version)
+                await admin(http, url, type="resume")
+            pauses_over.set()
+            await load
+            metrics = (await http.get(f"{url}/metrics")).text
+        steps = await read_until(
+            settings,
+            settings.topic("steps"),
+            steps_topic_adapter,
+            lambda got: len(got) >= len(answers),
+        )
+    finally:
+        await resume_engine(engine_url)
+        ingress.stop()
+
+    assert len(answers) >= sessions * min_turns and set(answers.values()) == {1}
+    step_ids = [s.step_id for s in steps if isinstance(s, StepRecorded)]
+    assert len(step_ids) == len(set(step_ids)) == len(answers)
+    # Sixteen sessions never idle, so the abort-mode pause cut some of them mid-generation.
+    [continued] = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("titoflow_ingress_continued_after_abort_total ")
+    ]
+    assert float(continued.split()[-1]) > 0
