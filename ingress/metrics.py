@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from ingress.turn import Api
 
 STEPS = Counter(
     "titoflow_ingress_steps_total",
@@ -15,6 +19,9 @@ TOOL_PARSE_ERRORS = Counter(
     "Turns whose tool-call text did not parse and was returned as plain text.",
     ["api"],
 )
+# Zero from the start, so a dashboard tells "no parse error yet" from "not exported".
+for _api in get_args(Api):
+    TOOL_PARSE_ERRORS.labels(_api)
 TOKENS = Counter(
     "titoflow_ingress_tokens_total",
     "Tokens sent to (prompt) and received from (completion) the engine.",

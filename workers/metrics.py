@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from schemas.events import DIVERGENCE_CLASSES
+
 SEGMENTS = Counter(
     "titoflow_worker_segments_total", "Segments published, by finalize reason.", ["reason"]
 )
@@ -13,6 +15,8 @@ DIVERGENCES = Counter(
     "the ones that did.",
     ["kind"],
 )
+for _kind in DIVERGENCE_CLASSES:  # zero from the start: "none yet" is not "not exported"
+    DIVERGENCES.labels(_kind)
 DEAD_LETTERS = Counter("titoflow_worker_dead_letters_total", "Events sent to the DLQ.")
 CONSUMER_LAG = Gauge(
     "titoflow_worker_consumer_lag",
