@@ -1,9 +1,10 @@
 """Operator routes, never under a per-session base URL: the control endpoint (authenticated
-with ``admin_token``; disabled without one) and the pause state."""
+with ``admin_token``; disabled without one), the pause state and the engine pool's state."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 from typing import Any
 
@@ -14,6 +15,7 @@ from ingress import http, openai_chat
 from ingress.control_state import PauseGate
 from titoflow.bus import BrokerUnavailable, Publisher
 from titoflow.control import control_event, publish_control
+from titoflow.engine_pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PublishFailed, Unauthorized
 
 APPLIED_POLL_S = 0.02
@@ -22,6 +24,11 @@ APPLIED_POLL_S = 0.02
 def _gate(request: Request) -> PauseGate:
     gate: PauseGate = request.app.state.control_gate
     return gate
+
+
+def _engines(request: Request) -> list[dict[str, Any]]:
+    pool: EnginePool = request.app.state.engines
+    return [dataclasses.asdict(status) for status in pool.status()]
 
 
 def _check_token(request: Request) -> None:
@@ -59,7 +66,12 @@ async def _control(request: Request) -> Response:
             pass  # recorded; this replica applies it when its follower catches up
     except IngressError as exc:
         return openai_chat.error_response(exc)
-    result: dict[str, Any] = {"offset": offset, "event": event.model_dump(), **gate.snapshot()}
+    result: dict[str, Any] = {
+        "offset": offset,
+        "event": event.model_dump(),
+        **gate.snapshot(),
+        "engines": _engines(request),
+    }
     return JSONResponse(result)
 
 
@@ -73,5 +85,9 @@ def router() -> APIRouter:
     @routes.get("/v1/rollout/pause_state")
     async def pause_state(request: Request) -> dict[str, Any]:
         return _gate(request).snapshot()
+
+    @routes.get("/v1/rollout/engines")
+    async def engines(request: Request) -> dict[str, Any]:
+        return {"engines": _engines(request)}
 
     return routes

@@ -28,11 +28,11 @@ from ingress.control_follower import ControlFollower
 from ingress.control_state import ControlState, PauseGate
 from ingress.engine_driver import EngineDriver
 from ingress.pausable_engine import PausableEngine
+from ingress.pool_control import apply_to_pool
 from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
-from titoflow.engine import EngineControl
 from titoflow.engine_pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
@@ -70,9 +70,9 @@ def create_app(settings: Settings) -> FastAPI:
     engine = PausableEngine(pool, gate)
     follower = ControlFollower(settings)
     follower.subscribe(gate.apply)
-    driver = EngineDriver(
-        gate.state, lambda: [e for e in pool.engines() if isinstance(e, EngineControl)]
-    )
+    # Before the driver hears of an event: an engine just added is driven with the others.
+    follower.subscribe(lambda event, _offset: apply_to_pool(pool, event))
+    driver = EngineDriver(gate.state, pool.engines)
     if settings.drive_engine:
         follower.subscribe(lambda event, _offset: driver.notify(event))
     steps_topic = settings.topic("steps")

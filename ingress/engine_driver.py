@@ -3,7 +3,10 @@
 Reconciles rather than replays: after events are applied it compares each engine's own state
 (``/is_paused``, ``/weight_info``) with the control state and makes only the calls that differ,
 so several replicas driving one engine converge on the same state and a replica that catches up
-on an old log makes no calls for pauses long over. Each replica pauses an engine at most once
+on an old log makes no calls for pauses long over. The engines are the pool's as they are at
+each reconcile, and every control event triggers one: an engine added by the log (applied to
+the pool before the driver hears of the event) is paused and versioned like the others, and a
+removed one is no longer driven. Each replica pauses an engine at most once
 per pause and mode (an abort-mode pause repeated by a second replica finds nothing new to abort:
 new requests are held at admission). A failed call is retried until it succeeds or the state
 moves on.
@@ -27,12 +30,16 @@ RETRY_S = 1.0
 
 
 class EngineDriver:
-    def __init__(self, state: ControlState, engines: Callable[[], Iterable[EngineControl]]) -> None:
+    def __init__(self, state: ControlState, engines: Callable[[], Iterable[object]]) -> None:
         self.state = state
-        self.engines = engines  # every engine the ingress knows, asked anew on each reconcile
+        self._all = engines  # every engine the ingress knows, asked anew on each reconcile
         self._dirty = asyncio.Event()
         self._dirty.set()  # reconcile once at start: the log may say paused or a version
         self._paused_by_me: dict[str, tuple[int, PauseMode]] = {}
+
+    def engines(self) -> list[EngineControl]:
+        """The engines with RL routes to drive (SGLang's are not driven)."""
+        return [e for e in self._all() if isinstance(e, EngineControl)]
 
     def notify(self, event: AnyControl) -> None:
         """Subscription hook of the control follower: something may differ now."""
@@ -42,13 +49,19 @@ class EngineDriver:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            for engine in list(self.engines()):
+            for engine in self.engines():
+                if engine not in self.engines():
+                    continue  # removed while others were driven
                 try:
                     await self.reconcile(engine)
                 except IngressError as exc:
                     metrics.ENGINE_CONTROL_FAILURES.inc()
                     log.warning("driving engine %s failed, retrying: %s", engine.url, exc.message)
                     asyncio.get_running_loop().call_later(RETRY_S, self._dirty.set)
+                except RuntimeError:
+                    if engine in self.engines():
+                        raise
+                    # Removed (its client closed) while being driven: nothing left to drive.
 
     async def reconcile(self, engine: EngineControl) -> None:
         state = self.state

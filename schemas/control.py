@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from schemas.events import SCHEMA_VERSION
 
 PauseMode = Literal["keep", "abort"]
+Backend = Literal["vllm", "sglang"]
 
 
 class _Control(BaseModel):
@@ -46,8 +47,40 @@ class SetWeightVersion(_Control):
     version: str = Field(min_length=1)
 
 
+class _EngineChange(_Control):
+    url: str = Field(pattern=r"^https?://\S+$", description="The engine's base URL.")
+
+
+class EngineAdded(_EngineChange):
+    """Route sessions to this engine too (a new one, or a drained one back in service). Its
+    share of sessions is ``weight`` relative to the others' (a canary takes e.g. 0.1)."""
+
+    type: Literal["engine_added"] = "engine_added"
+    backend: Backend = Field("vllm", description="Its API: vllm or sglang.")
+    weight: float = Field(1.0, gt=0, description="Relative share of sessions.")
+
+
+class EngineDrained(_EngineChange):
+    """No new calls to this engine; calls in flight there finish, its sessions move on."""
+
+    type: Literal["engine_drained"] = "engine_drained"
+
+
+class EngineRemoved(_EngineChange):
+    """Drain this engine and forget it (its client closes after its last call)."""
+
+    type: Literal["engine_removed"] = "engine_removed"
+
+
 # To add a command: a model above, then here (the union, the tuple of models the docs show).
-AnyControl = Pause | Resume | SetWeightVersion
-CONTROL_EVENTS: tuple[type[_Control], ...] = (Pause, Resume, SetWeightVersion)
+AnyControl = Pause | Resume | SetWeightVersion | EngineAdded | EngineDrained | EngineRemoved
+CONTROL_EVENTS: tuple[type[_Control], ...] = (
+    Pause,
+    Resume,
+    SetWeightVersion,
+    EngineAdded,
+    EngineDrained,
+    EngineRemoved,
+)
 ControlEvent = Annotated[AnyControl, Field(discriminator="type")]
 control_adapter: TypeAdapter[AnyControl] = TypeAdapter(ControlEvent)

@@ -1,14 +1,16 @@
 """In-process ingress apps on the SCRIPTED ENGINE DOUBLE (tests/doubles.py), for fast adapter
 tests with the official SDKs over httpx's ASGI transport. Nothing here replaces the end-to-end
 tests on the real engine. :func:`serving` puts any app (a real ingress, an HTTP double) on a
-real port of this process."""
+real port of this process; :func:`admin` and :func:`until` are an operator's control calls."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import httpx
 import httpx2
 import uvicorn
 from fastapi import APIRouter, FastAPI
@@ -68,3 +70,25 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+ADMIN_TOKEN = "test-admin-token"  # give settings admin_token=ADMIN_TOKEN to call admin()
+
+
+async def admin(http: httpx.AsyncClient, ingress_url: str, /, **command: Any) -> dict[str, Any]:
+    """``POST /admin/control`` with one command; the answer once this replica applied it."""
+    response = await http.post(
+        f"{ingress_url}/admin/control",
+        json=command,
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> None:
+    """Wait for an async ``condition`` (``what`` it waits for names the timeout)."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.05)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from ingress.service import SessionEvent
 from schemas.routing import RoutedExperts
@@ -137,3 +137,32 @@ class StubEngine:
 
     async def close(self) -> None:
         self.closed = True
+
+
+class ControlledStubEngine(StubEngine):
+    """ENGINE DOUBLE with vLLM's RL routes (pause, resume, weight version) for the engine
+    driver's unit tests; records each control call. The real routes: tests/test_e2e_control.py."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.paused = False
+        self.version = "default"
+        self.control_calls: list[str] = []
+
+    async def pause(self, mode: Literal["keep", "abort"]) -> None:
+        self.control_calls.append(f"pause:{mode}")
+        self.paused = True
+
+    async def resume(self) -> None:
+        self.control_calls.append("resume")
+        self.paused = False
+
+    async def is_paused(self) -> bool:
+        return self.paused
+
+    async def set_weight_version(self, version: str) -> None:
+        self.control_calls.append(f"version:{version}")
+        self.version = version
+
+    async def weight_version(self) -> str:
+        return self.version

@@ -5,12 +5,20 @@ behaviour is in tests/test_e2e_control.py."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from ingress.control_state import ControlState, PauseGate
 from ingress.pausable_engine import _Pieces
-from schemas.control import AnyControl, Pause, Resume, SetWeightVersion, control_adapter
+from schemas.control import (
+    AnyControl,
+    EngineAdded,
+    Pause,
+    Resume,
+    SetWeightVersion,
+    control_adapter,
+)
 from schemas.events import VersionSpan
 from titoflow.control import control_event
 from titoflow.engine import GenerationChunk
@@ -112,3 +120,16 @@ def test_commands_parse_or_name_what_is_wrong() -> None:
         control_event({"type": "pause", "mode": "wait"}, issued_by="test")
     with pytest.raises(ValueError):
         control_event({"type": "reboot"}, issued_by="test")
+    added = control_event(
+        {"type": "engine_added", "url": "http://e:8000", "weight": 0.1}, issued_by="test"
+    )
+    assert isinstance(added, EngineAdded) and (added.backend, added.weight) == ("vllm", 0.1)
+    wrongs: list[tuple[dict[str, Any], str]] = [
+        ({"type": "engine_added", "url": "http://e", "weight": 0}, "weight"),
+        ({"type": "engine_added", "url": "http://e", "backend": "tgi"}, "backend"),
+        ({"type": "engine_drained", "url": "e:8000"}, "url"),
+        ({"type": "engine_removed"}, "url"),
+    ]
+    for wrong, field in wrongs:
+        with pytest.raises(ValueError, match=field):
+            control_event(wrong, issued_by="test")

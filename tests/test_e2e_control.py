@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +21,15 @@ import httpx
 import pytest
 
 from schemas.events import StepRecorded, steps_topic_adapter
+from tests.apps import ADMIN_TOKEN as TOKEN
+from tests.apps import admin, until
 from tests.topics import finalized_segments, read_until, recorded_steps
 from titoflow.settings import Settings
 from titoflow.stack import settings_env, start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 
-TOKEN = "test-admin-token"
 LONG = 200  # tokens of an interrupted generation: ~3 s on the tiny model
-
-
-async def admin(http: httpx.AsyncClient, url: str, **command: Any) -> dict[str, Any]:
-    response = await http.post(
-        f"{url}/admin/control", json=command, headers={"authorization": f"Bearer {TOKEN}"}
-    )
-    response.raise_for_status()
-    body: dict[str, Any] = response.json()
-    return body
-
-
-async def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await condition():
-            await asyncio.sleep(0.05)
 
 
 async def engine_is(

@@ -1,6 +1,9 @@
-"""Two real vLLM CPU engines behind one ingress: sessions stick to one engine, move when it is
-drained (calls in flight there finish), and nothing is lost: every call is one recorded step with
-the engine's exact tokens, and every session one segment made of exactly those steps.
+"""Two real vLLM CPU engines behind one ingress: sessions stick to one engine, move when a
+published control event drains it (calls in flight there finish), and nothing is lost: every
+call is one recorded step with the engine's exact tokens, and every session one segment made of
+exactly those steps. A replica started after the drain starts with the engine drained (it
+replays the control log); removing the engine (CLI) and adding it back (admin endpoint) brings
+its sessions back to it, per the hash.
 
 The second engine is started here (~50 s, ~4 GB); TITOFLOW_TEST_SECOND_ENGINE_URL points the
 test at one already running instead (developers sharing a machine; CI starts its own)."""
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,19 +25,20 @@ from pydantic import TypeAdapter
 from ingress.app import create_app
 from ingress.render import ChatRenderer
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
-from tests.apps import serving
+from tests.apps import ADMIN_TOKEN, admin, serving, until
 from tests.topics import engine_generate, read_until
 from titoflow.engine_pool import EnginePool
 from titoflow.engine_process import start_vllm
 from titoflow.settings import Settings
-from titoflow.stack import start_worker
+from titoflow.stack import settings_env, start_worker
 from titoflow.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.engine
 
 PER_ENGINE = 6  # sessions whose first choice is each engine
-TURNS = 4
+TURNS = 5
 DRAIN_TURN = 2  # 0-based: the engine is drained while this turn's calls are in flight
+BACK_TURN = 4  # removed and added back before this turn
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +68,13 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
 ) -> None:
     first_url = stack_settings.engine_url.rstrip("/")
     second_url = second_engine_url.rstrip("/")
-    settings = stack_settings.model_copy(update={"engine_urls": second_url})
+    settings = stack_settings.model_copy(
+        update={"engine_urls": second_url, "admin_token": ADMIN_TOKEN}
+    )
     app = create_app(settings)
     worker = start_worker(settings, tmp_path)
     try:
-        async with serving(app) as url:
+        async with serving(app) as url, httpx.AsyncClient(timeout=60) as http:
             pool: EnginePool = app.state.engines
             # As many sessions on each engine: the routing decides, the test only picks names.
             by_first: dict[str, list[str]] = {first_url: [], second_url: []}
@@ -110,18 +117,35 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
 
             in_flight_at_drain = 0
             for number in range(TURNS):
+                if number == BACK_TURN:
+                    # Removed by the CLI, added back by the admin endpoint: a new engine to the
+                    # pool, with the URL (so the hash) of the old one.
+                    cli = await asyncio.create_subprocess_exec(
+                        *[sys.executable, "-m", "titoflow", "control", "engine-remove", second_url],
+                        env=settings_env(settings),
+                    )
+                    assert await cli.wait() == 0
+
+                    async def removed() -> bool:
+                        return second_url not in {s.url for s in pool.status()}
+
+                    await until(removed, "engine removed")
+                    added = await admin(http, url, type="engine_added", url=second_url)
                 calls = asyncio.gather(*(turn(i, s, number) for i, s in enumerate(sessions)))
                 if number == DRAIN_TURN:
                     # Drain while calls are running on that engine: they must finish there.
                     async with asyncio.timeout(60):
                         while not (in_flight_at_drain := in_flight(pool, second_url)):
                             await asyncio.sleep(0.002)
-                    pool.drain(second_url)
+                    drained = await admin(http, url, type="engine_drained", url=second_url)
                 await calls
-            async with httpx.AsyncClient() as http:
-                for session in sessions:
-                    finalized = await http.post(f"{url}/sess/{session}/finalize", json={})
-                    finalized.raise_for_status()
+                if number == DRAIN_TURN:
+                    # A replica started now replays the log: the engine is drained there too.
+                    async with serving(create_app(settings)) as late_url:
+                        late = (await http.get(f"{late_url}/v1/rollout/engines")).json()
+            for session in sessions:
+                finalized = await http.post(f"{url}/sess/{session}/finalize", json={})
+                finalized.raise_for_status()
             for client in clients.values():
                 await client.close()
     finally:
@@ -159,10 +183,18 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
             assert engines[session][:DRAIN_TURN] == [first] * DRAIN_TURN
     # The calls in flight on the drained engine finished there; later steps moved, as TITO
     # steps (only the new engine's prefix cache missed).
+    assert serving_flags(drained) == serving_flags(late) == {first_url: True, second_url: False}
     drain_turn = [engines[s][DRAIN_TURN] for s in by_first[second_url]]
     assert drain_turn.count(second_url) >= in_flight_at_drain > 0
     for session in sessions:
-        assert engines[session][DRAIN_TURN + 1 :] == [first_url] * (TURNS - DRAIN_TURN - 1)
+        assert engines[session][DRAIN_TURN + 1 : BACK_TURN] == [first_url] * (
+            BACK_TURN - DRAIN_TURN - 1
+        )
+    # Added back, the engine takes its sessions again (and only those).
+    assert serving_flags(added) == {first_url: True, second_url: True}
+    for first, group in by_first.items():
+        for session in group:
+            assert engines[session][BACK_TURN:] == [first] * (TURNS - BACK_TURN)
 
     # Exact: each step's tokens are what its engine samples for the recorded prompt, and each
     # segment is its session's steps, token for token.
@@ -188,6 +220,10 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
         assert [segment.logprobs[i] for i in generated] == [
             lp for s in served[session] for lp in s.completion_logprobs
         ]
+
+
+def serving_flags(answer: dict[str, Any]) -> dict[str, bool]:
+    return {e["url"]: e["serving"] for e in answer["engines"]}
 
 
 def in_flight(pool: EnginePool, url: str) -> int:

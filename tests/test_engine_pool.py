@@ -1,6 +1,7 @@
 """The engine pool's routing on ENGINE DOUBLES (tests/doubles.py StubEngine): stickiness,
 minimal movement on add/drain, weights, fallback past unhealthy/overloaded engines, retries,
-drain and removal with calls in flight. The same behaviour on two real vLLM engines:
+drain and removal with calls in flight; control events mapped onto the pool, their replay, and
+the engine driver on an engine the log added. The same behaviour on two real vLLM engines:
 tests/test_e2e_engines.py."""
 
 from __future__ import annotations
@@ -11,7 +12,20 @@ from collections import Counter
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.doubles import StubEngine
+from ingress.control_state import ControlState
+from ingress.engine_driver import EngineDriver
+from ingress.pool_control import apply_to_pool
+from schemas.control import (
+    AnyControl,
+    EngineAdded,
+    EngineDrained,
+    EngineRemoved,
+    Pause,
+    Resume,
+    SetWeightVersion,
+    control_adapter,
+)
+from tests.doubles import ControlledStubEngine, StubEngine
 from titoflow.engine import GenerateParams
 from titoflow.engine_pool import EnginePool, EngineSpec, parse_engine_specs
 from titoflow.errors import EngineUnavailable
@@ -124,7 +138,7 @@ async def test_drain_and_remove_let_calls_in_flight_finish() -> None:
     await asyncio.sleep(0)
     pool.drain("http://a")
     assert await served_by(pool, session) == "http://b"
-    await pool.remove("http://a")
+    pool.remove("http://a")
     assert not stubs["http://a"].closed  # a call is still in flight there
     stubs["http://a"].release.set()
     assert await held == "http://a"
@@ -151,3 +165,101 @@ async def test_streams_are_retried_only_before_their_first_token() -> None:
             got.append(chunk)
     assert [c.engine_url for c in got] == ["http://a"]
     assert stubs["http://b"].calls == [session]
+
+
+# --- engine control events (ingress/pool_control.py) on the pool directly -------------------
+
+ADD_C = EngineAdded(event_time=0, url="http://c/", weight=0.5)
+CONTROL_LOG: list[AnyControl] = [
+    ADD_C,
+    EngineDrained(event_time=0, url="http://a"),
+    SetWeightVersion(event_time=0, version="v1"),  # not about engines: the pool ignores it
+    EngineAdded(event_time=0, url="http://d", backend="sglang"),
+    EngineRemoved(event_time=0, url="http://d"),
+]
+
+
+def status(pool: EnginePool) -> list[tuple[str, str, float, bool]]:
+    return sorted((s.url, s.backend, s.weight, s.serving) for s in pool.status())
+
+
+async def test_each_engine_event_is_its_pool_operation() -> None:
+    pool, stubs = pool_of("http://a", "http://b")
+    apply_to_pool(pool, ADD_C)
+    assert status(pool) == [
+        ("http://a", "vllm", 1.0, True),
+        ("http://b", "vllm", 1.0, True),
+        ("http://c", "vllm", 0.5, True),  # the URL as the pool spells it
+    ]
+    before = first_choices(pool)
+    apply_to_pool(pool, EngineDrained(event_time=0, url="http://b"))
+    assert "http://b" not in first_choices(pool).values()
+    assert ("http://b", "vllm", 1.0, False) in status(pool)
+    apply_to_pool(pool, EngineAdded(event_time=0, url="http://b"))  # back: sessions too
+    assert first_choices(pool) == before
+    apply_to_pool(pool, EngineRemoved(event_time=0, url="http://b"))
+    assert [s.url for s in pool.status()] == ["http://a", "http://c"]
+    await asyncio.sleep(0)  # the close is a task: no call was in flight there
+    assert stubs["http://b"].closed
+    apply_to_pool(pool, EngineAdded(event_time=0, url="http://b"))  # a new client, same hash
+    assert first_choices(pool) == before and not stubs["http://b"].closed
+
+
+async def test_replaying_the_log_yields_the_same_pool_on_every_replica() -> None:
+    running, _ = pool_of("http://a", "http://b")
+    for event in CONTROL_LOG:
+        apply_to_pool(running, event)
+    # A replica started later with the same settings reads the log from its beginning, once
+    # or (a reconnect) twice over: the same pool, the drained engine drained, the removed gone.
+    for passes in (1, 2):
+        late, _ = pool_of("http://a", "http://b")
+        for event in [control_adapter.validate_json(e.model_dump_json()) for e in CONTROL_LOG]:
+            for _ in range(passes):
+                apply_to_pool(late, event)
+        assert (
+            status(late)
+            == status(running)
+            == [
+                ("http://a", "vllm", 1.0, False),
+                ("http://b", "vllm", 1.0, True),
+                ("http://c", "vllm", 0.5, True),
+            ]
+        )
+        assert first_choices(late) == first_choices(running)
+
+
+async def test_an_engine_added_by_the_log_is_driven_to_its_pause_and_version() -> None:
+    stubs: dict[str, ControlledStubEngine] = {}
+
+    def make(spec: EngineSpec) -> ControlledStubEngine:
+        stubs[spec.url] = ControlledStubEngine(spec.url)
+        return stubs[spec.url]
+
+    pool = EnginePool([EngineSpec("http://a")], make)
+    state = ControlState()
+    driver = EngineDriver(state, pool.engines)
+    task = asyncio.create_task(driver.run())
+
+    def apply(event: AnyControl) -> None:  # as the ingress subscribes them, in this order
+        state.apply(event)
+        apply_to_pool(pool, event)
+        driver.notify(event)
+
+    async def settled() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    try:
+        apply(SetWeightVersion(event_time=0, version="v2"))
+        apply(Pause(event_time=0, mode="keep"))
+        await settled()
+        apply(EngineAdded(event_time=0, url="http://new"))
+        await settled()
+        assert stubs["http://new"].control_calls == ["pause:keep", "version:v2"]
+        apply(EngineRemoved(event_time=0, url="http://new"))
+        apply(Resume(event_time=0))
+        await settled()
+        assert stubs["http://new"].control_calls == ["pause:keep", "version:v2"]  # not driven
+        assert stubs["http://a"].control_calls == ["pause:keep", "version:v2", "resume"]
+    finally:
+        task.cancel()

@@ -131,10 +131,19 @@ def cmd_control(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    url = getattr(args, "url", "")
     command: dict[str, Any] = {
         "pause": {"type": "pause", "mode": getattr(args, "mode", "keep")},
         "resume": {"type": "resume"},
         "set-version": {"type": "set_weight_version", "version": getattr(args, "version", "")},
+        "engine-add": {
+            "type": "engine_added",
+            "url": url,
+            "backend": getattr(args, "backend", "vllm"),
+            "weight": getattr(args, "weight", 1.0),
+        },
+        "engine-drain": {"type": "engine_drained", "url": url},
+        "engine-remove": {"type": "engine_removed", "url": url},
     }[args.action]
     try:
         event = control_event(command, issued_by="cli")
@@ -380,10 +389,12 @@ def main(argv: list[str] | None = None) -> int:
 
     control = sub.add_parser(
         "control",
-        help="publish a control command (pause, resume, set-version) to <prefix>.control",
+        help="publish a control command (pause, resume, set-version, engine-add, engine-drain, "
+        "engine-remove) to <prefix>.control",
         description="Every ingress replica applies it: pause holds new generations and "
         "freezes (keep) or ends-and-later-continues (abort) in-flight ones; set-version labels "
-        "the weights tokens are sampled with from now on.",
+        "the weights tokens are sampled with from now on; engine-add/-drain/-remove change the "
+        "engines sessions are routed to (hot swap, canary checkpoints).",
     )
     actions = control.add_subparsers(dest="action", required=True)
     pause = actions.add_parser("pause", help="stop admitting generations")
@@ -391,7 +402,19 @@ def main(argv: list[str] | None = None) -> int:
     actions.add_parser("resume", help="admit generations again")
     set_version = actions.add_parser("set-version", help="announce the current weight version")
     set_version.add_argument("version")
-    for action in (pause, actions.choices["resume"], set_version):
+    engine_add = actions.add_parser(
+        "engine-add", help="route sessions to an engine too (or put a drained one back)"
+    )
+    engine_add.add_argument("url")
+    engine_add.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
+    engine_add.add_argument(
+        "--weight", type=float, default=1.0, help="share of sessions relative to the others"
+    )
+    actions.add_parser("engine-drain", help="no new calls to an engine; its sessions move on")
+    actions.add_parser("engine-remove", help="drain an engine and forget it")
+    for name in ("engine-drain", "engine-remove"):
+        actions.choices[name].add_argument("url")
+    for action in actions.choices.values():
         _add_settings_flags(action)
         action.set_defaults(func=cmd_control)
 

@@ -9,10 +9,11 @@ calls in flight than ``max_in_flight``); when every healthy engine is overloaded
 loaded one. A call that fails before the engine produced anything (unreachable, 502/503/504) is
 retried on the next engine; a stream that already yielded tokens is not.
 
-Run time changes (:meth:`EnginePool.add`, :meth:`drain`, :meth:`remove`) are idempotent, so
-replaying them in order (a replica reading the control log from the start) ends in the same
-pool. Drained engines take no new calls, their in-flight calls finish, and their sessions'
-next steps go to their next engine (a TITO step there: only the engine's prefix cache misses).
+Run time changes (:meth:`EnginePool.add`, :meth:`drain`, :meth:`remove`) are idempotent and
+take effect at once (no await between them), so replaying them in order (a replica reading the
+control log from the start, see ingress/pool_control.py) ends in the same pool. Drained
+engines take no new calls, their in-flight calls finish, and their sessions' next steps go to
+their next engine (a TITO step there: only the engine's prefix cache misses).
 A removed engine is closed once its last call has finished.
 """
 
@@ -26,10 +27,10 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from prometheus_client import Counter, Gauge
 
+from schemas.control import Backend
 from titoflow.engine import Engine, GenerateParams, Generation, GenerationChunk, VLLMEngine
 from titoflow.errors import EngineUnavailable
 from titoflow.settings import Settings
@@ -37,7 +38,6 @@ from titoflow.sglang_engine import SGLangEngine
 
 log = logging.getLogger("titoflow.engines")
 
-Backend = Literal["vllm", "sglang"]
 BACKENDS: tuple[Backend, ...] = ("vllm", "sglang")
 
 CALLS = Counter(
@@ -144,6 +144,7 @@ class EnginePool:
         self.health_interval_s = health_interval_s
         self._members: dict[str, _Member] = {}
         self._health_task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # clients of removed engines
         for spec in specs:
             self.add(spec)
 
@@ -185,8 +186,9 @@ class EnginePool:
         SERVING.labels(member.url).set(0)
         log.info("engine draining", extra={"engine": member.url, "in_flight": member.in_flight})
 
-    async def remove(self, url: str) -> None:
-        """Drain ``url`` and forget it; its client closes once its last call finished."""
+    def remove(self, url: str) -> None:
+        """Drain ``url`` and forget it at once; its client closes once its last call finished
+        (needs a running event loop when no call is in flight there: the close is a task)."""
         member = self._members.pop(url.rstrip("/"), None)
         if member is None:
             log.warning("removal of unknown engine %s ignored", url)
@@ -197,7 +199,9 @@ class EnginePool:
                 gauge.remove(member.url)
         log.info("engine removed", extra={"engine": member.url, "in_flight": member.in_flight})
         if member.in_flight == 0:
-            await member.engine.close()
+            closing = asyncio.get_running_loop().create_task(member.engine.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     def engines(self) -> list[Engine]:
         """Every engine of the pool, draining ones included (the control plane drives them)."""
@@ -364,3 +368,4 @@ class EnginePool:
             self._health_task = None
         for member in list(self._members.values()):
             await member.engine.close()
+        await asyncio.gather(*self._closing)
