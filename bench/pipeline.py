@@ -161,8 +161,10 @@ async def run(
                 await asyncio.sleep(0.02)
         else:
             await asyncio.gather(*(publish_session(s, r) for s, r in load.items()))
+        published = time.perf_counter() - started
         await asyncio.wait_for(consuming, timeout=600)
         elapsed = max(arrived.values()) - started
+        print(f"published in {published:.2f} s, last segment at {elapsed:.2f} s", flush=True)
     finally:
         await consumer.stop()
         await publisher.stop()
@@ -170,7 +172,13 @@ async def run(
 
 
 def measure(
-    bootstrap: str, log_dir: Path, workers: int, tokens: int, steps: int, per_session: int
+    broker: ManagedProcess,
+    bootstrap: str,
+    log_dir: Path,
+    workers: int,
+    tokens: int,
+    steps: int,
+    per_session: int,
 ) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
     settings = Settings(
@@ -188,8 +196,11 @@ def measure(
         sessions = max(1, steps // per_session)
         load, per_token = encode_load(f"s-{run_id}", sessions, per_session, tokens)
         cpu0 = sum(group_cpu_seconds(p.pid) for p in procs)
+        broker0, own0 = group_cpu_seconds(broker.pid), time.process_time()
         elapsed, _ = asyncio.run(run(settings, load, paced=False))
         cpu = sum(group_cpu_seconds(p.pid) for p in procs) - cpu0
+        broker_cpu = group_cpu_seconds(broker.pid) - broker0
+        own_cpu = time.process_time() - own0
         paced, _ = encode_load(f"p-{run_id}", 100, per_session, tokens)
         _, latency = asyncio.run(run(settings, paced, paced=True))
     finally:
@@ -204,6 +215,10 @@ def measure(
         "steps_per_s": round(done / elapsed, 1),
         "tokens_per_s": round(done * tokens / elapsed),
         "worker_cpu_ms_per_step": round(cpu / done * 1000, 3),
+        # What else ran on the machine for these steps: the broker, and this process (the
+        # publishers and the segments reader).
+        "broker_cpu_ms_per_step": round(broker_cpu / done * 1000, 3),
+        "load_cpu_ms_per_step": round(own_cpu / done * 1000, 3),
         "finalize_to_segment_p50_ms": finalize["p50_ms"],
         "finalize_to_segment_p99_ms": finalize["p99_ms"],
         **per_token,
@@ -213,13 +228,15 @@ def measure(
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"{'tok/step':>8} {'workers':>7} {'steps':>6} {'steps/s':>8} {'tokens/s':>10} "
-        f"{'wcpu ms/step':>12} {'fin→seg p50':>11} {'p99 ms':>7} {'B/tok packed':>12} "
+        f"{'wcpu ms/step':>12} {'broker cpu':>10} {'load cpu':>8} {'fin→seg p50':>11} "
+        f"{'p99 ms':>7} {'B/tok packed':>12} "
         f"{'B/tok lists':>11}"
     ]
     for r in rows:
         lines.append(
             f"{r['tokens_per_step']:>8} {r['workers']:>7} {r['steps']:>6} {r['steps_per_s']:>8} "
             f"{r['tokens_per_s']:>10} {r['worker_cpu_ms_per_step']:>12} "
+            f"{r['broker_cpu_ms_per_step']:>10} {r['load_cpu_ms_per_step']:>8} "
             f"{r['finalize_to_segment_p50_ms']:>11} {r['finalize_to_segment_p99_ms']:>7} "
             f"{r['step_bytes_per_token_packed']:>12} {r['step_bytes_per_token_json_lists']:>11}"
         )
@@ -244,7 +261,13 @@ def main() -> None:
                 for workers in args.workers:
                     rows.append(
                         measure(
-                            bootstrap, Path(tmp), workers, tokens, steps, args.steps_per_session
+                            broker,
+                            bootstrap,
+                            Path(tmp),
+                            workers,
+                            tokens,
+                            steps,
+                            args.steps_per_session,
                         )
                     )
                     print(rows[-1], flush=True)

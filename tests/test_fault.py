@@ -397,13 +397,11 @@ class GatedPublisher(Publisher):
         self.waiting = asyncio.Event()
         self._segments_topic = settings.topic("segments")
 
-    async def publish(
-        self, topic: str, key: str, value: bytes, headers: dict[str, str] | None = None
-    ) -> tuple[int, int]:
-        if topic == self._segments_topic:
+    async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None:
+        if any(topic == self._segments_topic for topic, _, _ in records):
             self.waiting.set()
             await self.gate.wait()
-        return await super().publish(topic, key, value, headers)
+        await super().publish_many(records)
 
 
 async def test_a_rebalance_never_commits_past_segments_not_yet_published(

@@ -212,6 +212,9 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
             for tp in tps:
                 while await consumer.position(tp) < ends[tp]:
                     batch = await consumer.getmany(tp, timeout_ms=500)
+                    # tansu's end offset stops at the last batch's first record (workers
+                    # publish a batch's segments together); a fetch's high watermark is right.
+                    ends[tp] = max(ends[tp], consumer.highwater(tp) or 0)
                     records += [r for r in batch.get(tp, []) if r.offset < ends[tp]]
     finally:
         await consumer.stop()

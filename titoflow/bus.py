@@ -9,6 +9,8 @@ ingress must answer a scaffold (200 or a retryable 503) within ``publish_timeout
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -233,12 +235,39 @@ class Publisher:
     ) -> tuple[int, int]:
         """Append one record; return (partition, offset) once the broker acknowledged it."""
         kafka_headers = [(k, v.encode()) for k, v in (headers or {}).items()]
-        try:
+        with self._translated_errors(topic, len(value)):
             async with asyncio.timeout(self._timeout_s):
                 producer = await self._ensure_producer()
                 metadata = await producer.send_and_wait(
                     topic, value, key=key.encode(), headers=kafka_headers
                 )
+        return int(metadata.partition), int(metadata.offset)
+
+    async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None:
+        """Append (topic, key, value) records, all in flight at once, and return once the broker
+        acknowledged every one (within ``publish_timeout_s`` for the lot).
+
+        Records are handed to the producer in the given order, so those sharing a partition are
+        appended in that order; awaiting each ack before sending the next would cost a broker
+        round trip per record.
+        """
+        if not records:
+            return
+        largest = max(len(value) for _, _, value in records)
+        with self._translated_errors(", ".join(sorted({t for t, _, _ in records})), largest):
+            async with asyncio.timeout(self._timeout_s):
+                producer = await self._ensure_producer()
+                acks = [
+                    await producer.send(topic, value, key=key.encode())
+                    for topic, key, value in records
+                ]
+                await asyncio.gather(*acks)
+
+    @contextlib.contextmanager
+    def _translated_errors(self, topic: str, size: int) -> Iterator[None]:
+        """aiokafka's failures as BrokerUnavailable (retryable) or EventTooLarge (not)."""
+        try:
+            yield
         except TimeoutError as exc:
             raise BrokerUnavailable(
                 f"no ack from {self._settings.bootstrap_servers} for {topic!r} "
@@ -246,11 +275,10 @@ class Publisher:
             ) from exc
         except MessageSizeTooLargeError as exc:
             raise EventTooLarge(
-                f"{len(value)} bytes exceed max_event_bytes={self._settings.max_event_bytes}"
+                f"{size} bytes exceed max_event_bytes={self._settings.max_event_bytes}"
             ) from exc
         except KafkaError as exc:
             raise BrokerUnavailable(f"publishing to {topic!r} failed: {exc!r}") from exc
-        return int(metadata.partition), int(metadata.offset)
 
     async def healthy(self) -> bool:
         """Whether a broker answers a metadata request now (bounded by ``HEALTH_TIMEOUT_S``)."""
