@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
@@ -56,6 +57,10 @@ async def read_json(request: Request, allow_empty: bool = False) -> Any:
             raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
     if not raw and allow_empty:
         return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass  # orjson is strict (no NaN, no lone surrogates); json has the final word
     try:
         return json.loads(raw)
     except ValueError as exc:

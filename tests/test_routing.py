@@ -10,14 +10,18 @@ worker; and the vLLM client is fed a payload encoded the way vLLM encodes it (ba
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
-import httpx
 import numpy as np
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from pydantic import TypeAdapter, ValidationError
 
 from ingress.chains import ChainStore
@@ -85,29 +89,21 @@ async def test_vllm_routed_experts_are_translated_at_the_edge() -> None:
     values = (np.arange(5 * 2 * 2).reshape(5, 2, 2) * 37).astype(">u2")
     sent: list[dict[str, object]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+    def answer(body: dict[str, Any]) -> bytes:
         sent.append(body["sampling_params"])
         if not body["stream"]:
             choice = vllm_choice(completion, npy_base64(values), "length")
-            return httpx.Response(200, json={"request_id": "r", "choices": [choice]})
+            return json.dumps({"request_id": "r", "choices": [choice]}).encode()
         events = [  # vLLM streams routed experts only with the final event
             {"choices": [vllm_choice(completion[:1], None, None)]},
             {"choices": [vllm_choice(completion[1:], npy_base64(values), "length")]},
         ]
-        text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        return httpx.Response(200, text=text)
+        return ("".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n").encode()
 
-    engine = VLLMEngine("http://vllm", timeout_s=5)
-    engine._client = httpx.AsyncClient(
-        base_url="http://vllm", transport=httpx.MockTransport(handler)
-    )
     params = GenerateParams(max_tokens=3, routed_experts_start=start)
-    try:
+    async with vllm_answering(answer) as engine:
         whole = await engine.generate(prompt, params, "r")
         chunks = [c async for c in engine.generate_stream(prompt, params, "r")]
-    finally:
-        await engine.close()
     assert [s["routed_experts_prompt_start"] for s in sent] == [start, start]
     streamed = [c.routed_experts for c in chunks]
     assert streamed[0] is None
@@ -117,19 +113,33 @@ async def test_vllm_routed_experts_are_translated_at_the_edge() -> None:
         assert rows.data == values.astype("<u2").tobytes()
         assert (rows.to_numpy() == values).all()
 
-    def too_many_rows(request: httpx.Request) -> httpx.Response:
+    def too_many_rows(body: dict[str, Any]) -> bytes:
         choice = vllm_choice([10], npy_base64(np.zeros((9, 2, 2), "u1")), "length")
-        return httpx.Response(200, json={"choices": [choice]})
+        return json.dumps({"choices": [choice]}).encode()
 
-    engine = VLLMEngine("http://vllm", timeout_s=5)
-    engine._client = httpx.AsyncClient(
-        base_url="http://vllm", transport=httpx.MockTransport(too_many_rows)
-    )
-    try:
+    async with vllm_answering(too_many_rows) as engine:
         with pytest.raises(EngineError, match="routed_experts of shape"):
             await engine.generate(prompt, params, "r")
+
+
+@contextlib.asynccontextmanager
+async def vllm_answering(answer: Callable[[dict[str, Any]], bytes]) -> AsyncIterator[VLLMEngine]:
+    """A :class:`VLLMEngine` talking HTTP to a local server whose token API answers
+    ``answer(request body)``."""
+
+    async def generate(request: web.Request) -> web.Response:
+        return web.Response(body=answer(await request.json()), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/inference/v1/generate", generate)
+    server = TestServer(app)
+    await server.start_server()
+    engine = VLLMEngine(str(server.make_url("")), timeout_s=5)
+    try:
+        yield engine
     finally:
         await engine.close()
+        await server.close()
 
 
 def chat(messages: list[Message], session: str) -> ChatTurn:

@@ -57,6 +57,10 @@ def cmd_ingress(args: argparse.Namespace) -> int:
         port=settings.ingress_port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=30,
+        # Explicit, not "auto": a missing one fails at start instead of silently costing
+        # latency on every turn (bench/overhead.py: uvloop + httptools vs asyncio + h11).
+        loop="uvloop",
+        http="httptools",
     )
     return 0
 

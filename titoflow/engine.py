@@ -20,8 +20,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import aiohttp
 import httpx
 import numpy as np
+import orjson
 
 from schemas.events import VersionSpan
 from schemas.routing import NUMPY_DTYPE, RoutedExperts
@@ -116,6 +118,13 @@ class EngineControl(Protocol):
     async def weight_version(self) -> str: ...
 
 
+JSON_HEADERS = {"content-type": "application/json"}
+# What an unreachable, reset or silent engine raises in aiohttp (timeouts included).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+_PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
+
+
 def nodelay_transport() -> httpx.AsyncHTTPTransport:
     # Small request/response pairs on keep-alive connections stall on Nagle + delayed ACK.
     return httpx.AsyncHTTPTransport(
@@ -124,14 +133,26 @@ def nodelay_transport() -> httpx.AsyncHTTPTransport:
 
 
 class VLLMEngine:
+    """vLLM over aiohttp: its per-request CPU is a quarter of httpx's (measured against the
+    engine double: 0.14 vs 0.60 ms a call), which is most of what a proxy adds per turn."""
+
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url.rstrip("/")
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            transport=nodelay_transport(),
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-        )
+        # Per read, like httpx's: a long stream is fine as long as the engine keeps sending.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        # Made on first use: a session belongs to the event loop it was made in. Keep-alive
+        # pooled without a limit (the pool bounds calls); aiohttp sets TCP_NODELAY itself.
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                self.url,
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                auto_decompress=False,
+            )
+        return self._session
 
     def _body(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str, stream: bool
@@ -159,12 +180,15 @@ class VLLMEngine:
 
     async def _post_generate(self, body: dict[str, Any]) -> Any:
         try:
-            response = await self._client.post("/inference/v1/generate", json=body)
-        except httpx.TransportError as exc:
+            async with self._http().post(
+                "/inference/v1/generate", data=orjson.dumps(body), headers=JSON_HEADERS
+            ) as response:
+                content = await response.read()
+        except _TRANSPORT_ERRORS as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise engine_failure(response.status_code, response.text)
-        return response.json()
+        if response.status != 200:
+            raise engine_failure(response.status, content.decode(errors="replace"))
+        return orjson.loads(content)
 
     async def generate(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
@@ -190,13 +214,16 @@ class VLLMEngine:
         body = self._body(prompt_ids, params, request_id, stream=True)
         sampled = 0
         try:
-            async with self._client.stream("POST", "/inference/v1/generate", json=body) as response:
-                if response.status_code != 200:
-                    raise engine_failure(response.status_code, (await response.aread()).decode())
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
+            async with self._http().post(
+                "/inference/v1/generate", data=orjson.dumps(body), headers=JSON_HEADERS
+            ) as response:
+                if response.status != 200:
+                    text = (await response.read()).decode(errors="replace")
+                    raise engine_failure(response.status, text)
+                async for line in _lines(response.content):
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
-                    payload = json.loads(line[len("data: ") :])
+                    payload = orjson.loads(line[len(b"data: ") :])
                     if "error" in payload:  # vLLM reports request errors inside a 200 stream
                         error = payload["error"]
                         raise engine_failure(int(error.get("code", 500)), json.dumps(error))
@@ -204,7 +231,7 @@ class VLLMEngine:
                         chunk = self._chunk(payload, len(prompt_ids), sampled)
                         sampled += len(chunk.token_ids)
                         yield chunk
-        except httpx.TransportError as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
 
     def _chunk(self, payload: dict[str, Any], prompt_len: int, sampled: int) -> GenerationChunk:
@@ -268,12 +295,14 @@ class VLLMEngine:
 
     async def healthy(self) -> bool:
         try:
-            return (await self._client.get("/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
+            async with self._http().get("/health", timeout=_PROBE_TIMEOUT) as response:
+                return response.status == 200
+        except _TRANSPORT_ERRORS:
             return False
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     # The RL routes (served with VLLM_SERVER_DEV_MODE=1). Pausing twice, resuming a running
     # engine and setting the current version again are harmless, so replicas may repeat them.
@@ -294,13 +323,32 @@ class VLLMEngine:
 
     async def _control(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
-            response = await self._client.request(method, path, timeout=30.0, **kwargs)
-        except httpx.TransportError as exc:
+            async with self._http().request(
+                method, path, timeout=_CONTROL_TIMEOUT, **kwargs
+            ) as response:
+                content = await response.read()
+        except _TRANSPORT_ERRORS as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise engine_failure(response.status_code, f"{method} {path}: {response.text}")
-        body: dict[str, Any] = response.json()
+        if response.status != 200:
+            text = content.decode(errors="replace")
+            raise engine_failure(response.status, f"{method} {path}: {text}")
+        body: dict[str, Any] = orjson.loads(content)
         return body
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The lines of a response body, however long (aiohttp's own line iterator refuses lines
+    past its buffer size; a last event carrying routed experts can be megabytes)."""
+    buffer = bytearray()
+    async for data in content.iter_any():
+        buffer += data
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            yield bytes(buffer[start:end]).rstrip(b"\r")
+            start = end + 1
+        del buffer[:start]
+    if buffer:
+        yield bytes(buffer)
 
 
 _EXPERT_DTYPES = {np.dtype(v).newbyteorder("<"): k for k, v in NUMPY_DTYPE.items()}
