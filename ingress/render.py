@@ -14,6 +14,7 @@ the length of the history.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -23,6 +24,8 @@ from titoflow.errors import TemplateError
 # Stands in for the assistant's content so sampled text never enters the terminator search.
 _SENTINEL = "TITO_SENTINEL_4b1d"
 _ANCHOR_USER = Message(role="user", content="TITO_ANCHOR")
+# Distinct (system prompt, tools, template switches) openings kept; a fleet runs a handful.
+_OPENINGS_KEPT = 256
 
 
 class Tokenizer(Protocol):
@@ -43,6 +46,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.terminator = self._detect_terminator()
         self.terminator_id = int(tokenizer.convert_tokens_to_ids(self.terminator))
+        self._openings: dict[tuple[tuple[Message, ...], str], str] = {}
 
     def _detect_terminator(self) -> str:
         """The special token that closes an assistant turn in this template (``<|im_end|>``,
@@ -102,6 +106,25 @@ class ChatRenderer:
         header = text[len(opening) : text.index(_SENTINEL)]
         return list(self.tokenizer.encode(header, add_special_tokens=False))
 
+    def _opening(
+        self,
+        head: tuple[Message, ...],
+        tools: Sequence[dict[str, Any]],
+        template_kwargs: dict[str, Any],
+        fresh: bool,
+    ) -> str:
+        """The text before an assistant turn that follows ``head`` and the anchor user turn.
+        Memoized: every turn of every session of an agent re-rendered the same system prompt
+        and tools for it (half of the continuation's cost)."""
+        key = (head, json.dumps([list(tools), template_kwargs], default=repr))
+        text = None if fresh else self._openings.get(key)
+        if text is None:
+            text = self.render_text([*head, _ANCHOR_USER], tools, template_kwargs, False)
+            if len(self._openings) >= _OPENINGS_KEPT:
+                self._openings.clear()
+            self._openings[key] = text
+        return text
+
     def continuation(
         self,
         messages: Sequence[Message],
@@ -115,11 +138,13 @@ class ChatRenderer:
         assistant = messages[covered - 1]
         if assistant.role != "assistant" or covered >= len(messages):
             raise ValueError("a continuation needs a covered assistant turn and new messages")
-        head = [messages[0]] if messages[0].role == "system" and covered > 1 else []
-        opening = self.render_text([*head, _ANCHOR_USER], tools, template_kwargs, False)
+        head = (messages[0],) if messages[0].role == "system" and covered > 1 else ()
         stand_in = assistant.model_copy(update={"content": _SENTINEL, "reasoning": None})
         reduced = [*head, _ANCHOR_USER, stand_in, *messages[covered:]]
         text = self.render_text(reduced, tools, template_kwargs, add_generation_prompt=True)
+        opening = self._opening(head, tools, template_kwargs, fresh=False)
+        if not text.startswith(opening):  # a template that writes e.g. today's date: re-render
+            opening = self._opening(head, tools, template_kwargs, fresh=True)
         if not text.startswith(opening):
             raise TemplateError("the chat template is not append-only before an assistant turn")
         end_of_turn = text.find(self.terminator, len(opening))
