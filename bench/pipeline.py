@@ -11,8 +11,9 @@ ingress serving them), while this process counts segments arriving on ``<prefix>
 Steps/s = steps / (last segment consumed − first publish). Worker CPU per step is the workers'
 CPU time over the steps, the capacity a core gives whatever else the machine runs.
 
-Finalize→segment is measured apart, unsaturated: sessions published one at a time, the clock
-running from the broker's ack of the SessionFinalized to its segment arriving here.
+Finalize→segment is measured apart, before the burst and unsaturated: sessions published one at
+a time, the clock running from the broker's ack of the SessionFinalized to its segment arriving
+here.
 Bytes per token compares the events as published (packed arrays) with the same events as JSON
 lists (``bench/encoding.py`` compares the array encodings themselves, msgpack included).
 """
@@ -133,6 +134,13 @@ async def run(
     await publisher.start()
     consumer = make_consumer(settings, settings.topic("segments"), group_id=None)
     await consumer.start()
+    # Start at the end: re-reading earlier phases' segments first would delay (and so
+    # inflate) the arrival times of this phase's first sessions.
+    while not consumer.assignment():
+        await asyncio.sleep(0.05)
+    await consumer.seek_to_end()
+    for tp in consumer.assignment():
+        await consumer.position(tp)
     acked: dict[str, float] = {}
     arrived: dict[str, float] = {}
     steps_topic = settings.topic("steps")
@@ -193,6 +201,10 @@ def measure(
         asyncio.run(wait_assigned(procs, settings.steps_partitions, 120))
         warm, _ = encode_load(f"warm-{run_id}", 16, 1, 100)
         asyncio.run(run(settings, warm, paced=False))
+        # Latency first, unsaturated: right after the throughput burst it would also measure
+        # the tail of that burst (the first paced sessions waited up to ~0.5 s behind it).
+        paced, _ = encode_load(f"p-{run_id}", 100, per_session, tokens)
+        _, latency = asyncio.run(run(settings, paced, paced=True))
         sessions = max(1, steps // per_session)
         load, per_token = encode_load(f"s-{run_id}", sessions, per_session, tokens)
         cpu0 = sum(group_cpu_seconds(p.pid) for p in procs)
@@ -201,8 +213,6 @@ def measure(
         cpu = sum(group_cpu_seconds(p.pid) for p in procs) - cpu0
         broker_cpu = group_cpu_seconds(broker.pid) - broker0
         own_cpu = time.process_time() - own0
-        paced, _ = encode_load(f"p-{run_id}", 100, per_session, tokens)
-        _, latency = asyncio.run(run(settings, paced, paced=True))
     finally:
         for proc in procs:
             proc.stop()
