@@ -74,6 +74,21 @@ class Generation:
     # Positions of prompt + completion; None unless the engine returns routed experts.
     routed_experts: RoutedExperts | None = None
 
+    @classmethod
+    def whole(cls, chunk: GenerationChunk, request_id: str, engine_url: str) -> Generation:
+        """A non-streamed answer, parsed as one final chunk."""
+        return cls(
+            token_ids=chunk.token_ids,
+            logprobs=chunk.logprobs,
+            finish_reason=chunk.finish_reason or "stop",
+            request_id=request_id,
+            engine_url=engine_url,
+            weight_versions=chunk.weight_versions,
+            top_logprobs=chunk.top_logprobs,
+            stop_reason=chunk.stop_reason,
+            routed_experts=chunk.routed_experts,
+        )
+
 
 @dataclass(frozen=True)
 class PromptScores:
@@ -196,17 +211,7 @@ class VLLMEngine:
         body = self._body(prompt_ids, params, request_id, stream=False)
         payload = await self._post_generate(body)
         chunk = self._chunk(payload, len(prompt_ids), 0)
-        return Generation(
-            token_ids=chunk.token_ids,
-            logprobs=chunk.logprobs,
-            finish_reason=chunk.finish_reason or "stop",
-            request_id=str(payload.get("request_id", request_id)),
-            engine_url=self.url,
-            weight_versions=chunk.weight_versions,
-            top_logprobs=chunk.top_logprobs,
-            stop_reason=chunk.stop_reason,
-            routed_experts=chunk.routed_experts,
-        )
+        return Generation.whole(chunk, str(payload.get("request_id", request_id)), self.url)
 
     async def generate_stream(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""

@@ -111,17 +111,7 @@ class SGLangEngine:
         if response.status_code != 200:
             raise engine_failure(response.status_code, response.text)
         chunk = self.chunk(response.json(), 0, len(prompt_ids), params.routed_experts_start)
-        return Generation(
-            token_ids=chunk.token_ids,
-            logprobs=chunk.logprobs,
-            finish_reason=chunk.finish_reason or "stop",
-            request_id=request_id,
-            engine_url=self.url,
-            weight_versions=chunk.weight_versions,
-            top_logprobs=chunk.top_logprobs,
-            stop_reason=chunk.stop_reason,
-            routed_experts=chunk.routed_experts,
-        )
+        return Generation.whole(chunk, request_id, self.url)
 
     async def generate_stream(
         self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
