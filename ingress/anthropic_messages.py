@@ -418,7 +418,7 @@ async def _messages_call(request: Request, session: str | None) -> Response:
             started, events = await http.service(request).open_stream(turn)
             return http.sse_response(_stream_events(turn, started, events))
         result = await http.service(request).complete(turn)
-        return JSONResponse(message_response(result, turn.model))
+        return http.json_response(message_response(result, turn.model))
     except IngressError as exc:
         return error_response(exc)
 

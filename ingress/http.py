@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from ingress.service import ChatService
@@ -104,6 +104,15 @@ def check_model(request: Request, model: str) -> None:
         raise UnknownModel(
             f"the model {model!r} is not served here; use one of: {accepted}", "model"
         )
+
+
+def json_response(payload: Any) -> Response:
+    """A 200 JSON answer serialized by orjson (a fifth of the standard library's cost), with
+    JSONResponse as the fallback for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return Response(orjson.dumps(payload), media_type="application/json")
+    except TypeError:
+        return JSONResponse(payload)
 
 
 def sse_response(events: AsyncIterator[str]) -> StreamingResponse:

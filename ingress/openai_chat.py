@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ingress import http
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TokensSampled, TurnDone, TurnEvent, TurnResult, TurnStarted
-from ingress.turn import ChatTurn, Message, SamplingOptions, ToolCall
+from ingress.turn import ChatTurn, SamplingOptions, messages_from_fields
 from titoflow.errors import IngressError, InvalidRequest
 
 
@@ -86,25 +86,24 @@ def _text(content: str | list[_TextPart] | None) -> str:
     return "".join(part.text for part in content)
 
 
-def _message(raw: _Message) -> Message:
-    calls = tuple(
-        ToolCall(
-            id=call.id,
-            name=call.function.name,
-            arguments=call.function.arguments
-            if isinstance(call.function.arguments, str)
-            else json.dumps(call.function.arguments),
-        )
-        for call in raw.tool_calls or ()
-    )
-    return Message(
-        role="system" if raw.role == "developer" else raw.role,
-        content=_text(raw.content),
-        reasoning=raw.reasoning_content,
-        tool_calls=calls,
-        tool_call_id=raw.tool_call_id,
-        name=raw.name,
-    )
+def _message_fields(raw: _Message) -> dict[str, Any]:
+    return {
+        "role": "system" if raw.role == "developer" else raw.role,
+        "content": _text(raw.content),
+        "reasoning": raw.reasoning_content,
+        "tool_calls": [
+            {
+                "id": call.id,
+                "name": call.function.name,
+                "arguments": call.function.arguments
+                if isinstance(call.function.arguments, str)
+                else json.dumps(call.function.arguments),
+            }
+            for call in raw.tool_calls or ()
+        ],
+        "tool_call_id": raw.tool_call_id,
+        "name": raw.name,
+    }
 
 
 def parse_request(
@@ -119,7 +118,7 @@ def parse_request(
         session=session,
         api="openai.chat",
         model=request.model,
-        messages=tuple(_message(m) for m in request.messages),
+        messages=messages_from_fields([_message_fields(m) for m in request.messages]),
         tools=tuple(request.tools or ()),
         tool_choice="named" if named else (choice if isinstance(choice, str) else "auto"),
         tool_choice_name=named,
@@ -306,7 +305,7 @@ async def _chat(request: Request, session: str | None) -> Response:
             started, events = await http.service(request).open_stream(turn)
             return http.sse_response(_stream_chunks(turn, started, events, include_usage, logprobs))
         result = await http.service(request).complete(turn)
-        return JSONResponse(completion_response(result, turn.model, logprobs))
+        return http.json_response(completion_response(result, turn.model, logprobs))
     except IngressError as exc:
         return error_response(exc)
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from ingress import http
@@ -458,7 +458,7 @@ async def _responses_call(request: Request, session: str | None) -> Response:
             started, events = await http.service(request).open_stream(turn)
             return http.sse_response(_stream_events(_echo(raw), started, events))
         result = await http.service(request).complete(turn)
-        return JSONResponse(response_object(result, _echo(raw)))
+        return http.json_response(response_object(result, _echo(raw)))
     except IngressError as exc:
         return error_response(exc)
 

@@ -269,7 +269,7 @@ class ChatService:
     def _prepare(self, turn: ChatTurn) -> _Prepared:
         started = time.perf_counter()
         matcher = self.options.matcher
-        found = self.chains.find(turn.session.session_id, turn.messages, turn.tools_key(), matcher)
+        found = self.chains.find(turn.session.session_id, turn.messages, turn.tools_key, matcher)
         if found:
             parent, covered = found
             self._check_step_limit(turn.session.session_id, parent)
@@ -412,7 +412,7 @@ class ChatService:
             new_messages=[m.template_dict() for m in turn.messages[prepared.covered :]],
             response_message=answer.template_dict(),
             tool_parse_error=parsed.parse_error,
-            tools_hash=_tools_hash(turn.tools_key()),
+            tools_hash=_tools_hash(turn.tools_key),
             # What a worker needs to re-render the chain; its TITO steps share them.
             tools=list(turn.tools) if parent is None else [],
             template_kwargs=dict(turn.template_kwargs) if parent is None else {},
@@ -432,7 +432,7 @@ class ChatService:
             parent,
             Chain(
                 chain_id=step.chain_id,
-                tools_key=turn.tools_key(),
+                tools_key=turn.tools_key,
                 # Clients rarely echo reasoning (and no matcher compares it): kept without it,
                 # the echo matches field for field, the cheap way (see ChainStore.find).
                 messages=(*turn.messages, answer.model_copy(update={"reasoning": None})),

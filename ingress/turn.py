@@ -4,9 +4,10 @@ white-box token call."""
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 Api = Literal["openai.chat", "anthropic.messages", "openai.responses"]
 Matcher = Literal["strict", "tool_call_id"]
@@ -99,6 +100,15 @@ class Message(BaseModel):
         return (self.role, self.content, calls, self.tool_call_id)
 
 
+_MESSAGES = TypeAdapter(tuple[Message, ...])
+
+
+def messages_from_fields(fields: list[dict[str, Any]]) -> tuple[Message, ...]:
+    """Messages from already-validated wire fields, in one validation pass for the whole history
+    (a third of the cost of building each ``Message`` and ``ToolCall`` on its own)."""
+    return _MESSAGES.validate_python(fields)
+
+
 class SamplingOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -139,8 +149,10 @@ class ChatTurn(BaseModel):
     sampling: SamplingOptions = SamplingOptions()
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
+    @cached_property
     def tools_key(self) -> str:
-        """Chains continue only under the same tools and template switches: they shape prompts."""
+        """Chains continue only under the same tools and template switches: they shape prompts.
+        Cached: a turn reads it three times (find, step record, chain advance)."""
         return json.dumps([list(self.tools), self.template_kwargs], sort_keys=True)
 
 
