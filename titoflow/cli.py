@@ -56,6 +56,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
         host=settings.ingress_host,
         port=settings.ingress_port,
         log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
         timeout_graceful_shutdown=30,
         # Explicit, not "auto": a missing one fails at start instead of silently costing
         # latency on every turn (bench/overhead.py: uvloop + httptools vs asyncio + h11).

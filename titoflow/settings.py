@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = Field(
         "json", description="json: one object per line with session/step ids; text: for people."
     )
+    access_log: bool = Field(
+        False,
+        description="The ingress' per-request access line (uvicorn's, plain text). Off by "
+        "default: the JSON step log already names every recorded turn, and the access line "
+        "cost about as much CPU again on every turn.",
+    )
 
     @property
     def recompute_enabled(self) -> bool:
