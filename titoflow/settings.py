@@ -215,8 +215,8 @@ class Settings(BaseSettings):
     access_log: bool = Field(
         False,
         description="The ingress' per-request access line (uvicorn's, plain text). Off by "
-        "default: the JSON step log already names every recorded turn, and the access line "
-        "cost about as much CPU again on every turn.",
+        "default: the JSON step log already names every recorded turn, and the line costs CPU "
+        "and latency on every turn (docs/benchmarks.md, sections 1-2).",
     )
 
     @property
