@@ -436,13 +436,7 @@ def router() -> APIRouter:
     routes = APIRouter()
 
     # Any query string (Claude Code adds ?beta=true) is accepted: FastAPI ignores unknown ones.
-    @routes.post("/sess/{session}/v1/messages")
-    async def messages_in_session(request: Request, session: str) -> Response:
-        return await _messages_call(request, session)
-
-    @routes.post("/v1/messages")
-    async def messages_by_header(request: Request) -> Response:
-        return await _messages_call(request, None)
+    http.post_both_ways(routes, "/v1/messages", _messages_call)
 
     @routes.post("/sess/{session}/v1/messages/count_tokens")
     @routes.post("/v1/messages/count_tokens")

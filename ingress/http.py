@@ -1,14 +1,15 @@
-"""What every wire adapter's routes share: the service, bounded JSON bodies, session refs,
-model checks and SSE responses. Adapters own their routes and error shapes."""
+"""What every wire adapter's routes share: the two addresses of a call, the service, bounded
+JSON bodies, session refs, model checks and SSE responses. Adapters own their routes and error
+shapes."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
@@ -18,6 +19,22 @@ from titoflow.errors import InvalidRequest, MissingSession, PayloadTooLarge, Unk
 from titoflow.settings import Settings
 
 _Model = TypeVar("_Model", bound=BaseModel)
+
+SessionCall = Callable[[Request, str | None], Awaitable[Response]]
+
+
+def post_both_ways(routes: APIRouter, path: str, call: SessionCall) -> None:
+    """Serve ``call`` on ``/sess/<id><path>`` (the session in the base URL) and on ``path``
+    (the session in headers or the body; ``call`` gets ``None`` and resolves it)."""
+
+    async def in_session(request: Request, session: str) -> Response:
+        return await call(request, session)
+
+    async def by_header(request: Request) -> Response:
+        return await call(request, None)
+
+    routes.add_api_route(f"/sess/{{session}}{path}", in_session, methods=["POST"])
+    routes.add_api_route(path, by_header, methods=["POST"])
 
 
 def validated(model: type[_Model], data: Any, at: str = "") -> _Model:

@@ -312,13 +312,5 @@ async def _chat(request: Request, session: str | None) -> Response:
 
 def router() -> APIRouter:
     routes = APIRouter()
-
-    @routes.post("/sess/{session}/v1/chat/completions")
-    async def chat_in_session(request: Request, session: str) -> Response:
-        return await _chat(request, session)
-
-    @routes.post("/v1/chat/completions")
-    async def chat_by_header(request: Request) -> Response:
-        return await _chat(request, None)
-
+    http.post_both_ways(routes, "/v1/chat/completions", _chat)
     return routes

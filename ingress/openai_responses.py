@@ -465,13 +465,5 @@ async def _responses_call(request: Request, session: str | None) -> Response:
 
 def router() -> APIRouter:
     routes = APIRouter()
-
-    @routes.post("/sess/{session}/v1/responses")
-    async def responses_in_session(request: Request, session: str) -> Response:
-        return await _responses_call(request, session)
-
-    @routes.post("/v1/responses")
-    async def responses_by_header(request: Request) -> Response:
-        return await _responses_call(request, None)
-
+    http.post_both_ways(routes, "/v1/responses", _responses_call)
     return routes

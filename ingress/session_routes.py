@@ -4,6 +4,7 @@ models, base URL. Errors are in OpenAI's shape."""
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -120,21 +121,8 @@ def router() -> APIRouter:
     async def open_session(request: Request) -> Response:
         return await _open(request)
 
-    @routes.post("/sess/{session}/finalize")
-    async def finalize_in_session(request: Request, session: str) -> Response:
-        return await _close(request, session, discard=False)
-
-    @routes.post("/finalize")
-    async def finalize_by_header(request: Request) -> Response:
-        return await _close(request, None, discard=False)
-
-    @routes.post("/sess/{session}/discard")
-    async def discard_in_session(request: Request, session: str) -> Response:
-        return await _close(request, session, discard=True)
-
-    @routes.post("/discard")
-    async def discard_by_header(request: Request) -> Response:
-        return await _close(request, None, discard=True)
+    http.post_both_ways(routes, "/finalize", partial(_close, discard=False))
+    http.post_both_ways(routes, "/discard", partial(_close, discard=True))
 
     @routes.get("/v1/models")
     @routes.get("/sess/{session}/v1/models")

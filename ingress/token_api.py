@@ -107,13 +107,5 @@ async def _generate(request: Request, session: str | None) -> Response:
 
 def router() -> APIRouter:
     routes = APIRouter()
-
-    @routes.post("/sess/{session}/generate")
-    async def generate_in_session(request: Request, session: str) -> Response:
-        return await _generate(request, session)
-
-    @routes.post("/generate")
-    async def generate_by_header(request: Request) -> Response:
-        return await _generate(request, None)
-
+    http.post_both_ways(routes, "/generate", _generate)
     return routes
