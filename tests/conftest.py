@@ -3,13 +3,12 @@ the tiny deterministic model, each started once per test session."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from titoflow.engine_process import start_vllm
+from tests.engines import engine_for_tests
 from titoflow.model_build import build_tiny_model
 from titoflow.settings import Settings
 
@@ -23,17 +22,8 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    # Developers sharing one machine may point tests at an engine already serving the same
-    # model; CI never sets this, so it always starts its own.
-    shared = os.environ.get("TITOFLOW_TEST_ENGINE_URL")
-    if shared:
-        yield shared
-        return
-    proc, url = start_vllm(Settings(model_path=model_dir), log_dir=tmp_path_factory.mktemp("vllm"))
-    try:
-        yield url
-    finally:
-        proc.stop()
+    log_dir = tmp_path_factory.mktemp("vllm")
+    yield from engine_for_tests("TITOFLOW_TEST_ENGINE_URL", model_dir, log_dir)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ test at one already running instead (developers sharing a machine; CI starts its
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +25,9 @@ from ingress.app import create_app
 from ingress.render import ChatRenderer
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.apps import ADMIN_TOKEN, admin, serving, until
+from tests.engines import engine_for_tests
 from tests.topics import engine_generate, read_until
 from titoflow.engine_pool import EnginePool
-from titoflow.engine_process import start_vllm
 from titoflow.settings import Settings
 from titoflow.stack import settings_env, start_worker
 from titoflow.tokenizer import load_tokenizer
@@ -43,16 +42,8 @@ BACK_TURN = 4  # removed and added back before this turn
 
 @pytest.fixture(scope="module")
 def second_engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    shared = os.environ.get("TITOFLOW_TEST_SECOND_ENGINE_URL")
-    if shared:
-        yield shared
-        return
     log_dir = tmp_path_factory.mktemp("vllm-second")
-    proc, url = start_vllm(Settings(model_path=model_dir), log_dir=log_dir)
-    try:
-        yield url
-    finally:
-        proc.stop()
+    yield from engine_for_tests("TITOFLOW_TEST_SECOND_ENGINE_URL", model_dir, log_dir)
 
 
 def seed(session: int, turn: int) -> int:

@@ -1,0 +1,25 @@
+"""A real vLLM CPU engine for tests, or one a developer already runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from titoflow.engine_process import start_vllm
+from titoflow.settings import Settings
+
+
+def engine_for_tests(running_url_variable: str, model_dir: Path, log_dir: Path) -> Iterator[str]:
+    """Yield the URL in ``running_url_variable`` if set (developers sharing one machine point
+    tests at an engine already serving the same model; CI never sets it), else start vLLM on
+    ``model_dir`` and stop it afterwards."""
+    running = os.environ.get(running_url_variable)
+    if running:
+        yield running
+        return
+    proc, url = start_vllm(Settings(model_path=model_dir), log_dir=log_dir)
+    try:
+        yield url
+    finally:
+        proc.stop()
