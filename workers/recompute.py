@@ -38,7 +38,7 @@ from titoflow.settings import Settings
 from workers import metrics
 from workers.assembler import pending_positions
 from workers.rebuild import runs
-from workers.worker import dead_letter
+from workers.worker import publish_dead_letter
 
 log = logging.getLogger("titoflow.recompute")
 
@@ -176,7 +176,8 @@ class RecomputeWorker:
         try:
             request = RecomputeRequested.model_validate_json(record.value or b"")
         except ValidationError as exc:
-            await self._dead_letter(record, f"undecodable recompute request: {exc.errors()[:3]}")
+            reason = f"undecodable recompute request: {exc.errors()[:3]}"
+            await publish_dead_letter(self.publisher, self.settings, record, reason)
             return
         scorer = None if self.settings.recompute_disabled else self.engine
         backoff = RETRY_BACKOFF_S[0]
@@ -198,13 +199,4 @@ class RecomputeWorker:
         log.info(
             "recomputed segment published",
             extra={"session_id": segment.session_id, "segment_id": segment.segment_id},
-        )
-
-    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
-        log.warning(
-            "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
-        )
-        letter = dead_letter(record, reason)
-        await self.publisher.publish(
-            self.settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
         )

@@ -59,9 +59,12 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
 
 
-def dead_letter(record: ConsumerRecord, reason: str) -> DeadLetter:
-    """The DLQ event for ``record``: its bytes, where it came from, and why."""
-    return DeadLetter(
+async def publish_dead_letter(
+    publisher: Publisher, settings: Settings, record: ConsumerRecord, reason: str
+) -> None:
+    """Send ``record`` to the DLQ: its bytes, where it came from, and why."""
+    log.warning("dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
+    letter = DeadLetter(
         reason=reason,
         source_topic=record.topic,
         source_partition=record.partition,
@@ -69,6 +72,9 @@ def dead_letter(record: ConsumerRecord, reason: str) -> DeadLetter:
         key=record.key.decode("utf-8", "replace") if record.key else None,
         value_b64=base64.b64encode(record.value or b"").decode("ascii"),
         event_time=time.time(),
+    )
+    await publisher.publish(
+        settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
     )
 
 
@@ -233,13 +239,7 @@ class Worker:
 
     async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
         metrics.DEAD_LETTERS.inc()
-        log.warning(
-            "dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
-        )
-        letter = dead_letter(record, reason)
-        await self.publisher.publish(
-            self.settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
-        )
+        await publish_dead_letter(self.publisher, self.settings, record, reason)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop state of partitions another worker now owns; it re-reads them from the commit."""
