@@ -13,6 +13,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,10 @@ from titoflow.stack import settings_env, start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 
-LONG = 200  # tokens of an interrupted generation: ~3 s on the tiny model
+# Tokens of an interrupted generation (~7 s on the tiny model): the pause is sent after a few of
+# them and must land before the last, whatever the machine's speed and the broker's hiccups.
+LONG = 500
+PAUSE_AFTER = 10
 
 
 async def engine_is(
@@ -115,13 +119,16 @@ async def test_pause_bump_resume_one_response_stamped_v1_then_v2_and_masked(
             )
 
             async def some_tokens() -> bool:
-                return len(streamed) >= 20
+                return len(streamed) >= PAUSE_AFTER
 
-            await until(some_tokens, "20 streamed tokens")
+            await until(some_tokens, f"{PAUSE_AFTER} streamed tokens")
+            pause_sent = time.monotonic()
             await admin(http, url, type="pause", mode=mode)
             await engine_is(http, engine_url, paused=True)
+            pause_took = time.monotonic() - pause_sent
             await asyncio.sleep(0.5)  # tokens sampled before the pause reach the client
             boundary = len(streamed)
+            assert boundary < LONG, f"the pause took {pause_took:.2f} s, after the generation ended"
             await admin(http, url, type="set_weight_version", version="v2")
             await engine_is(http, engine_url, paused=True, version="v2")
             await asyncio.sleep(0.5)
