@@ -128,6 +128,27 @@ def start_double(log_dir: Path, model_path: Path) -> tuple[ManagedProcess, str]:
     return proc, url
 
 
+def start_floor_proxy(
+    log_dir: Path, engine_url: str, bootstrap: str, topic: str
+) -> tuple[ManagedProcess, str]:
+    """``bench/floor_proxy.py`` in front of ``engine_url``'s chat completions."""
+    port = free_port()
+    proc = ManagedProcess(
+        "floor-proxy",
+        [
+            sys.executable,
+            str(ROOT / "bench" / "floor_proxy.py"),
+            *("--port", str(port), "--engine-url", engine_url),
+            *("--bootstrap", bootstrap, "--topic", topic),
+        ],
+        log_dir / "floor-proxy.log",
+        {"PYTHONPATH": str(ROOT)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(proc, f"{url}/health")
+    return proc, url
+
+
 LITELLM_KEY = "sk-titoflow-bench-0123456789abcdef0123456789abcdef"
 
 

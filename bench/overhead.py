@@ -13,7 +13,10 @@ The same workload runs, one path after the other, at each ``--concurrency`` (ses
 - ``titoflow``: through the ingress (OpenAI chat, per-session base URL) to the same engine, with
   every step published to a real tansu broker and acknowledged before the answer;
 - ``direct chat``: straight to the engine's OpenAI chat completions;
-- ``litellm``: through LiteLLM's proxy to the same chat completions.
+- ``litellm``: through LiteLLM's proxy to the same chat completions;
+- ``floor proxy`` (engine double only): ``bench/floor_proxy.py``, a pass-through on the ingress'
+  stack that forwards the chat body and publishes the answer, acked, before replying: the HTTP
+  hop plus the durable publish, the floor under any Python ingress with durable steps.
 
 Added latency is a path's latency minus its direct baseline's at the same percentile (titoflow
 against direct tokens, LiteLLM against direct chat). CPU per turn is the proxy process group's
@@ -51,7 +54,9 @@ from bench.harness import (
     command_line,
     group_cpu_seconds,
     litellm_available,
+    percentile,
     start_double,
+    start_floor_proxy,
     start_litellm,
     summary_ms,
     write_results,
@@ -113,6 +118,8 @@ class Workload:
 @dataclass
 class PathRun:
     latencies: list[float] = field(default_factory=list)
+    early: list[float] = field(default_factory=list)  # the first fifth of each session's turns
+    late: list[float] = field(default_factory=list)  # the last fifth: the longest histories
     wall_s: float = 0.0
 
 
@@ -216,6 +223,7 @@ class TokenSessions:
 
 async def drive(turn: Turn, workload: Workload, concurrency: int) -> PathRun:
     run = PathRun()
+    fifth = max(1, workload.turns // 5)
     gate = asyncio.Semaphore(concurrency)
     transport = httpx.AsyncHTTPTransport(
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], retries=0
@@ -226,7 +234,12 @@ async def drive(turn: Turn, workload: Workload, concurrency: int) -> PathRun:
         async def session(index: int) -> None:
             async with gate:
                 for t in range(workload.turns):
-                    run.latencies.append(await turn(client, index, t))
+                    elapsed = await turn(client, index, t)
+                    run.latencies.append(elapsed)
+                    if t < fifth:
+                        run.early.append(elapsed)
+                    if t >= workload.turns - fifth:
+                        run.late.append(elapsed)
 
         started = time.perf_counter()
         await asyncio.gather(*(session(i) for i in range(workload.sessions)))
@@ -259,6 +272,8 @@ def row(
         "turns": turns,
         "turns_per_s": round(turns / run.wall_s, 1),
         **summary_ms(run.latencies),
+        "early_p50_ms": round(percentile(run.early, 50) * 1000, 3),
+        "late_p50_ms": round(percentile(run.late, 50) * 1000, 3),
         "proxy_cpu_ms_per_turn": round(cpu_s / turns * 1000, 3) if path.proxy else None,
         "broker_cpu_ms_per_turn": round(broker_cpu_s / turns * 1000, 3) if broker_cpu_s else None,
     }
@@ -278,12 +293,15 @@ def added(rows: list[dict[str, Any]]) -> None:
         )
         r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3)
         r["added_p99_ms"] = round(r["p99_ms"] - base["p99_ms"], 3)
+        r["added_early_p50_ms"] = round(r["early_p50_ms"] - base["early_p50_ms"], 3)
+        r["added_late_p50_ms"] = round(r["late_p50_ms"] - base["late_p50_ms"], 3)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'engine':<22} {'conc':>4} {'path':<14} {'turns':>6} {'turns/s':>8} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'cpu ms/turn':>11} {'broker cpu':>10}"
+        f"{'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'+p50 first/last 5th':>19} "
+        f"{'cpu ms/turn':>11} {'broker cpu':>10}"
     )
     lines = [head]
     for r in rows:
@@ -293,6 +311,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['engine']:<22} {r['concurrency']:>4} {r['path']:<14} {r['turns']:>6} "
             f"{r['turns_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
             f"{r.get('added_p50_ms', ''):>8} {r.get('added_p99_ms', ''):>8} "
+            f"{_first_last(r):>19} "
             f"{'' if cpu is None else cpu:>11} {'' if broker is None else broker:>10}"
         )
     for engine in sorted({r["engine"] for r in rows}):
@@ -305,7 +324,21 @@ def table(rows: list[dict[str, Any]]) -> str:
                     f"{ours['added_p50_ms'] / theirs['added_p50_ms']:.2f}, cpu per turn = "
                     f"{ours['proxy_cpu_ms_per_turn'] / theirs['proxy_cpu_ms_per_turn']:.2f}"
                 )
+            floor = _find(rows, engine, conc, "floor proxy")
+            if ours and floor:
+                lines.append(
+                    f"{engine}, concurrency {conc}: titoflow added p50 {ours['added_p50_ms']} ms "
+                    f"= floor proxy {floor['added_p50_ms']} ms + "
+                    f"{ours['added_p50_ms'] - floor['added_p50_ms']:.3f} ms of titoflow's work"
+                )
     return "\n".join(lines)
+
+
+def _first_last(r: dict[str, Any]) -> str:
+    """Added p50 over the first and the last fifth of the turns: whether it grows with history."""
+    if "added_early_p50_ms" not in r:
+        return ""
+    return f"{r['added_early_p50_ms']:.2f} / {r['added_late_p50_ms']:.2f}"
 
 
 def _find(rows: list[dict[str, Any]], engine: str, conc: int, path: str) -> dict[str, Any] | None:
@@ -398,6 +431,23 @@ def main() -> None:
                     ),
                 ),
             ]
+            if not real:
+                floor, floor_url = start_floor_proxy(
+                    log_dir, engine_url, bootstrap, f"bench-{run_id}.floor"
+                )
+                started.append(floor)
+                paths.append(
+                    Path_(
+                        "floor proxy",
+                        "direct chat",
+                        lambda _: (
+                            ChatSessions(
+                                workload, lambda s: f"{floor_url}/v1/chat/completions", MODEL
+                            ).turn
+                        ),
+                        floor,
+                    )
+                )
             if args.no_litellm or not litellm_available():
                 print(
                     "LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh")
@@ -442,7 +492,7 @@ def main() -> None:
                             path,
                             run,
                             cpu,
-                            broker_cpu if path.name == "titoflow" else 0.0,
+                            broker_cpu if path.name in ("titoflow", "floor proxy") else 0.0,
                         )
                     )
                     print(rows[-1], flush=True)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ingress import http
+from ingress.known_messages import KNOWN_MESSAGES
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef, ToolCall
@@ -101,7 +102,8 @@ class _ThinkingOption(_Lenient):
 
 class CountTokensRequest(_Lenient):
     model: str
-    messages: list[_Message] = Field(min_length=1)
+    # Each validated on its own as a _Message, once per replica (see ingress.known_messages).
+    messages: list[dict[str, Any]] = Field(min_length=1)
     system: Annotated[list[_Text], BeforeValidator(_as_blocks)] = []
     tools: list[_Tool] = []
     tool_choice: _ToolChoice | None = None
@@ -185,14 +187,22 @@ def _assistant_message(raw: _Message, param: str) -> Message:
     )
 
 
+def _parse_new(new: list[tuple[int, Any]]) -> list[tuple[Message, ...]]:
+    out: list[tuple[Message, ...]] = []
+    for index, wire in new:
+        param = f"messages.{index}"
+        raw = http.validated(_Message, wire, param)
+        if raw.role == "assistant":
+            out.append((_assistant_message(raw, param),))
+        else:
+            out.append(tuple(_user_messages(raw, param)))
+    return out
+
+
 def _messages(request: CountTokensRequest) -> tuple[Message, ...]:
     out = [Message(role="system", content=_joined(request.system))] if request.system else []
-    for index, raw in enumerate(request.messages):
-        param = f"messages.{index}"
-        if raw.role == "assistant":
-            out.append(_assistant_message(raw, param))
-        else:
-            out += _user_messages(raw, param)
+    for parsed in KNOWN_MESSAGES.parse(API, request.messages, _parse_new):
+        out += parsed
     return tuple(out)
 
 

@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ingress import http
+from ingress.known_messages import KNOWN_MESSAGES
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TokensSampled, TurnDone, TurnEvent, TurnResult, TurnStarted
-from ingress.turn import ChatTurn, SamplingOptions, messages_from_fields
+from ingress.turn import ChatTurn, Message, SamplingOptions, messages_from_fields
 from titoflow.errors import IngressError, InvalidRequest
 
 
@@ -58,7 +59,8 @@ class _StreamOptions(_Lenient):
 
 class ChatCompletionRequest(_Lenient):
     model: str
-    messages: list[_Message] = Field(min_length=1)
+    # Each validated on its own as a _Message, once per replica (see ingress.known_messages).
+    messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none", "required"] | _NamedChoice | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -106,6 +108,11 @@ def _message_fields(raw: _Message) -> dict[str, Any]:
     }
 
 
+def _parse_new(new: list[tuple[int, Any]]) -> list[tuple[Message, ...]]:
+    fields = [_message_fields(http.validated(_Message, raw, f"messages.{i}")) for i, raw in new]
+    return [(message,) for message in messages_from_fields(fields)]
+
+
 def parse_request(
     body: Any, path_session: str | None, headers: dict[str, str]
 ) -> tuple[ChatTurn, ChatCompletionRequest]:
@@ -118,7 +125,11 @@ def parse_request(
         session=session,
         api="openai.chat",
         model=request.model,
-        messages=messages_from_fields([_message_fields(m) for m in request.messages]),
+        messages=tuple(
+            message
+            for parsed in KNOWN_MESSAGES.parse("openai.chat", request.messages, _parse_new)
+            for message in parsed
+        ),
         tools=tuple(request.tools or ()),
         tool_choice="named" if named else (choice if isinstance(choice, str) else "auto"),
         tool_choice_name=named,

@@ -1,0 +1,97 @@
+"""FLOOR PROXY for benchmarks: the least any Python ingress with durable steps must do per turn.
+
+A pass-through on the ingress' own stack (uvicorn on uvloop and httptools, an aiohttp engine
+client, titoflow's :class:`titoflow.bus.Publisher` with its producer settings):
+``POST /v1/chat/completions`` reads and decodes the body, forwards it to the engine's chat
+completions, publishes the answer with the request's last message to the broker, and answers
+once the broker acknowledged it. No chat parsing, no template, no tokens, no step record: the
+added latency it shows is the HTTP hop plus the acknowledged publish, the floor under titoflow's.
+
+    .venv/bin/python bench/floor_proxy.py --port 8001 --engine-url URL --bootstrap HOST:PORT \
+        --topic NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import aiohttp
+import orjson
+import uvicorn
+
+from titoflow.bus import Publisher, create_topics
+from titoflow.settings import Settings
+
+Scope = dict[str, Any]
+
+
+class FloorProxy:
+    def __init__(self, engine_url: str, settings: Settings, topic: str) -> None:
+        self.settings = settings
+        self.chat_url = f"{engine_url}/v1/chat/completions"
+        self.publisher = Publisher(settings)
+        self.topic = topic
+        self.http: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["path"] != "/v1/chat/completions":
+            await _answer(send, 200, b'{"status":"ok"}')
+            return
+        session = orjson.loads(body)["messages"][-1].get("tool_call_id") or "floor"
+        assert self.http is not None
+        async with self.http.post(
+            self.chat_url, data=bytes(body), headers={"content-type": "application/json"}
+        ) as response:
+            answer = await response.read()
+        await self.publisher.publish(self.topic, session, answer + body[-400:])
+        await _answer(send, 200, answer)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                connector = aiohttp.TCPConnector(limit=0)
+                self.http = aiohttp.ClientSession(connector=connector)
+                await create_topics(self.settings, {self.topic: 1})
+                await self.publisher.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.publisher.stop()
+                if self.http is not None:
+                    await self.http.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _answer(send: Any, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--engine-url", required=True)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    args = parser.parse_args()
+    settings = Settings(bootstrap_servers=args.bootstrap)
+    app = FloorProxy(args.engine_url.rstrip("/"), settings, args.topic)
+    uvicorn.run(
+        app, port=args.port, loop="uvloop", http="httptools", access_log=False, log_level="warning"
+    )
+
+
+if __name__ == "__main__":
+    main()

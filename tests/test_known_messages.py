@@ -1,0 +1,100 @@
+"""A re-sent history is parsed once per replica; the cache never changes what a request means."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ingress import anthropic_messages, openai_chat
+from ingress.known_messages import KnownMessages, Parsed
+from ingress.turn import Message
+from titoflow.errors import InvalidRequest
+
+
+class CountingParser:
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def __call__(self, new: list[tuple[int, Any]]) -> list[Parsed]:
+        self.seen.append([index for index, _ in new])
+        return [(Message(role="user", content=str(raw["content"])),) for _, raw in new]
+
+
+def history(turns: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"message {i}"} for i in range(turns)]
+
+
+def test_only_messages_not_seen_before_are_parsed_and_results_keep_order() -> None:
+    known, parse = KnownMessages(max_bytes=1 << 20), CountingParser()
+    first = known.parse("openai.chat", history(3), parse)
+    again = known.parse("openai.chat", history(5), parse)
+    assert parse.seen == [[0, 1, 2], [3, 4]]
+    assert [p[0].content for p in again] == [f"message {i}" for i in range(5)]
+    assert again[:3] == first
+    # Another API's messages with the same bytes are parsed by that API's rules.
+    known.parse("anthropic.messages", history(1), parse)
+    assert parse.seen[-1] == [0]
+
+
+def test_bounded_by_key_bytes_least_recently_used_out_first() -> None:
+    one_key = len(b"api\0") + len(b'{"role":"user","content":"message 0"}')
+    known, parse = KnownMessages(max_bytes=2 * one_key), CountingParser()
+    known.parse("api", history(2), parse)  # message 0, message 1
+    known.parse("api", history(1), parse)  # message 0 used again: message 1 is now the oldest
+    known.parse("api", history(3)[2:], parse)  # message 2 in, message 1 out
+    assert known.size <= known.max_bytes
+    parse.seen.clear()
+    known.parse("api", history(3), parse)
+    assert parse.seen == [[1]]
+
+
+def test_a_failing_message_is_not_kept_and_names_its_field() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "wizard", "content": "x"},
+    ]
+    for _ in range(2):  # the same answer when the history comes again
+        with pytest.raises(InvalidRequest) as error:
+            openai_chat.parse_request({"model": "m", "messages": messages}, "s", {})
+        assert error.value.param == "messages.1.role"
+    messages[1]["role"] = "assistant"
+    turn, _ = openai_chat.parse_request({"model": "m", "messages": messages}, "s", {})
+    assert [m.role for m in turn.messages] == ["user", "assistant"]
+
+
+def test_values_equal_under_python_but_not_in_json_stay_apart() -> None:
+    # {"n": 1} == {"n": 1.0} == {"n": True} in Python, but the template renders the arguments
+    # as the JSON the client sent: each must keep its own parse.
+    def arguments(value: object) -> str:
+        body = {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": "count"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"n": value}}
+                    ],
+                },
+            ],
+        }
+        turn, _ = anthropic_messages.parse_request(body, "s", {})
+        return turn.messages[1].tool_calls[0].arguments
+
+    assert [arguments(v) for v in (1, 1.0, True, 1)] == [
+        '{"n": 1}',
+        '{"n": 1.0}',
+        '{"n": true}',
+        '{"n": 1}',
+    ]
+
+
+def test_a_message_beyond_json_bytes_is_parsed_every_time() -> None:
+    known, parse = KnownMessages(max_bytes=1 << 20), CountingParser()
+    huge = {"role": "user", "content": 1 << 70}  # orjson refuses integers over 64 bits
+    for _ in range(2):
+        assert known.parse("api", [huge], parse)[0][0].content == str(1 << 70)
+    assert parse.seen == [[0], [0]]
+    assert known.size == 0
