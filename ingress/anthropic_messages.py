@@ -103,7 +103,7 @@ class _ThinkingOption(_Lenient):
 class CountTokensRequest(_Lenient):
     model: str
     # Each validated on its own as a _Message, once per replica (see ingress.known_messages).
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
     system: Annotated[list[_Text], BeforeValidator(_as_blocks)] = []
     tools: list[_Tool] = []
     tool_choice: _ToolChoice | None = None

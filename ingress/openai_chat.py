@@ -60,7 +60,7 @@ class _StreamOptions(_Lenient):
 class ChatCompletionRequest(_Lenient):
     model: str
     # Each validated on its own as a _Message, once per replica (see ingress.known_messages).
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none", "required"] | _NamedChoice | None = None
     max_tokens: int | None = Field(None, ge=1)

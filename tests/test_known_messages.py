@@ -63,6 +63,14 @@ def test_a_failing_message_is_not_kept_and_names_its_field() -> None:
     assert [m.role for m in turn.messages] == ["user", "assistant"]
 
 
+def test_a_message_that_is_not_an_object_is_refused_by_position() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}, "hi"]}
+    for parse in (openai_chat.parse_request, anthropic_messages.parse_request):
+        with pytest.raises(InvalidRequest) as error:
+            parse(body, "s", {})
+        assert error.value.param == "messages.1"
+
+
 def test_values_equal_under_python_but_not_in_json_stay_apart() -> None:
     # {"n": 1} == {"n": 1.0} == {"n": True} in Python, but the template renders the arguments
     # as the JSON the client sent: each must keep its own parse.
