@@ -65,6 +65,7 @@ def _key(prefix: bytes, raw: Any) -> bytes | None:
         return None
 
 
-# One per process, shared by the adapters (keys carry the API): wire bytes of the messages kept
-# parsed; 64 MiB holds about 2,400 histories of the overhead benchmark's turn 50.
+# One per process, shared by the adapters (keys carry the API). 64 MiB of keys hold about 2,400
+# histories of the overhead benchmark's turn 50; the frozen messages they map to add at most as
+# much again, for sessions the chain cache no longer holds.
 KNOWN_MESSAGES = KnownMessages(max_bytes=64 << 20)
