@@ -6,9 +6,10 @@ client, titoflow's :class:`titoflow.bus.Publisher` with its producer settings):
 completions, publishes the answer with the request's last message to the broker, and answers
 once the broker acknowledged it. No chat parsing, no template, no tokens, no step record: the
 added latency it shows is the HTTP hop plus the acknowledged publish, the floor under titoflow's.
+Without ``--topic`` it publishes nothing: a plain pass-through, the HTTP hop alone.
 
-    .venv/bin/python bench/floor_proxy.py --port 8001 --engine-url URL --bootstrap HOST:PORT \
-        --topic NAME
+    .venv/bin/python bench/floor_proxy.py --port 8001 --engine-url URL [--bootstrap HOST:PORT \
+        --topic NAME]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ Scope = dict[str, Any]
 
 
 class FloorProxy:
-    def __init__(self, engine_url: str, settings: Settings, topic: str) -> None:
+    def __init__(self, engine_url: str, settings: Settings, topic: str | None) -> None:
         self.settings = settings
         self.chat_url = f"{engine_url}/v1/chat/completions"
         self.publisher = Publisher(settings)
@@ -53,7 +54,8 @@ class FloorProxy:
             self.chat_url, data=bytes(body), headers={"content-type": "application/json"}
         ) as response:
             answer = await response.read()
-        await self.publisher.publish(self.topic, session, answer + body[-400:])
+        if self.topic is not None:
+            await self.publisher.publish(self.topic, session, answer + body[-400:])
         await _answer(send, 200, answer)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -62,8 +64,9 @@ class FloorProxy:
             if message["type"] == "lifespan.startup":
                 connector = aiohttp.TCPConnector(limit=0)
                 self.http = aiohttp.ClientSession(connector=connector)
-                await create_topics(self.settings, {self.topic: 1})
-                await self.publisher.start()
+                if self.topic is not None:
+                    await create_topics(self.settings, {self.topic: 1})
+                    await self.publisher.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.publisher.stop()
@@ -83,8 +86,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--engine-url", required=True)
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
+    parser.add_argument("--topic", help="publish each answer here; without it, nothing")
     args = parser.parse_args()
     settings = Settings(bootstrap_servers=args.bootstrap)
     app = FloorProxy(args.engine_url.rstrip("/"), settings, args.topic)

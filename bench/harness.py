@@ -129,19 +129,21 @@ def start_double(log_dir: Path, model_path: Path) -> tuple[ManagedProcess, str]:
 
 
 def start_floor_proxy(
-    log_dir: Path, engine_url: str, bootstrap: str, topic: str
+    log_dir: Path, engine_url: str, bootstrap: str, topic: str | None
 ) -> tuple[ManagedProcess, str]:
-    """``bench/floor_proxy.py`` in front of ``engine_url``'s chat completions."""
+    """``bench/floor_proxy.py`` in front of ``engine_url``'s chat completions, publishing each
+    answer to ``topic`` (None: a plain pass-through)."""
     port = free_port()
+    name = "floor-proxy" if topic else "pass-through"
     proc = ManagedProcess(
-        "floor-proxy",
+        name,
         [
             sys.executable,
             str(ROOT / "bench" / "floor_proxy.py"),
-            *("--port", str(port), "--engine-url", engine_url),
-            *("--bootstrap", bootstrap, "--topic", topic),
+            *("--port", str(port), "--engine-url", engine_url, "--bootstrap", bootstrap),
+            *(("--topic", topic) if topic else ()),
         ],
-        log_dir / "floor-proxy.log",
+        log_dir / f"{name}.log",
         {"PYTHONPATH": str(ROOT)},
     )
     url = f"http://127.0.0.1:{port}"

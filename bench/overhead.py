@@ -16,7 +16,8 @@ The same workload runs, one path after the other, at each ``--concurrency`` (ses
 - ``litellm``: through LiteLLM's proxy to the same chat completions;
 - ``floor proxy`` (engine double only): ``bench/floor_proxy.py``, a pass-through on the ingress'
   stack that forwards the chat body and publishes the answer, acked, before replying: the HTTP
-  hop plus the durable publish, the floor under any Python ingress with durable steps.
+  hop plus the durable publish, the floor under any Python ingress with durable steps;
+- ``pass-through`` (engine double only): the same without the publish, the HTTP hop alone.
 
 Added latency is a path's latency minus its direct baseline's at the same percentile (titoflow
 against direct tokens, LiteLLM against direct chat). CPU per turn is the proxy process group's
@@ -325,11 +326,13 @@ def table(rows: list[dict[str, Any]]) -> str:
                     f"{ours['proxy_cpu_ms_per_turn'] / theirs['proxy_cpu_ms_per_turn']:.2f}"
                 )
             floor = _find(rows, engine, conc, "floor proxy")
-            if ours and floor:
+            hop = _find(rows, engine, conc, "pass-through")
+            if ours and floor and hop:
+                hop_ms, floor_ms = hop["added_p50_ms"], floor["added_p50_ms"]
                 lines.append(
                     f"{engine}, concurrency {conc}: titoflow added p50 {ours['added_p50_ms']} ms "
-                    f"= floor proxy {floor['added_p50_ms']} ms + "
-                    f"{ours['added_p50_ms'] - floor['added_p50_ms']:.3f} ms of titoflow's work"
+                    f"= HTTP hop {hop_ms} ms + acked publish {floor_ms - hop_ms:.3f} ms + "
+                    f"{ours['added_p50_ms'] - floor_ms:.3f} ms of titoflow's work"
                 )
     return "\n".join(lines)
 
@@ -403,6 +406,14 @@ def main() -> None:
             ingress, ingress_url = start_ingress(ingress_settings, log_dir)
             started.append(ingress)
             tokenizer = load_tokenizer(settings.model_path)
+
+            def chat_through(base_url: str, model: str = MODEL) -> Callable[[str], Turn]:
+                def make(_: str) -> Turn:
+                    url = f"{base_url}/v1/chat/completions"
+                    return ChatSessions(workload, lambda s: url, model).turn
+
+                return make
+
             paths = [
                 Path_(
                     "direct tokens",
@@ -421,33 +432,14 @@ def main() -> None:
                     ),
                     ingress,
                 ),
-                Path_(
-                    "direct chat",
-                    None,
-                    lambda _: (
-                        ChatSessions(
-                            workload, lambda s: f"{engine_url}/v1/chat/completions", MODEL
-                        ).turn
-                    ),
-                ),
+                Path_("direct chat", None, chat_through(engine_url)),
             ]
+
             if not real:
-                floor, floor_url = start_floor_proxy(
-                    log_dir, engine_url, bootstrap, f"bench-{run_id}.floor"
-                )
-                started.append(floor)
-                paths.append(
-                    Path_(
-                        "floor proxy",
-                        "direct chat",
-                        lambda _: (
-                            ChatSessions(
-                                workload, lambda s: f"{floor_url}/v1/chat/completions", MODEL
-                            ).turn
-                        ),
-                        floor,
-                    )
-                )
+                for name, topic in (("pass-through", None), ("floor proxy", f"bench-{run_id}.f")):
+                    proxy, proxy_url = start_floor_proxy(log_dir, engine_url, bootstrap, topic)
+                    started.append(proxy)
+                    paths.append(Path_(name, "direct chat", chat_through(proxy_url), proxy))
             if args.no_litellm or not litellm_available():
                 print(
                     "LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh")
@@ -456,16 +448,7 @@ def main() -> None:
                 litellm, litellm_url = start_litellm(log_dir, engine_url, MODEL)
                 started.append(litellm)
                 paths.append(
-                    Path_(
-                        "litellm",
-                        "direct chat",
-                        lambda _: (
-                            ChatSessions(
-                                workload, lambda s: f"{litellm_url}/v1/chat/completions", "policy"
-                            ).turn
-                        ),
-                        litellm,
-                    )
+                    Path_("litellm", "direct chat", chat_through(litellm_url, "policy"), litellm)
                 )
             warmup = Workload(
                 2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice

@@ -31,14 +31,14 @@ def test_overhead_bench_runs_every_path() -> None:
     rows = result["rows"]
     assert isinstance(rows, list)
     paths = {r["path"] for r in rows}
-    assert {"direct tokens", "titoflow", "direct chat", "floor proxy"} <= paths
-    for proxied in ("titoflow", "floor proxy"):
+    assert {"direct tokens", "titoflow", "direct chat", "floor proxy", "pass-through"} <= paths
+    for proxied in ("titoflow", "floor proxy", "pass-through"):
         row = next(r for r in rows if r["path"] == proxied)
         assert row["turns"] == 6
         assert row["engine"] == "ZERO-LATENCY DOUBLE"
         assert {"added_p50_ms", "added_early_p50_ms", "added_late_p50_ms"} <= set(row)
         assert row["proxy_cpu_ms_per_turn"] is not None
-    assert "ms of titoflow's work" in (RESULTS / "smoke-overhead.md").read_text()
+    assert "acked publish" in (RESULTS / "smoke-overhead.md").read_text()
 
 
 def test_tito_cost_bench_measures_each_turn() -> None:
