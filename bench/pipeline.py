@@ -36,10 +36,11 @@ from bench.harness import command_line, group_cpu_seconds, summary_ms, write_res
 from ingress.service import step_id_for
 from schemas.events import SessionFinalized, StepRecorded, VersionSpan
 from titoflow.broker import start_tansu
-from titoflow.bus import Publisher, ensure_topics, make_consumer
+from titoflow.bus import Publisher, ensure_topics, make_consumer, pin_to_end
 from titoflow.procs import ManagedProcess
 from titoflow.settings import Settings
 from titoflow.stack import start_worker
+from workers.consumer import ASSIGNMENT_TIMEOUT_S
 
 VOCAB = 151_000
 
@@ -135,15 +136,10 @@ async def run(
     consumer = make_consumer(settings, settings.topic("segments"), group_id=None)
     await consumer.start()
     # Start at the end: re-reading earlier phases' segments first would delay (and so
-    # inflate) the arrival times of this phase's first sessions.
-    while not consumer.assignment():
-        await asyncio.sleep(0.05)
-    await consumer.seek_to_end()
-    for tp in consumer.assignment():
-        await consumer.position(tp)
-    # tansu's end offset stops at the first record of a partition's last multi-record batch
-    # (docs/debugging.md), so the reader can still be behind earlier phases' last segments:
-    # read them before the clock starts (they held this phase's first arrivals back ~0.2 s).
+    # inflate) the arrival times of this phase's first sessions. On tansu the end can still be
+    # behind earlier phases' last segments (see pin_to_end): read them before the clock starts
+    # (they held this phase's first arrivals back ~0.2 s).
+    await pin_to_end(consumer, ASSIGNMENT_TIMEOUT_S)
     while await consumer.getmany(timeout_ms=300):
         pass
     acked: dict[str, float] = {}

@@ -173,6 +173,20 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
         await asyncio.sleep(0.2)
 
 
+async def pin_to_end(consumer: AIOKafkaConsumer, timeout_s: float) -> None:
+    """Wait for a group-less consumer's assignment, then fix every partition's position at its
+    end now: left to the first fetch, "the end" would be wherever the log is then, past what was
+    published in between. On tansu a partition's end is the first record of its last
+    multi-record batch, so that batch is read again (docs/debugging.md)."""
+    async with asyncio.timeout(timeout_s):
+        while not consumer.assignment():
+            await asyncio.sleep(0.05)
+    partitions = list(consumer.assignment())
+    await consumer.seek_to_end(*partitions)
+    for tp in partitions:
+        await consumer.position(tp)
+
+
 class Publisher:
     """Publishes events and reports success only once the broker acknowledged them (acks=all).
 

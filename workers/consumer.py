@@ -13,13 +13,12 @@ iterating gives segments only, :meth:`SegmentConsumer.records` gives both.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from types import TracebackType
 
 from schemas.events import SegmentFinalized, SessionDiscarded, segments_topic_adapter
-from titoflow.bus import make_consumer
+from titoflow.bus import make_consumer, pin_to_end
 from titoflow.settings import Settings
 
 DEDUPE_WINDOW = 1_000_000
@@ -36,7 +35,8 @@ class SegmentConsumer:
     ) -> None:
         """``group_id=None`` reads the whole topic without committing (inspection, tests);
         with ``from_end`` too, only what is published after ``__aenter__`` returned (a rollout
-        driver waiting for the sessions it is about to run)."""
+        driver waiting for the sessions it is about to run; on tansu also the last batch before
+        it, see ``pin_to_end``)."""
         self._group_id = group_id
         self._from_end = from_end and group_id is None
         self._consumer = make_consumer(settings, settings.topic("segments"), group_id=group_id)
@@ -52,15 +52,7 @@ class SegmentConsumer:
     async def __aenter__(self) -> SegmentConsumer:
         await self._consumer.start()
         if self._from_end:
-            # Pin every partition's position now: left to the first fetch, "the end" would be
-            # wherever the log is then, past segments published in between.
-            async with asyncio.timeout(ASSIGNMENT_TIMEOUT_S):
-                while not self._consumer.assignment():
-                    await asyncio.sleep(0.05)
-            partitions = list(self._consumer.assignment())
-            await self._consumer.seek_to_end(*partitions)
-            for tp in partitions:
-                await self._consumer.position(tp)
+            await pin_to_end(self._consumer, ASSIGNMENT_TIMEOUT_S)
         return self
 
     async def __aexit__(
