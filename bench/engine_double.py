@@ -7,7 +7,8 @@ a benchmark measures only what sits between a client and the engine:
   fixed completion (a Qwen3 ``<tool_call>`` then the end-of-turn token) with per-token logprobs.
 - ``POST /v1/chat/completions``: the OpenAI shape LiteLLM speaks to an engine, the same reply
   as a parsed tool call (ids count up so clients see distinct calls).
-- ``GET /health``.
+- ``GET /health``; ``GET /is_paused``, always false: an ingress driving its engines' pause
+  state (the default) settles on it instead of retrying an unknown route every second.
 
     .venv/bin/python bench/engine_double.py --port 8000 [--model-path .models/tiny-qwen3]
 """
@@ -90,6 +91,7 @@ class Double:
         self.generate = _response("200 OK", generate)
         self.generate_stream = _response("200 OK", stream, "text/event-stream")
         self.health = _response("200 OK", b"{}")
+        self.unpaused = _response("200 OK", b'{"is_paused": false}')
         self.missing = _response("404 Not Found", b'{"error": "not found"}')
         self.calls = itertools.count()
 
@@ -101,6 +103,8 @@ class Double:
             return _response("200 OK", chat_body(next(self.calls)))
         if method == "GET" and path.startswith(("/health", "/v1/models")):
             return self.health
+        if method == "GET" and path.startswith("/is_paused"):
+            return self.unpaused
         return self.missing
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,7 +1,7 @@
 """FLOOR PROXY for benchmarks: the least any Python ingress with durable steps must do per turn.
 
-A pass-through on the ingress' own stack (uvicorn on uvloop and httptools, an aiohttp engine
-client, titoflow's :class:`titoflow.bus.Publisher` with its producer settings):
+A pass-through on the ingress' own stack (uvicorn on uvloop and httptools, the ingress' engine
+client (titoflow/http1.py), titoflow's :class:`titoflow.bus.Publisher` with its producer settings):
 ``POST /v1/chat/completions`` reads and decodes the body, forwards it to the engine's chat
 completions, publishes the answer with the request's last message to the broker, and answers
 once the broker acknowledged it. No chat parsing, no template, no tokens, no step record: the
@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import aiohttp
 import orjson
 import uvicorn
 
 from titoflow.bus import Publisher, create_topics
+from titoflow.http1 import Http1Client
 from titoflow.settings import Settings
 
 Scope = dict[str, Any]
@@ -30,10 +30,9 @@ Scope = dict[str, Any]
 class FloorProxy:
     def __init__(self, engine_url: str, settings: Settings, topic: str | None) -> None:
         self.settings = settings
-        self.chat_url = f"{engine_url}/v1/chat/completions"
         self.publisher = Publisher(settings)
         self.topic = topic
-        self.http: aiohttp.ClientSession | None = None
+        self.http = Http1Client(engine_url)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -49,11 +48,10 @@ class FloorProxy:
             await _answer(send, 200, b'{"status":"ok"}')
             return
         session = orjson.loads(body)["messages"][-1].get("tool_call_id") or "floor"
-        assert self.http is not None
-        async with self.http.post(
-            self.chat_url, data=bytes(body), headers={"content-type": "application/json"}
-        ) as response:
-            answer = await response.read()
+        response = await self.http.request(
+            "POST", "/v1/chat/completions", bytes(body), timeout_s=600
+        )
+        answer = response.body
         if self.topic is not None:
             await self.publisher.publish(self.topic, session, answer + body[-400:])
         await _answer(send, 200, answer)
@@ -62,16 +60,13 @@ class FloorProxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                connector = aiohttp.TCPConnector(limit=0)
-                self.http = aiohttp.ClientSession(connector=connector)
                 if self.topic is not None:
                     await create_topics(self.settings, {self.topic: 1})
                     await self.publisher.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.publisher.stop()
-                if self.http is not None:
-                    await self.http.close()
+                await self.http.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

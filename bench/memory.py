@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from bench.harness import command_line, rss_bytes, start_double, write_results
-from bench.overhead import ChatSessions, Workload, drive
+from bench.overhead import ChatSessions, Workload, drive, no_meter
 from bench.pipeline import session_events, wait_assigned
 from titoflow.broker import start_tansu
 from titoflow.bus import Publisher, ensure_topics
@@ -50,9 +50,9 @@ def ingress_rss(
         warm = ChatSessions(
             workload, lambda s: f"{url}/sess/w-{run_id}-{s}/v1/chat/completions", "m"
         )
-        asyncio.run(drive(warm.turn, Workload(8, turns, 32, 300, None), 8))
+        asyncio.run(drive([warm.turn], [no_meter], Workload(8, turns, 32, 300, None), 8))
         before = rss_bytes(proc.pid)
-        asyncio.run(drive(chat.turn, workload, 32))
+        asyncio.run(drive([chat.turn], [no_meter], workload, 32))
         after = rss_bytes(proc.pid)
     finally:
         proc.stop()

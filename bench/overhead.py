@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -58,6 +59,7 @@ from bench.harness import (
     percentile,
     start_double,
     start_floor_proxy,
+    start_ingress_from,
     start_litellm,
     summary_ms,
     write_results,
@@ -71,6 +73,7 @@ from titoflow.stack import start_ingress
 from titoflow.tokenizer import load_tokenizer
 
 MODEL = "titoflow-policy"
+AGAINST = "titoflow --against"
 SYSTEM = (
     "You are a careful coding agent working in a Python repository. Use the tools to read files "
     "and run the tests; change as little as possible; explain what you did at the end."
@@ -121,7 +124,9 @@ class PathRun:
     latencies: list[float] = field(default_factory=list)
     early: list[float] = field(default_factory=list)  # the first fifth of each session's turns
     late: list[float] = field(default_factory=list)  # the last fifth: the longest histories
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # its rounds' time
+    cpu_s: float = 0.0  # its proxy's, during its rounds
+    broker_cpu_s: float = 0.0
 
 
 Turn = Callable[[httpx.AsyncClient, int, int], Awaitable[float]]
@@ -222,30 +227,70 @@ class TokenSessions:
         return elapsed
 
 
-async def drive(turn: Turn, workload: Workload, concurrency: int) -> PathRun:
-    run = PathRun()
-    fifth = max(1, workload.turns // 5)
-    gate = asyncio.Semaphore(concurrency)
+Meter = Callable[[], tuple[float, float]]  # CPU seconds so far: the path's proxy, the broker
+
+
+def _client(concurrency: int) -> httpx.AsyncClient:
     transport = httpx.AsyncHTTPTransport(
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], retries=0
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(transport=transport, limits=limits, timeout=600) as client:
+    return httpx.AsyncClient(transport=transport, limits=limits, timeout=600)
 
-        async def session(index: int) -> None:
-            async with gate:
-                for t in range(workload.turns):
-                    elapsed = await turn(client, index, t)
-                    run.latencies.append(elapsed)
-                    if t < fifth:
-                        run.early.append(elapsed)
-                    if t >= workload.turns - fifth:
-                        run.late.append(elapsed)
 
-        started = time.perf_counter()
-        await asyncio.gather(*(session(i) for i in range(workload.sessions)))
-        run.wall_s = time.perf_counter() - started
-    return run
+async def drive(
+    turns: list[Turn],
+    meters: list[Meter],
+    workload: Workload,
+    concurrency: int,
+    block: int = 5,
+) -> list[PathRun]:
+    """Every path runs the same workload, interleaved by blocks: turns t..t+``block`` of every
+    session (at most ``concurrency`` at once) on one path, then on the next, their order
+    rotating each block. Each path so meets the machine as the others do: run one after the
+    other, a shared machine's drift (±0.5 ms over a minute) showed up as added latency, while
+    switching paths every turn left each one's caches cold (+0.3 ms for the ingress). CPU is
+    metered per block, the broker's included."""
+    runs = [PathRun() for _ in turns]
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(_client(concurrency)) for _ in turns]
+        for first in range(0, workload.turns, block):
+            for k in range(len(turns)):
+                index = (first // block + k) % len(turns)
+                run = runs[index]
+                cpu0, broker0 = meters[index]()
+                started = time.perf_counter()
+                for t in range(first, min(first + block, workload.turns)):
+                    await _round(turns[index], clients[index], run, t, workload, concurrency)
+                run.wall_s += time.perf_counter() - started
+                cpu1, broker1 = meters[index]()
+                run.cpu_s += cpu1 - cpu0
+                run.broker_cpu_s += broker1 - broker0
+    return runs
+
+
+async def _round(
+    turn: Turn,
+    client: httpx.AsyncClient,
+    run: PathRun,
+    t: int,
+    workload: Workload,
+    concurrency: int,
+) -> None:
+    """Turn ``t`` of every session, at most ``concurrency`` at once."""
+    fifth = max(1, workload.turns // 5)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: int) -> None:
+        async with gate:
+            elapsed = await turn(client, session, t)
+        run.latencies.append(elapsed)
+        if t < fifth:
+            run.early.append(elapsed)
+        if t >= workload.turns - fifth:
+            run.late.append(elapsed)
+
+    await asyncio.gather(*(one(session) for session in range(workload.sessions)))
 
 
 @dataclass
@@ -256,14 +301,18 @@ class Path_:
     proxy: ManagedProcess | None = None
 
 
-def row(
-    engine: str,
-    concurrency: int,
-    path: Path_,
-    run: PathRun,
-    cpu_s: float,
-    broker_cpu_s: float,
-) -> dict[str, Any]:
+def no_meter() -> tuple[float, float]:
+    return 0.0, 0.0
+
+
+def _meter(proxy: ManagedProcess | None, broker: ManagedProcess) -> Meter:
+    def read() -> tuple[float, float]:
+        return (group_cpu_seconds(proxy.pid) if proxy else 0.0), group_cpu_seconds(broker.pid)
+
+    return read
+
+
+def row(engine: str, concurrency: int, path: Path_, run: PathRun) -> dict[str, Any]:
     turns = len(run.latencies)
     return {
         "engine": engine,
@@ -275,8 +324,11 @@ def row(
         **summary_ms(run.latencies),
         "early_p50_ms": round(percentile(run.early, 50) * 1000, 3),
         "late_p50_ms": round(percentile(run.late, 50) * 1000, 3),
-        "proxy_cpu_ms_per_turn": round(cpu_s / turns * 1000, 3) if path.proxy else None,
-        "broker_cpu_ms_per_turn": round(broker_cpu_s / turns * 1000, 3) if broker_cpu_s else None,
+        "proxy_cpu_ms_per_turn": round(run.cpu_s / turns * 1000, 3) if path.proxy else None,
+        # Only the paths that publish use the broker; the others' share is its idle polling.
+        "broker_cpu_ms_per_turn": round(run.broker_cpu_s / turns * 1000, 3)
+        if path.name in ("titoflow", AGAINST, "floor proxy")
+        else None,
     }
 
 
@@ -359,7 +411,19 @@ def profile(proc: ManagedProcess | None, out: Path) -> subprocess.Popen[bytes]:
     """py-spy sampling ``proc`` until SIGINT, as collapsed stacks (one line a stack)."""
     assert proc is not None
     spy = Path(sys.executable).parent / "py-spy"
-    command = [str(spy), "record", "-p", str(proc.pid), "-f", "raw", "-o", str(out), "-r", "250"]
+    command = [
+        str(spy),
+        "record",
+        "-p",
+        str(proc.pid),
+        "-f",
+        "raw",
+        "-o",
+        str(out),
+        "-r",
+        "250",
+        "--nonblocking",
+    ]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -375,6 +439,12 @@ def main() -> None:
     parser.add_argument("--name", default="", help="result file name (default from the engine)")
     parser.add_argument(
         "--profile", type=Path, help="py-spy the ingress during titoflow's paths into this file"
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help=f"a checkout of titoflow (e.g. a git worktree of main) whose ingress runs too, as "
+        f"the path {AGAINST!r}: a change's before and after in one run",
     )
     args = parser.parse_args()
     settings = Settings()
@@ -414,26 +484,29 @@ def main() -> None:
 
                 return make
 
+            def sessions_through(base_url: str) -> Callable[[str], Turn]:
+                def make(label: str) -> Turn:
+                    url = f"{base_url}/sess/{label}-{{}}/v1/chat/completions"
+                    return ChatSessions(workload, url.format, MODEL).turn
+
+                return make
+
             paths = [
                 Path_(
                     "direct tokens",
                     None,
                     lambda _: TokenSessions(workload, engine_url, tokenizer).turn,
                 ),
-                Path_(
-                    "titoflow",
-                    "direct tokens",
-                    lambda label: (
-                        ChatSessions(
-                            workload,
-                            lambda s: f"{ingress_url}/sess/{label}-{s}/v1/chat/completions",
-                            MODEL,
-                        ).turn
-                    ),
-                    ingress,
-                ),
+                Path_("titoflow", "direct tokens", sessions_through(ingress_url), ingress),
                 Path_("direct chat", None, chat_through(engine_url)),
             ]
+            if args.against:
+                other, other_url = start_ingress_from(args.against, ingress_settings, log_dir)
+                started.append(other)
+                paths.insert(
+                    2,
+                    Path_(AGAINST, "direct tokens", sessions_through(other_url), other),
+                )
 
             if not real:
                 for name, topic in (("pass-through", None), ("floor proxy", f"bench-{run_id}.f")):
@@ -454,30 +527,26 @@ def main() -> None:
                 2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice
             )
             for concurrency in args.concurrency:
-                for path in paths:
-                    label = f"{run_id}-{concurrency}-{path.name.replace(' ', '-')}"
-                    asyncio.run(drive(path.make(f"{label}-warm"), warmup, 2))
-                    spy = None
-                    if args.profile and path.name == "titoflow":
-                        spy = profile(path.proxy, args.profile.with_suffix(f".{concurrency}.txt"))
-                    cpu0 = group_cpu_seconds(path.proxy.pid) if path.proxy else 0.0
-                    broker0 = group_cpu_seconds(broker.pid)
-                    run = asyncio.run(drive(path.make(label), workload, concurrency))
-                    cpu = group_cpu_seconds(path.proxy.pid) - cpu0 if path.proxy else 0.0
-                    broker_cpu = group_cpu_seconds(broker.pid) - broker0
-                    if spy:
-                        spy.send_signal(signal.SIGINT)
-                        spy.wait()
-                    rows.append(
-                        row(
-                            engine_label,
-                            concurrency,
-                            path,
-                            run,
-                            cpu,
-                            broker_cpu if path.name in ("titoflow", "floor proxy") else 0.0,
-                        )
+                labels = [f"{run_id}-{concurrency}-{p.name.replace(' ', '-')}" for p in paths]
+                warm = [p.make(f"{label}-warm") for p, label in zip(paths, labels, strict=True)]
+                asyncio.run(drive(warm, [no_meter] * len(paths), warmup, 2))
+                spy = None
+                titoflow_ingress = next(p.proxy for p in paths if p.name == "titoflow")
+                if args.profile:
+                    spy = profile(titoflow_ingress, args.profile.with_suffix(f".{concurrency}.txt"))
+                runs = asyncio.run(
+                    drive(
+                        [p.make(label) for p, label in zip(paths, labels, strict=True)],
+                        [_meter(p.proxy, broker) for p in paths],
+                        workload,
+                        concurrency,
                     )
+                )
+                if spy:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait()
+                for path, run in zip(paths, runs, strict=True):
+                    rows.append(row(engine_label, concurrency, path, run))
                     print(rows[-1], flush=True)
         finally:
             for proc in reversed(started):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from itertools import chain
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -200,10 +201,10 @@ def _parse_new(new: list[tuple[int, Any]]) -> list[tuple[Message, ...]]:
 
 
 def _messages(request: CountTokensRequest) -> tuple[Message, ...]:
-    out = [Message(role="system", content=_joined(request.system))] if request.system else []
-    for parsed in KNOWN_MESSAGES.parse(API, request.messages, _parse_new):
-        out += parsed
-    return tuple(out)
+    parsed = chain.from_iterable(KNOWN_MESSAGES.parse(API, request.messages, _parse_new))
+    if request.system:
+        return (Message(role="system", content=_joined(request.system)), *parsed)
+    return tuple(parsed)
 
 
 def _function_tools(tools: list[_Tool]) -> tuple[dict[str, Any], ...]:

@@ -5,10 +5,10 @@ never correctness. Chains hold token ids as packed int32 (4 bytes a token) becau
 keeps thousands of long sessions.
 
 Matching a request to a chain compares its whole history (an edited history must not reuse the
-tokens), so it is the one part of a TITO turn whose cost grows with the conversation: messages
-are compared field for field (a C-level dict comparison), and only those that differ pay for
-the matcher's keys (parsing tool arguments), so a long history costs well under a microsecond a
-message.
+tokens), so it is the one part of a TITO turn whose cost grows with the conversation. A message
+the replica parsed before is the very object the chain holds (ingress/known_messages.py), so
+most compare by identity; the others field for field (a C-level dict comparison), and only
+those that differ pay for the matcher's keys (parsing tool arguments).
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ def _extends(messages: Sequence[Message], held: Sequence[Message], matcher: Matc
     """Whether ``messages`` start with ``held`` under ``matcher``. Equal fields imply equal keys
     under every matcher, so keys are computed only for messages that differ."""
     for sent, kept in zip(messages, held, strict=False):
-        if sent.__dict__ != kept.__dict__ and sent.match_key(matcher) != kept.match_key(matcher):
+        if (
+            sent is not kept
+            and sent.__dict__ != kept.__dict__
+            and sent.match_key(matcher) != kept.match_key(matcher)
+        ):
             return False
     return True
 

@@ -27,14 +27,14 @@ def post_both_ways(routes: APIRouter, path: str, call: SessionCall) -> None:
     """Serve ``call`` on ``/sess/<id><path>`` (the session in the base URL) and on ``path``
     (the session in headers or the body; ``call`` gets ``None`` and resolves it)."""
 
-    async def in_session(request: Request, session: str) -> Response:
-        return await call(request, session)
+    async def in_session(request: Request) -> Response:
+        return await call(request, request.path_params["session"])
 
     async def by_header(request: Request) -> Response:
         return await call(request, None)
 
-    routes.add_api_route(f"/sess/{{session}}{path}", in_session, methods=["POST"])
-    routes.add_api_route(path, by_header, methods=["POST"])
+    routes.add_route(f"/sess/{{session}}{path}", in_session, methods=["POST"])
+    routes.add_route(path, by_header, methods=["POST"])
 
 
 def validated(model: type[_Model], data: Any, at: str = "") -> _Model:
@@ -77,11 +77,17 @@ async def read_json(request: Request, allow_empty: bool = False) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        pass  # orjson is strict (no NaN, no lone surrogates); json has the final word
+        pass  # orjson refuses lone surrogates, which clients do send; json has the final word
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json)
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+
+
+def _not_json(constant: str) -> Any:
+    """NaN and ±Infinity are not JSON. Refused, so every body holds only values that orjson
+    writes back as they came: caches key parsed messages and tools by those bytes."""
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def session_ref(

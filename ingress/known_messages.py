@@ -4,15 +4,15 @@ A chat client sends the whole conversation on every call, so validating it costs
 proportion to its length: at turn 50 of ``bench/overhead.py`` (102 messages, 27 KB) parsing the
 OpenAI request took 0.51 ms, 0.45 of it for messages the replica had parsed the turn before.
 Parsing a message is a pure function of its JSON, so a message whose bytes (``orjson.dumps`` of
-the decoded value: ``1``, ``1.0`` and ``true`` stay distinct, unlike under ``==``) were seen
-before gets the messages parsed from them then. Only the new ones are validated, in one call.
+the decoded value: ``1``, ``1.0`` and ``true`` stay distinct, unlike under ``==``; bodies hold
+no NaN, see ``http.read_json``) were seen before gets the messages parsed from them then. Only
+the new ones are validated, in one call.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -24,48 +24,81 @@ ParseNew = Callable[[list[tuple[int, Any]]], list[Parsed]]
 
 class KnownMessages:
     """Bounded by the bytes of its keys (the parsed messages are mostly shared with the chains
-    of the session cache); least recently used out first."""
+    of the session cache), in two generations: new messages go to the young one, which becomes
+    the old one (the old one dropped) once it holds half the bound; a message found in the old
+    one moves back to the young. A history re-sent within a generation's span is kept, one not
+    seen for two is gone. Per-message LRU bookkeeping cost more than the lookups it guarded;
+    this way a known history is found by ``dict.get`` mapped over its keys."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.size = 0
-        self._parsed: OrderedDict[bytes, Parsed] = OrderedDict()
+        self._young: dict[str, dict[bytes, Parsed]] = {}  # by API: the same bytes parse apart
+        self._old: dict[str, dict[bytes, Parsed]] = {}
+        self._young_bytes = 0
+        self._old_bytes = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of the keys held."""
+        return self._young_bytes + self._old_bytes
 
     def parse(self, api: str, raw_messages: Sequence[Any], parse_new: ParseNew) -> list[Parsed]:
         """Each of ``raw_messages`` parsed; ``parse_new`` gets the (index, raw message) pairs not
         seen before and returns theirs in that order (its errors propagate, nothing is kept)."""
-        prefix = api.encode() + b"\0"
-        keys = [_key(prefix, raw) for raw in raw_messages]
-        found: list[Parsed | None] = []
-        for key in keys:
-            parsed = None
-            if key is not None:
-                parsed = self._parsed.get(key)
-                if parsed is not None:
-                    self._parsed.move_to_end(key)
-            found.append(parsed)
-        new = [(i, raw_messages[i]) for i, parsed in enumerate(found) if parsed is None]
-        if new:
-            for (index, _), parsed in zip(new, parse_new(new), strict=True):
+        keys = _keys(raw_messages)
+        young = self._young.setdefault(api, {})
+        found: list[Parsed | None] = list(map(young.get, keys))
+        if None not in found:
+            return cast(list[Parsed], found)
+        old = self._old.get(api, {})
+        new: list[int] = []
+        for index, parsed in enumerate(found):
+            if parsed is not None:
+                continue
+            parsed = old.get(keys[index])
+            if parsed is None:
+                new.append(index)
+            else:
                 found[index] = parsed
-                key = keys[index]
-                if key is not None and key not in self._parsed:
-                    self._parsed[key] = parsed
-                    self.size += len(key)
-            while self.size > self.max_bytes and self._parsed:
-                evicted, _ = self._parsed.popitem(last=False)
-                self.size -= len(evicted)
-        return [parsed for parsed in found if parsed is not None]
+                self._keep(api, keys[index], parsed)
+        if new:
+            parsed_new = parse_new([(index, raw_messages[index]) for index in new])
+            for index, parsed in zip(new, parsed_new, strict=True):
+                found[index] = parsed
+                self._keep(api, keys[index], parsed)
+        return cast(list[Parsed], found)  # every None was filled above
+
+    def _keep(self, api: str, key: bytes, parsed: Parsed) -> None:
+        if not key:  # beyond orjson: not kept
+            return
+        young = self._young.setdefault(api, {})
+        if key in young:
+            return
+        if self._young_bytes + len(key) > self.max_bytes // 2:
+            self._old, self._old_bytes = self._young, self._young_bytes
+            self._young, self._young_bytes = {}, 0
+            young = self._young.setdefault(api, {})
+        young[key] = parsed
+        self._young_bytes += len(key)
 
 
-def _key(prefix: bytes, raw: Any) -> bytes | None:
+def _keys(raw_messages: Sequence[Any]) -> list[bytes]:
+    """Each message's JSON bytes; empty for one orjson refuses (integers over 64 bits...), which
+    is then parsed every time (no message's JSON is empty)."""
     try:
-        return prefix + orjson.dumps(raw)
-    except TypeError:  # beyond orjson (integers over 64 bits...): parsed every time
-        return None
+        return list(map(orjson.dumps, raw_messages))
+    except TypeError:
+        return [_key(raw) for raw in raw_messages]
 
 
-# One per process, shared by the adapters (keys carry the API). 64 MiB of keys hold about 2,400
-# histories of the overhead benchmark's turn 50; the frozen messages they map to add at most as
-# much again, for sessions the chain cache no longer holds.
+def _key(raw: Any) -> bytes:
+    try:
+        return orjson.dumps(raw)
+    except TypeError:
+        return b""
+
+
+# One per process, shared by the adapters (keys are kept per API). 64 MiB of keys hold about
+# 2,400 histories of the overhead benchmark's turn 50; the frozen messages they map to add at
+# most as much again, for sessions the chain cache no longer holds.
 KNOWN_MESSAGES = KnownMessages(max_bytes=64 << 20)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from itertools import chain
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -126,9 +127,7 @@ def parse_request(
         api="openai.chat",
         model=request.model,
         messages=tuple(
-            message
-            for parsed in KNOWN_MESSAGES.parse("openai.chat", request.messages, _parse_new)
-            for message in parsed
+            chain.from_iterable(KNOWN_MESSAGES.parse("openai.chat", request.messages, _parse_new))
         ),
         tools=tuple(request.tools or ()),
         tool_choice="named" if named else (choice if isinstance(choice, str) else "auto"),

@@ -15,7 +15,7 @@ freezes in-flight requests itself and their spans tell the versions.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ingress import metrics
@@ -113,14 +113,18 @@ class PausableEngine:
         )
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> Generation:
         done = _Pieces()
         attempt = 0
         while True:
             pauses, version, start = self.gate.pauses, self.gate.version, len(done.token_ids)
             piece = await self.inner.generate(
-                prompt_ids + done.token_ids,
+                _continued(prompt_ids, done.token_ids),
                 self._piece_params(params, len(prompt_ids), start),
                 request_id if attempt == 0 else f"{request_id}-c{attempt}",
                 session_id=session_id,
@@ -143,7 +147,11 @@ class PausableEngine:
             attempt += 1
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> AsyncIterator[GenerationChunk]:
         done = _Pieces()
         attempt = 0
@@ -151,7 +159,7 @@ class PausableEngine:
             pauses, version, start = self.gate.pauses, self.gate.version, len(done.token_ids)
             last: GenerationChunk | None = None
             async for chunk in self.inner.generate_stream(
-                prompt_ids + done.token_ids,
+                _continued(prompt_ids, done.token_ids),
                 self._piece_params(params, len(prompt_ids), start),
                 request_id if attempt == 0 else f"{request_id}-c{attempt}",
                 session_id=session_id,
@@ -185,3 +193,9 @@ class PausableEngine:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def _continued(prompt_ids: Sequence[int], sampled: list[int]) -> Sequence[int]:
+    """The prompt of the next piece: the call's own, untouched (an engine serializes a chain's
+    array without converting it), until a pause cut some tokens off it."""
+    return [*prompt_ids, *sampled] if sampled else prompt_ids

@@ -14,12 +14,12 @@ the length of the history.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ingress.turn import Message
+from ingress.turn import Message, tools_key
 from titoflow.errors import TemplateError
+from titoflow.tokenizer import text_encoder
 
 # Stands in for the assistant's content so sampled text never enters the terminator search.
 _SENTINEL = "TITO_SENTINEL_4b1d"
@@ -44,6 +44,7 @@ class Tokenizer(Protocol):
 class ChatRenderer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.encode = text_encoder(tokenizer)
         self.terminator = self._detect_terminator()
         self.terminator_id = int(tokenizer.convert_tokens_to_ids(self.terminator))
         self._openings: dict[tuple[tuple[Message, ...], str], str] = {}
@@ -90,7 +91,7 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
     ) -> list[int]:
         text = self.render_text(messages, tools, template_kwargs, add_generation_prompt)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.encode(text)
 
     def assistant_opening(self) -> list[int]:
         """Token ids the template writes before an assistant turn's content in history
@@ -104,7 +105,7 @@ class ChatRenderer:
         if not text.startswith(opening):
             raise TemplateError("the chat template is not append-only before an assistant turn")
         header = text[len(opening) : text.index(_SENTINEL)]
-        return list(self.tokenizer.encode(header, add_special_tokens=False))
+        return self.encode(header)
 
     def _opening(
         self,
@@ -116,7 +117,7 @@ class ChatRenderer:
         """The text before an assistant turn that follows ``head`` and the anchor user turn.
         Memoized: every turn of every session of an agent re-rendered the same system prompt
         and tools for it (half of the continuation's cost)."""
-        key = (head, json.dumps([list(tools), template_kwargs], default=repr))
+        key = (head, tools_key(tools, template_kwargs))
         text = None if fresh else self._openings.get(key)
         if text is None:
             text = self.render_text([*head, _ANCHOR_USER], tools, template_kwargs, False)
@@ -152,4 +153,4 @@ class ChatRenderer:
             raise TemplateError("the chat template did not close the assistant turn")
         tail = text[end_of_turn + len(self.terminator) :]
         closing = [] if chain_ends_with_terminator else [self.terminator_id]
-        return closing + list(self.tokenizer.encode(tail, add_special_tokens=False))
+        return closing + self.encode(tail)

@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -186,7 +187,7 @@ class ChatService:
             prepared = await self._admitted(self._prepare(turn))
             started = time.perf_counter()
             generation = await self.engine.generate(
-                prepared.prompt.tolist(),
+                prepared.prompt,
                 prepared.params,
                 prepared.request_id,
                 session_id=turn.session.session_id,
@@ -224,7 +225,7 @@ class ChatService:
         finish_reason, versions, stop_reason, engine_url = "stop", [], None, self.engine.url
         routed: RoutedExperts | None = None
         async for chunk in self.engine.generate_stream(
-            prepared.prompt.tolist(),
+            prepared.prompt,
             prepared.params,
             prepared.request_id,
             session_id=turn.session.session_id,
@@ -423,8 +424,6 @@ class ChatService:
         )
         await self.publish(step)
         self._observe(step, len(prepared.prompt), prepared.started, span)
-        if parsed.parse_error:
-            metrics.TOOL_PARSE_ERRORS.labels(turn.api).inc()
 
         completion = array("i", generation.token_ids)
         self.chains.advance(
@@ -447,14 +446,21 @@ class ChatService:
         return TurnResult(step, parsed, generation, len(prepared.prompt))
 
     def _observe(self, step: StepRecorded, prompt_len: int, started: float, span: CallSpan) -> None:
-        """Metrics, span attributes and the log line of a recorded step."""
+        """The span's attributes now; metrics and the log line once the answer is on its way
+        (the next loop iteration, 0.1 ms sooner for the client): it waits for none of them."""
+        span.recorded(step, prompt_len)
+        asyncio.get_running_loop().call_soon(self._count, step, prompt_len, started)
+
+    def _count(self, step: StepRecorded, prompt_len: int, started: float) -> None:
+        """Metrics and the log line of a recorded step, whose turn ends now."""
         metrics.STEPS.labels(step.api, step.prefix).inc()
+        if step.tool_parse_error:
+            metrics.TOOL_PARSE_ERRORS.labels(step.api).inc()
         metrics.TOKENS.labels("prompt").inc(prompt_len)
         metrics.TOKENS.labels("completion").inc(len(step.completion_ids))
         turn_seconds = time.perf_counter() - started
         metrics.TURN_SECONDS.labels(step.api).observe(turn_seconds)
         metrics.OVERHEAD_SECONDS.labels(step.api).observe(turn_seconds - step.engine_ms / 1000)
-        span.recorded(step, prompt_len)
         log.info(
             "step recorded",
             extra={
@@ -496,7 +502,7 @@ class ChatService:
             version = await self._admit(session_id, parent)
             engine_started = time.perf_counter()
             generation = await self.engine.generate(
-                prompt.tolist(),
+                prompt,
                 params,
                 f"{step_id}-{uuid.uuid4().hex[:8]}",
                 session_id=session_id,

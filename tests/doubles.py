@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from ingress.service import SessionEvent
@@ -30,7 +30,11 @@ class ScriptedEngine:
         self.experts = experts
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> Generation:
         self.prompts.append(list(prompt_ids))
         ids = self.tokenizer.encode(self.replies.popleft(), add_special_tokens=False)
@@ -65,7 +69,11 @@ class ScriptedEngine:
         )
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> AsyncIterator[GenerationChunk]:
         whole = await self.generate(prompt_ids, params, request_id)
         for at in range(0, len(whole.token_ids), 3):  # a few tokens per chunk, like the engine
@@ -115,7 +123,11 @@ class StubEngine:
         self.release.set()
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> Generation:
         self.calls.append(session_id)
         if self.down:
@@ -124,7 +136,11 @@ class StubEngine:
         return Generation([7], [-0.5], "length", request_id, self.url)
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> AsyncIterator[GenerationChunk]:
         generation = await self.generate(prompt_ids, params, request_id, session_id)
         yield GenerationChunk([7], [-0.5], [], None, engine_url=self.url)

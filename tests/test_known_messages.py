@@ -37,15 +37,16 @@ def test_only_messages_not_seen_before_are_parsed_and_results_keep_order() -> No
     assert parse.seen[-1] == [0]
 
 
-def test_bounded_by_key_bytes_least_recently_used_out_first() -> None:
-    one_key = len(b"api\0") + len(b'{"role":"user","content":"message 0"}')
-    known, parse = KnownMessages(max_bytes=2 * one_key), CountingParser()
-    known.parse("api", history(2), parse)  # message 0, message 1
-    known.parse("api", history(1), parse)  # message 0 used again: message 1 is now the oldest
-    known.parse("api", history(3)[2:], parse)  # message 2 in, message 1 out
+def test_bounded_by_key_bytes_a_message_unused_for_two_generations_is_parsed_again() -> None:
+    one_key = len(b'{"role":"user","content":"message 0"}')
+    known, parse = KnownMessages(max_bytes=4 * one_key), CountingParser()  # 2 keys a generation
+    known.parse("api", history(2), parse)  # messages 0 and 1: the young generation is full
+    known.parse("api", history(3)[2:], parse)  # message 2 starts a new one; 0 and 1 are old
+    known.parse("api", history(1), parse)  # message 0 is found in the old one, moves back
+    known.parse("api", history(4)[3:], parse)  # message 3: the old (message 1) is dropped
     assert known.size <= known.max_bytes
     parse.seen.clear()
-    known.parse("api", history(3), parse)
+    known.parse("api", history(4), parse)
     assert parse.seen == [[1]]
 
 

@@ -176,6 +176,14 @@ GOOD: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "
     [
         ("malformed JSON", "POST", "/sess/s/v1/chat/completions", b"{nope", 400, "invalid_request"),
         (
+            "NaN is not JSON",
+            "POST",
+            "/sess/s/v1/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": NaN}',
+            400,
+            "invalid_request",
+        ),
+        (
             "wrong types",
             "POST",
             "/sess/s/v1/chat/completions",

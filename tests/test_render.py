@@ -10,6 +10,8 @@ import pytest
 from ingress.render import ChatRenderer
 from ingress.turn import Message, ToolCall
 from tests.families import FAMILIES, path_tool
+from titoflow.model_build import tokenizer_source_dir
+from titoflow.tokenizer import load_tokenizer, text_encoder
 
 TOOLS = (path_tool("read_file", "Read a file"),)
 
@@ -149,3 +151,30 @@ def test_qwen3_history_rewrite_is_why_tito_exists() -> None:
     assert naive[: len(prompt1) + len(generated)] != prompt1 + generated
     assert tokenizer.decode(tito).count("<think>") == 1
     assert "<think>" not in tokenizer.decode(naive)
+
+
+ENCODED_TEXTS = (
+    "",
+    "plain words",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<|eot_id|> x <|start_header_id|>tool<|end_header_id|>",
+    "<think>\n\n</think>\n\nnaïve café 漢字 🙂",
+    "  leading\n\n\ttabs and trailing  ",
+)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_text_encoder_gives_the_ids_transformers_gives(family: str) -> None:
+    tokenizer = FAMILIES[family]()
+    encode = text_encoder(tokenizer)
+    for text in ENCODED_TEXTS:
+        assert encode(text) == tokenizer.encode(text, add_special_tokens=False), text
+
+
+def test_text_encoder_leaves_a_backend_with_its_own_truncation_to_transformers() -> None:
+    tokenizer = load_tokenizer(tokenizer_source_dir())  # a private copy: it is changed below
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    text = "a sentence of more than four tokens, surely"
+    ids = text_encoder(tokenizer)(text)  # before transformers' own call turns truncation off
+    assert len(ids) > 4
+    assert ids == tokenizer.encode(text, add_special_tokens=False)

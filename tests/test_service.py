@@ -3,6 +3,7 @@ and the durability rule (nothing cached unless published)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -111,6 +112,7 @@ async def test_malformed_tool_call_is_returned_as_text_and_recorded() -> None:
     assert result.parsed.tool_calls == []
     assert "<tool_call>" in result.parsed.content
     assert result.step.tool_parse_error
+    await asyncio.sleep(0)  # metrics are counted on the loop's next turn, after the answer
     assert (
         REGISTRY.get_sample_value(
             "titoflow_ingress_tool_parse_errors_total", {"api": "openai.chat"}

@@ -25,7 +25,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
@@ -282,7 +282,11 @@ class EnginePool:
     # --- the Engine protocol ----------------------------------------------------------------
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> Generation:
         tried: set[str] = set()
         while True:
@@ -307,7 +311,11 @@ class EnginePool:
                 await self._leave(member, outcome)
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> AsyncIterator[GenerationChunk]:
         tried: set[str] = set()
         while True:

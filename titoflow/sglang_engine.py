@@ -24,7 +24,7 @@ import base64
 import binascii
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -59,7 +59,7 @@ class SGLangEngine:
 
     def body(
         self,
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         params: GenerateParams,
         request_id: str,
         session_id: str,
@@ -82,7 +82,7 @@ class SGLangEngine:
             sampling["structural_tag"] = _structural_tag(params.structured)
         body: dict[str, Any] = {
             "rid": request_id,
-            "input_ids": prompt_ids,
+            "input_ids": list(prompt_ids),
             "sampling_params": sampling,
             "return_logprob": True,
             "logprob_start_len": -1,  # the sampled tokens' logprobs only, none of the prompt
@@ -98,7 +98,11 @@ class SGLangEngine:
         return body
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> Generation:
         body = self.body(prompt_ids, params, request_id, session_id, stream=False)
         try:
@@ -114,7 +118,11 @@ class SGLangEngine:
         return Generation.whole(chunk, request_id, self.url)
 
     async def generate_stream(
-        self, prompt_ids: list[int], params: GenerateParams, request_id: str, session_id: str = ""
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
     ) -> AsyncIterator[GenerationChunk]:
         body = self.body(prompt_ids, params, request_id, session_id, stream=True)
         seen = 0
