@@ -6,7 +6,8 @@
 
 The workload is an agent loop: ``--sessions`` sessions of ``--turns`` turns, a system prompt and
 two tools, each reply a tool call answered with a tool result, so the history grows every turn.
-The same workload runs, one path after the other, at each ``--concurrency`` (sessions at once):
+The same workload runs on every path at each ``--concurrency`` (sessions at once), the paths
+interleaved in blocks of five turns so that each meets the machine as the others do:
 
 - ``direct tokens``: straight to the engine's token API; the client keeps the token history
   itself (the ideal TITO client: prompt = previous prompt + completion + continuation);
@@ -17,11 +18,13 @@ The same workload runs, one path after the other, at each ``--concurrency`` (ses
 - ``floor proxy`` (engine double only): ``bench/floor_proxy.py``, a pass-through on the ingress'
   stack that forwards the chat body and publishes the answer, acked, before replying: the HTTP
   hop plus the durable publish, the floor under any Python ingress with durable steps;
-- ``pass-through`` (engine double only): the same without the publish, the HTTP hop alone.
+- ``pass-through`` (engine double only): the same without the publish, the HTTP hop alone;
+- ``titoflow --against`` (with ``--against PATH``): the ingress of another checkout of titoflow
+  (e.g. ``git worktree add /tmp/before <commit>``), a change's before and after in one run.
 
 Added latency is a path's latency minus its direct baseline's at the same percentile (titoflow
 against direct tokens, LiteLLM against direct chat). CPU per turn is the proxy process group's
-CPU time during the path divided by its turns (the broker's is shown apart). Only the HTTP
+CPU time during the path's blocks divided by its turns (the broker's is shown apart). Only the HTTP
 exchange is timed: bodies are serialized before the clock starts, and replies parsed after.
 
 Without ``--engine-url`` the engine is ``bench/engine_double.py``, a ZERO-LATENCY ENGINE DOUBLE
