@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -107,3 +108,20 @@ def test_a_message_beyond_json_bytes_is_parsed_every_time() -> None:
         assert known.parse("api", [huge], parse)[0][0].content == str(1 << 70)
     assert parse.seen == [[0], [0]]
     assert known.size == 0
+
+
+def test_kept_keys_take_about_their_length_in_memory() -> None:
+    # orjson's output keeps its 4 KiB write buffer whatever its length: kept as they come, keys
+    # would take ten times the bytes the bound counts.
+    shared: Parsed = (Message(role="user", content="x"),)
+    known = KnownMessages(max_bytes=1 << 30)
+    messages = [{"role": "user", "content": f"message {i} " + "x" * 300} for i in range(2000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        known.parse("api", messages, lambda new: [shared] * len(new))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert known.size > 2000 * 300
+    assert held < 1.5 * known.size
