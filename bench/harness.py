@@ -18,8 +18,6 @@ from typing import Any
 import httpx
 
 from titoflow.procs import ManagedProcess, free_port
-from titoflow.settings import Settings
-from titoflow.stack import settings_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -124,22 +122,6 @@ def start_double(log_dir: Path, model_path: Path) -> tuple[ManagedProcess, str]:
         ],
         log_dir / "engine-double.log",
         {"PYTHONPATH": str(ROOT)},
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(proc, f"{url}/health")
-    return proc, url
-
-
-def start_ingress_from(tree: Path, settings: Settings, log_dir: Path) -> tuple[ManagedProcess, str]:
-    """An ingress run from another checkout of titoflow (its code, this environment)."""
-    port = free_port()
-    env = settings_env(settings.model_copy(update={"ingress_port": port}))
-    proc = ManagedProcess(
-        "ingress-against",
-        [sys.executable, "-m", "titoflow", "ingress"],
-        log_dir / "ingress-against.log",
-        {**env, "PYTHONPATH": str(tree)},
-        cwd=tree,
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(proc, f"{url}/health")

@@ -62,7 +62,6 @@ from bench.harness import (
     percentile,
     start_double,
     start_floor_proxy,
-    start_ingress_from,
     start_litellm,
     summary_ms,
     write_results,
@@ -127,8 +126,8 @@ class PathRun:
     latencies: list[float] = field(default_factory=list)
     early: list[float] = field(default_factory=list)  # the first fifth of each session's turns
     late: list[float] = field(default_factory=list)  # the last fifth: the longest histories
-    wall_s: float = 0.0  # its rounds' time
-    cpu_s: float = 0.0  # its proxy's, during its rounds
+    wall_s: float = 0.0  # its blocks' time
+    cpu_s: float = 0.0  # its proxy's, during its blocks
     broker_cpu_s: float = 0.0
 
 
@@ -252,8 +251,8 @@ async def drive(
     session (at most ``concurrency`` at once) on one path, then on the next, their order
     rotating each block. Each path so meets the machine as the others do: run one after the
     other, a shared machine's drift (±0.5 ms over a minute) showed up as added latency, while
-    switching paths every turn left each one's caches cold (+0.3 ms for the ingress). CPU is
-    metered per block, the broker's included."""
+    switching paths every turn left each one's caches cold (the ingress, with the largest
+    working set, suffered most). CPU is metered per block, the broker's included."""
     runs = [PathRun() for _ in turns]
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(_client(concurrency)) for _ in turns]
@@ -504,7 +503,9 @@ def main() -> None:
                 Path_("direct chat", None, chat_through(engine_url)),
             ]
             if args.against:
-                other, other_url = start_ingress_from(args.against, ingress_settings, log_dir)
+                other, other_url = start_ingress(
+                    ingress_settings, log_dir, "ingress-against", code=args.against
+                )
                 started.append(other)
                 paths.insert(
                     2,
@@ -534,9 +535,8 @@ def main() -> None:
                 warm = [p.make(f"{label}-warm") for p, label in zip(paths, labels, strict=True)]
                 asyncio.run(drive(warm, [no_meter] * len(paths), warmup, 2))
                 spy = None
-                titoflow_ingress = next(p.proxy for p in paths if p.name == "titoflow")
                 if args.profile:
-                    spy = profile(titoflow_ingress, args.profile.with_suffix(f".{concurrency}.txt"))
+                    spy = profile(ingress, args.profile.with_suffix(f".{concurrency}.txt"))
                 runs = asyncio.run(
                     drive(
                         [p.make(label) for p, label in zip(paths, labels, strict=True)],

@@ -22,7 +22,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 import httptools
@@ -97,7 +97,8 @@ class _Connection(asyncio.Protocol):
         self._body = []
 
     # ---
-    def start(self, request: bytes, streamed: bool) -> None:
+    def start(self, request: bytes, streamed: bool) -> asyncio.Future[Any]:
+        """Send ``request``; the future of the status (streamed) or of the whole body."""
         loop = asyncio.get_running_loop()
         self.got_bytes = False
         # Only what the caller awaits: a failed future nobody awaits is logged at exit.
@@ -106,6 +107,9 @@ class _Connection(asyncio.Protocol):
         self.chunks = asyncio.Queue() if streamed else None
         assert self.transport is not None
         self.transport.write(request)
+        answer = self.headers_done or self.finished
+        assert answer is not None
+        return answer
 
     def _fail(self, exc: BaseException) -> None:
         for future in (self.headers_done, self.finished):
@@ -149,22 +153,9 @@ class Http1Client:
         """The whole answer, within ``timeout_s``."""
         message = self._message(method, path, body, query)
         async with asyncio.timeout(timeout_s):
-            for reused in self._attempts():
-                connection = await self._connection(reused)
-                connection.start(message, streamed=False)
-                assert connection.finished is not None
-                try:
-                    content = await connection.finished
-                except EngineConnectionError:
-                    if reused and not connection.got_bytes:
-                        continue  # closed by the server while idle: it never read this one
-                    raise
-                except BaseException:
-                    connection.close()  # cancelled or timed out: the answer may still come
-                    raise
-                self._release(connection)
-                return Response(connection.status, content)
-        raise EngineConnectionError("unreachable: a new connection's attempt returns or raises")
+            connection, content = await self._exchange(message, streamed=False, wait_s=None)
+        self._release(connection)
+        return Response(connection.status, content)
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -173,7 +164,7 @@ class Http1Client:
         """The status and the body's chunks as they arrive; each wait is bounded by
         ``read_timeout_s`` (a long answer is fine while the server keeps sending)."""
         message = self._message(method, path, body, None)
-        connection, status = await self._stream_start(message, read_timeout_s)
+        connection, status = await self._exchange(message, streamed=True, wait_s=read_timeout_s)
         ended = False
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -197,20 +188,24 @@ class Http1Client:
             else:  # left early: the rest of the answer would arrive on a reused connection
                 connection.close()
 
-    async def _stream_start(self, message: bytes, read_timeout_s: float) -> tuple[_Connection, int]:
+    async def _exchange(
+        self, message: bytes, streamed: bool, wait_s: float | None
+    ) -> tuple[_Connection, Any]:
+        """Send ``message`` on a kept connection, or a new one if the kept one turns out closed;
+        the connection and the first of its answer (the status when streamed, else the body),
+        waited for at most ``wait_s``."""
         for reused in self._attempts():
             connection = await self._connection(reused)
-            connection.start(message, streamed=True)
-            assert connection.headers_done is not None
+            answer = connection.start(message, streamed)
             try:
-                async with asyncio.timeout(read_timeout_s):
-                    return connection, await connection.headers_done
+                async with asyncio.timeout(wait_s):
+                    return connection, await answer
             except EngineConnectionError:
                 if reused and not connection.got_bytes:
                     continue  # closed by the server while idle: it never read this one
                 raise
             except BaseException:
-                connection.close()
+                connection.close()  # cancelled or timed out: the answer may still come
                 raise
         raise EngineConnectionError("unreachable: a new connection's attempt returns or raises")
 

@@ -30,15 +30,18 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def start_ingress(
-    settings: Settings, log_dir: Path, name: str = "ingress"
+    settings: Settings, log_dir: Path, name: str = "ingress", code: Path | None = None
 ) -> tuple[ManagedProcess, str]:
+    """An ingress process; ``code``: another checkout of titoflow whose ingress to run (in this
+    environment), e.g. the commit before a change, for a benchmark of both."""
     port = settings.ingress_port or free_port(settings.ingress_host)
     child = settings.model_copy(update={"ingress_port": port})
     proc = ManagedProcess(
         name,
         [sys.executable, "-m", "titoflow", "ingress"],
         log_dir / f"{name}.log",
-        settings_env(child),
+        {**settings_env(child), **({"PYTHONPATH": str(code)} if code else {})},
+        cwd=code,
     )
     url = f"http://{settings.ingress_host}:{port}"
 
