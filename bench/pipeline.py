@@ -54,7 +54,9 @@ def session_events(session_id: str, steps: int, tokens: int, seed: int) -> list[
     for index in range(steps):
         tail = [rng.randrange(VOCAB) for _ in range(tokens - completion_len)]
         completion = [rng.randrange(VOCAB) for _ in range(completion_len)]
-        step_id = step_id_for(session_id, parent.step_id if parent else None, array("i", tail))
+        step_id = step_id_for(
+            session_id, parent.step_id if parent else None, array("i", tail), str(index)
+        )
         step = StepRecorded(
             session_id=session_id,
             event_time=1_790_000_000.0 + index,

@@ -9,6 +9,13 @@ tokens), so it is the one part of a TITO turn whose cost grows with the conversa
 the replica parsed before is the very object the chain holds (ingress/known_messages.py), so
 most compare by identity; the others field for field (a C-level dict comparison), and only
 those that differ pay for the matcher's keys (parsing tool arguments).
+
+Lineage follows what the client holds: a request continues the sample whose answer its history
+contains. Each chain also remembers the step before its head (:class:`Prior`), so a second
+sample of the head's prompt (a client retry, best-of-n) extends that step by TITO and becomes
+its own tip beside the first; both stay cached and each later request follows the one it
+echoes. When several samples match equally (identical answers, hence identical tokens), the
+one recorded first wins: either is the exact context.
 """
 
 from __future__ import annotations
@@ -21,6 +28,16 @@ from dataclasses import dataclass, replace
 from ingress.turn import Matcher, Message
 
 MAX_CHAINS_PER_SESSION = 16
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The step before a chain's head: its tokens are the head's first ``tokens`` ones."""
+
+    messages: int
+    tokens: int
+    step_id: str
+    ends_with_terminator: bool
 
 
 @dataclass(frozen=True, eq=False)  # identity: comparing token arrays would be O(length)
@@ -39,6 +56,26 @@ class Chain:
     # The control log's weight version when the chain's first step ran (None: none announced);
     # with partial rollout off a later step on other weights is refused.
     first_version: str | None = None
+    prior: Prior | None = None  # None: the head is the chain's first step
+
+    def summary(self) -> Prior:
+        return Prior(
+            len(self.messages), len(self.tokens), self.head_step_id, self.ends_with_terminator
+        )
+
+    def before_head(self) -> Chain | None:
+        """The chain as it was before its head step (a copy of that prefix), if known."""
+        if self.prior is None:
+            return None
+        return replace(
+            self,
+            messages=self.messages[: self.prior.messages],
+            tokens=self.tokens[: self.prior.tokens],
+            head_step_id=self.prior.step_id,
+            ends_with_terminator=self.prior.ends_with_terminator,
+            depth=self.depth - 1,
+            prior=None,
+        )
 
 
 def _extends(messages: Sequence[Message], held: Sequence[Message], matcher: Matcher) -> bool:
@@ -62,22 +99,37 @@ class ChainStore:
     def find(
         self, session_id: str, messages: Sequence[Message], tools_key: str, matcher: Matcher
     ) -> tuple[Chain, int] | None:
-        """The longest chain whose messages the request extends, and how many it covers."""
+        """The longest chain whose messages the request extends, and how many it covers: a
+        cached tip, or the step before one (a new sample of that tip's prompt)."""
         chains = self._sessions.get(session_id)
         if not chains:
             return None
         self._sessions.move_to_end(session_id)
         best: tuple[Chain, int] | None = None
+        resample: tuple[Chain, int] | None = None
         for chain in chains:
+            if chain.tools_key != tools_key or chain.white_box:
+                continue
             covered = len(chain.messages)
             if (
-                chain.tools_key == tools_key
-                and not chain.white_box
-                and covered < len(messages)
+                covered < len(messages)
                 and (best is None or covered > best[1])
                 and _extends(messages, chain.messages, matcher)
             ):
                 best = (chain, covered)
+            prior = chain.prior
+            if (
+                prior is not None
+                and prior.messages < len(messages)
+                and (resample is None or prior.messages > resample[1])
+                and _extends(messages, chain.messages[: prior.messages], matcher)
+            ):
+                resample = (chain, prior.messages)
+        if resample is not None and (best is None or resample[1] > best[1]):
+            tip, covered = resample
+            before = tip.before_head()
+            assert before is not None
+            return before, covered
         return best
 
     def advance(self, session_id: str, parent: Chain | None, head: Chain) -> None:

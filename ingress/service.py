@@ -5,8 +5,8 @@ Invariants:
   or a full render on a cache miss; the completion is the engine's ids and logprobs, unchanged.
 - A result means durable: :meth:`ChatService.complete` returns, and :meth:`ChatService.stream`
   yields :class:`TurnDone`, only after ``publish`` returned (the broker acknowledged the step).
-  Any failure before that raises and leaves the cache as it was, so a retry extends the same
-  chain with the same step id.
+  Any failure before that raises and leaves the cache as it was: a retry extends the same
+  chain as a new sample with its own step id.
 """
 
 from __future__ import annotations
@@ -139,9 +139,13 @@ class _Prepared:
 _ID_PREFIX = {"anthropic.messages": "toolu_"}
 
 
-def step_id_for(session_id: str, parent_step_id: str | None, prompt_tail: array[int]) -> str:
-    """Same session, parent and new prompt tokens ⇒ same step id (a retried turn)."""
-    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0".encode())
+def step_id_for(
+    session_id: str, parent_step_id: str | None, prompt_tail: array[int], sample: str
+) -> str:
+    """One id per sample: two engine calls never share one, even for the same prompt (a client
+    retry, best-of-n), so neither do their tool-call ids. ``sample`` is drawn once per engine
+    call; the event carries the id, so re-sends of the event and replays keep it."""
+    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0{sample}\0".encode())
     digest.update(prompt_tail.tobytes())
     return digest.hexdigest()[:32]
 
@@ -290,7 +294,8 @@ class ChatService:
             )
             prompt = tail
         parent_step_id = parent.head_step_id if parent else None
-        step_id = step_id_for(turn.session.session_id, parent_step_id, tail)
+        sample = uuid.uuid4().hex
+        step_id = step_id_for(turn.session.session_id, parent_step_id, tail, sample)
         return _Prepared(
             turn=turn,
             parent=parent,
@@ -298,7 +303,7 @@ class ChatService:
             tail=tail,
             prompt=prompt,
             step_id=step_id,
-            request_id=f"{step_id}-{uuid.uuid4().hex[:8]}",
+            request_id=f"{step_id}-{sample[:8]}",
             params=self._params(turn, len(prompt), len(parent.tokens) if parent else 0),
             started=started,
             render_ms=(time.perf_counter() - started) * 1000,
@@ -441,6 +446,7 @@ class ChatService:
                 and completion[-1] == self.renderer.terminator_id,
                 depth=parent.depth + 1 if parent else 1,
                 first_version=parent.first_version if parent else prepared.version,
+                prior=parent.summary() if parent else None,
             ),
         )
         return TurnResult(step, parsed, generation, len(prepared.prompt))
@@ -489,7 +495,8 @@ class ChatService:
                 self._check_step_limit(session_id, parent)
             covered = len(parent.tokens) if parent else 0
             tail = prompt[covered:]
-            step_id = step_id_for(session_id, parent.head_step_id if parent else None, tail)
+            sample = uuid.uuid4().hex
+            step_id = step_id_for(session_id, parent.head_step_id if parent else None, tail, sample)
             params = GenerateParams(
                 max_tokens=self._max_tokens(call.max_tokens, len(prompt)),
                 temperature=call.temperature,
@@ -504,7 +511,7 @@ class ChatService:
             generation = await self.engine.generate(
                 prompt,
                 params,
-                f"{step_id}-{uuid.uuid4().hex[:8]}",
+                f"{step_id}-{sample[:8]}",
                 session_id=session_id,
             )
             step = StepRecorded(

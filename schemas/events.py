@@ -81,10 +81,14 @@ class StepRecorded(_Event):
 
     type: Literal["step_recorded"] = "step_recorded"
     step_id: str = Field(
-        description="Deterministic: derived from session, parent step and prompt tail."
+        description="This sample's own id: two engine calls never share one, even for the same "
+        "prompt (a client retry, best-of-n). Fixed when the call is made and carried here, so "
+        "re-sends and replays keep it; the tool-call ids the client got derive from it."
     )
     chain_id: str = Field(description="Lineage of steps this one extends (id of its first step).")
-    parent_step_id: str | None = None
+    parent_step_id: str | None = Field(
+        None, description="The sample whose output this call's history continues (tito steps)."
+    )
     prefix: Literal["tito", "rendered"]
     prefix_len: int = Field(ge=0)
     prompt_tail_ids: Int32Array
@@ -238,9 +242,11 @@ class SegmentFinalized(_Event):
     split_reason: str | None = Field(
         None,
         description="Why this segment does not continue an earlier one of its session: fork (a "
-        "request continued from an earlier turn), size (the previous segment reached the size "
-        "limit; its tokens are this one's context), or a divergence class: template, "
-        "retokenization, history_rewrite, tool_change. None: the session's first segment.",
+        "branch: a request continued from an earlier turn, or sampled a prompt again; the "
+        "tokens it shares with the earlier branch are its context, loss mask 0), size (the "
+        "previous segment reached the size limit; its tokens are this one's context), or a "
+        "divergence class: template, retokenization, history_rewrite, tool_change. None: the "
+        "session's first segment.",
     )
     routed_experts: RoutedExperts | None = Field(
         None,
@@ -260,7 +266,7 @@ class SegmentFinalized(_Event):
         description="Counts over the session so far: divergence classes (cache_miss, template, "
         "retokenization, history_rewrite, tool_change), rebuilt (divergences repaired by "
         "recompute), rebuild_fallback (recompute or last-step impossible, kept as split/concat), "
-        "forks, superseded retries, tool-call parse errors, and per segment recompute_failed.",
+        "forks, unused_samples, tool-call parse errors, and per segment recompute_failed.",
     )
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Session metadata: SessionOpened's, then finalize's."
@@ -274,6 +280,13 @@ class SegmentFinalized(_Event):
         False,
         description="The last segment of its session: every other one precedes it in the same "
         "partition (same key), so a reader that sees it has the whole session.",
+    )
+    unused_sample: bool = Field(
+        False,
+        description="This segment's only trainable tokens are a sample nobody continued while "
+        "another sample of the same prompt was continued (or, when none was, a later one "
+        "exists): a client retry or an unpicked best-of-n candidate. Its tokens are exact; the "
+        "session's reward was not earned through it. SegmentConsumer skips these unless asked.",
     )
 
 

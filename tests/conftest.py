@@ -1,18 +1,35 @@
 """Shared fixtures: a real broker (tests/kafka_fixtures.py) and a real vLLM CPU engine serving
-the tiny deterministic model, each started once per test session."""
+the tiny deterministic model, each started once per test session; and, per end-to-end test, the
+engine-side witness (tests/witness.py): a recording proxy in front of the engine, and after the
+test the check that every segment on its topic holds exactly what the engine sampled."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Generator, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
+import hypothesis
 import pytest
 
+from schemas.events import SegmentFinalized, segments_topic_adapter
 from tests.engines import engine_for_tests
+from tests.topics import read_all
+from tests.witness import Witness, check_segments
 from titoflow.model_build import build_tiny_model
 from titoflow.settings import Settings
 
 pytest_plugins = ["tests.kafka_fixtures"]
+
+# CI draws the same examples every run (a red CI is a finding, not luck); locally they vary.
+hypothesis.settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    hypothesis.settings.load_profile("ci")
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -26,9 +43,66 @@ def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_for_tests("TITOFLOW_TEST_ENGINE_URL", model_dir, log_dir)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
-def stack_settings(settings: Settings, engine_url: str, model_dir: Path) -> Settings:
-    """This test's topics on the session broker, the session engine, and a fast idle timeout."""
-    return settings.model_copy(
-        update={"engine_url": engine_url, "model_path": model_dir, "log_level": "DEBUG"}
+def witness() -> Iterator[Witness]:
+    """Recording proxies in front of this test's engines (``witness.front(url)``)."""
+    recorder = Witness()
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture
+def stack_settings(
+    settings: Settings,
+    engine_url: str,
+    model_dir: Path,
+    witness: Witness,
+    request: pytest.FixtureRequest,
+) -> Iterator[Settings]:
+    """This test's topics on the session broker, the session engine behind the witness's
+    recording proxy, and a fast idle timeout. Afterwards every segment on the test's topic is
+    held to what the engine witnessed (``@pytest.mark.witness_off("why")`` opts out)."""
+    stack = settings.model_copy(
+        update={
+            "engine_url": witness.front(engine_url),
+            "model_path": model_dir,
+            "log_level": "DEBUG",
+        }
     )
+    yield stack
+    if request.node.get_closest_marker("witness_off") or request.node.stash.get(_CALL_FAILED, True):
+        return
+    records = _in_thread(read_all(stack, stack.topic("segments"), segments_topic_adapter))
+    check_segments([s for s in records if isinstance(s, SegmentFinalized)], witness.witnessed())
+
+
+def _in_thread(work: Coroutine[Any, Any, list[T]]) -> list[T]:
+    """Run a coroutine to completion on its own loop (fixture teardown may be outside one)."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.extend(asyncio.run(work))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result

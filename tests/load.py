@@ -39,10 +39,12 @@ APIS: tuple[Literal["openai.chat", "anthropic.messages", "openai.responses"], ..
 )
 
 
-def step_id_for(session_id: str, parent_step_id: str | None, prompt_tail: list[int]) -> str:
+def step_id_for(
+    session_id: str, parent_step_id: str | None, prompt_tail: list[int], sample: str
+) -> str:
     """The ingress' step id (``ingress.service.step_id_for``), restated so this load does not
-    import the ingress: same session, parent and new prompt tokens ⇒ same id."""
-    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0".encode())
+    import the ingress: one id per sample."""
+    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0{sample}\0".encode())
     digest.update(array("i", prompt_tail).tobytes())
     return digest.hexdigest()[:32]
 
@@ -133,7 +135,7 @@ def _session_events(
         else:
             parent = head
         parent_id = parent.step_id if parent else None
-        step_id = step_id_for(session_id, parent_id, tail)
+        step_id = step_id_for(session_id, parent_id, tail, f"{index}-{turn}")
         assert step_id not in seen_ids, "a scripted step repeats; change the seed"
         seen_ids.add(step_id)
         completion = _random_tokens(rng, 1, 24)

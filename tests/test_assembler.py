@@ -230,17 +230,68 @@ def test_commit_offset_never_splits_a_session() -> None:
     assert assembler.commit_offset(4, 13) == 13
 
 
-def test_a_retried_step_replaces_the_first_try_the_client_never_saw() -> None:
-    retry_of_b = step("b", [4], [77, 78], parent="a", prefix_len=5)
-    after_retry = step("c", [5], [13], parent="b", prefix_len=8)
-    [segment] = assemble([THREE_TURNS[0], THREE_TURNS[1], retry_of_b, after_retry])
-    assert segment.token_ids == [1, 2, 3, 10, 11, 4, 77, 78, 5, 13]
-    assert [s.step_id for s in segment.steps] == ["a", "b", "c"]
+def trainable(segment: SegmentFinalized) -> list[int]:
+    return [t for t, m in zip(segment.token_ids, segment.loss_mask, strict=True) if m]
 
+
+def test_two_samples_of_one_prompt_are_two_branches_and_the_unused_one_is_marked() -> None:
+    retry_of_b = step("b2", [4], [77, 78], parent="a", prefix_len=5)  # same prompt as b
+    after_retry = step("c", [5], [13], parent="b2", prefix_len=8)
+    unused, ancestors, branch = assemble([THREE_TURNS[0], THREE_TURNS[1], retry_of_b, after_retry])
+    # The sample nobody continued, alone: everything before it is context.
+    assert unused.unused_sample and trainable(unused) == [12]
+    assert unused.token_ids == [1, 2, 3, 10, 11, 4, 12]
+    # Its ancestor stays trainable once, in a segment of its own...
+    assert not ancestors.unused_sample and trainable(ancestors) == [10, 11]
+    # ...and the branch the client followed holds it as context.
+    assert branch.split_reason == "fork" and branch.last_of_session
+    assert branch.token_ids == [1, 2, 3, 10, 11, 4, 77, 78, 5, 13]
+    assert trainable(branch) == [77, 78, 13]
+    assert [s.step_id for s in branch.steps][-2:] == ["b2", "c"]
+    assert len({unused.segment_id, ancestors.segment_id, branch.segment_id}) == 3
+
+
+def test_a_session_first_prompt_sampled_twice_and_both_continued() -> None:
+    again = step("a2", [1, 2, 3], [20])  # rendered: the same first prompt, another sample
+    events = [
+        THREE_TURNS[0],
+        again,
+        step("b", [4], [12], parent="a", prefix_len=5),
+        step("d", [4], [21], parent="a2", prefix_len=4),
+    ]
+    first, second = assemble(events)
+    assert not first.unused_sample and not second.unused_sample
+    assert second.split_reason == "fork" and second.diagnostics.get("forks") == 1
+    assert trainable(first) == [10, 11, 12] and trainable(second) == [20, 21]
+    assert second.token_ids == [1, 2, 3, 20, 4, 21]
+
+
+def test_retries_nobody_continued_leave_the_latest_standing() -> None:
+    first, again = step("a", [1, 2, 3], [10]), step("a2", [1, 2, 3], [11])
+    unused, latest = assemble([first, again])
+    assert unused.unused_sample and trainable(unused) == [10]
+    assert not latest.unused_sample and trainable(latest) == [11] and latest.last_of_session
+
+
+def test_a_rendered_resample_branches_where_its_prompt_leaves_the_segment() -> None:
+    resample_of_b = step("b2", [1, 2, 3, 10, 11, 4], [99])  # another replica, b's prompt
+    unused, ancestors, branch = assemble([THREE_TURNS[0], THREE_TURNS[1], resample_of_b])
+    assert trainable(unused) == [12] and unused.unused_sample
+    assert trainable(ancestors) == [10, 11]
+    assert branch.token_ids == [1, 2, 3, 10, 11, 4, 99] and trainable(branch) == [99]
+    assert branch.diagnostics["cache_miss"] == 1
+
+
+def test_a_step_id_reused_by_another_step_is_dead_lettered_and_a_resend_is_dropped() -> None:
     assembler = Assembler()
-    for offset, event in enumerate([*THREE_TURNS[:3], retry_of_b]):
-        outcome = assembler.add_step(event, 0, offset)
-    assert outcome.dead_letter_reason == "retried step after its chain moved on"
+    for offset, event in enumerate(THREE_TURNS):
+        assembler.add_step(event, 0, offset)
+    resent = assembler.add_step(THREE_TURNS[1], 0, 3)
+    assert resent.skipped_reason == "duplicate step id" and resent.dead_letter_reason is None
+    other = assembler.add_step(step("b", [4], [77], parent="a", prefix_len=5), 0, 4)
+    assert other.dead_letter_reason == "step id already used by another step"
+    [segment] = assembler.finalize("s", "finalized")
+    assert segment.token_ids == assemble(THREE_TURNS)[0].token_ids
 
 
 def test_tokens_sampled_under_a_grammar_say_so() -> None:

@@ -34,6 +34,7 @@ from titoflow.settings import Settings
 from workers.assembler import Assembler, needs_recompute
 from workers.rebuild import Rebuilder
 from workers.recompute import RecomputeWorker, complete, fill
+from workers.worker import Worker
 
 SYSTEM = {"role": "system", "content": "You are a shell agent."}
 ASK = {"role": "user", "content": "List the files."}
@@ -257,3 +258,73 @@ async def test_the_recompute_stage_under_the_kill_switch_masks_without_an_engine
     } == {0}
     assert done.diagnostics["recompute_masked_disabled"] == len(where)
     assert "undecodable recompute request" in letter.reason
+
+
+class _SlowScorer:
+    """A SCRIPTED ENGINE DOUBLE for the recompute stage: slow prompt logprobs, so a segment
+    without pending tokens read after it would be published first if the stage did not keep
+    the order it read."""
+
+    async def prompt_logprobs(self, token_ids: list[int], request_id: str) -> PromptScores:
+        await asyncio.sleep(1.0)
+        return PromptScores([None] + [-1.0] * (len(token_ids) - 1), "v1")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_session_last_segment_never_overtakes_its_segment_in_recompute(
+    settings: Settings, monkeypatch: Any
+) -> None:
+    [pending] = run(assembler(recompute=True), FIRST, rewritten())
+    pending = pending.model_copy(update={"last_of_session": False})
+    last = pending.model_copy(
+        update={
+            "segment_id": "last",
+            "last_of_session": True,
+            "logprob_source": [min(s, 1) for s in pending.logprob_source],
+            "logprobs": [
+                0.0 if s == 3 else lp
+                for s, lp in zip(pending.logprob_source, pending.logprobs, strict=True)
+            ],
+        }
+    )
+    assert needs_recompute(pending) and not needs_recompute(last)
+    # The worker: the last segment follows the pending one through <prefix>.recompute.
+    staged = settings.model_copy(
+        update={
+            "recompute_group": f"{settings.topic_prefix}-rc",
+            "engine_url": "http://127.0.0.1:9",
+        }
+    )
+    worker = Worker(staged)
+    sent: list[tuple[str, str, bytes]] = []
+
+    async def capture(records: list[tuple[str, str, bytes]]) -> None:
+        sent.extend(records)
+
+    monkeypatch.setattr(worker.publisher, "publish_many", capture)
+    await worker._publish_segments([pending])
+    await worker._publish_segments([last])
+    assert [topic for topic, _, _ in sent] == [staged.topic("recompute")] * 2
+    # The recompute stage, on the real broker: the slow one first, then the last one.
+    publisher = Publisher(staged)
+    try:
+        for topic, key, value in sent:
+            await publisher.publish(topic, key, value)
+    finally:
+        await publisher.stop()
+    stage = RecomputeWorker(staged)
+    await stage.engine.close()
+    stage.engine = _SlowScorer()  # type: ignore[assignment]
+    stop = asyncio.Event()
+    running = asyncio.create_task(stage.run(stop))
+    try:
+        done = await read_until(
+            staged, staged.topic("segments"), TypeAdapter(SegmentFinalized), lambda s: len(s) >= 2
+        )
+    finally:
+        stop.set()
+        await running
+    assert [s.segment_id for s in done] == [pending.segment_id, "last"]
+    assert not needs_recompute(done[0]) and done[1].last_of_session

@@ -97,9 +97,11 @@ async def test_tool_calls_are_parsed_with_deterministic_ids_and_continue_the_cha
     assert second.step.prefix == "tito"
     assert second.step.parent_step_id == first.step.step_id
 
-    # Same session, parent and prompt tail ⇒ same step id and tool-call ids on a replay.
+    # The same prompt sampled again is another sample: its own step id and tool-call ids.
     again, _, _ = make_service([reply])
-    assert (await again.complete(turn(history[:1], tools=TOOLS))).parsed.tool_calls[0].id == call.id
+    resampled = await again.complete(turn(history[:1], tools=TOOLS))
+    assert resampled.step.step_id != first.step.step_id
+    assert resampled.parsed.tool_calls[0].id != call.id
 
 
 async def test_malformed_tool_call_is_returned_as_text_and_recorded() -> None:

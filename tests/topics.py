@@ -39,6 +39,24 @@ async def read_until(
     return events
 
 
+async def read_all(
+    settings: Settings, topic: str, adapter: TypeAdapter[T], quiet_ms: int = 1500
+) -> list[T]:
+    """Every event of ``topic``, read until the topic stays quiet for ``quiet_ms``."""
+    consumer = make_consumer(settings, topic, group_id=None)
+    await consumer.start()
+    events: list[T] = []
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=quiet_ms)
+            if not batch:
+                return events
+            for records in batch.values():
+                events += [adapter.validate_json(r.value) for r in records]
+    finally:
+        await consumer.stop()
+
+
 async def recorded_steps(settings: Settings, session: str, count: int) -> list[StepRecorded]:
     """The first ``count`` steps recorded for ``session``, in log order."""
     events = await read_until(
@@ -55,14 +73,15 @@ async def recorded_steps(settings: Settings, session: str, count: int) -> list[S
 async def finalized_segments(
     settings: Settings, ingress_url: str, session: str, timeout_s: float = 120.0
 ) -> list[SegmentFinalized]:
-    """Finalize ``session`` through the ingress and wait for its segments on the topic."""
+    """Finalize ``session`` through the ingress and wait for its segments on the topic (all of
+    them: its last one comes last)."""
     async with httpx.AsyncClient() as http:
         (await http.post(f"{ingress_url}/sess/{session}/finalize", json={})).raise_for_status()
     segments = await read_until(
         settings,
         settings.topic("segments"),
         TypeAdapter(SegmentFinalized),
-        lambda got: any(s.session_id == session for s in got),
+        lambda got: any(s.session_id == session and s.last_of_session for s in got),
         timeout_s=timeout_s,
     )
     return [s for s in segments if s.session_id == session]

@@ -1,14 +1,22 @@
 """Steps → training segments. Pure logic: no Kafka, no clocks of its own.
 
 Invariants:
-- A segment is a linear chain of steps. Each step adds its prompt tail as context (loss mask 0,
-  logprob source ``none``) and its completion as generated tokens (mask 1, the engine's logprobs,
-  source ``sampled``, the weight versions that sampled them). Token ids are copied from the
-  events, never re-encoded.
-- A TITO step extends the segment holding its parent; if the parent is not that segment's last
-  step, the segment forks (a copy up to the parent). A rendered step (the ingress rendered the
-  whole conversation) extends an open segment whose tokens prefix its prompt — a ``cache_miss``
-  — else it starts a new segment whose ``split_reason`` classifies the divergence.
+- Every sample is its own step, and reaches a segment once. A segment is a linear chain of
+  steps. Each step adds its prompt tail as context (loss mask 0, logprob source ``none``) and its
+  completion as generated tokens (mask 1, the engine's logprobs, source ``sampled``, the weight
+  versions that sampled them). Token ids are copied from the events, never re-encoded, and the
+  tokens before a completion are the prompt the engine saw for it.
+- A TITO step extends the segment holding its parent. If the parent is not that segment's last
+  step (another sample of the same prompt, or a request from an earlier turn), it opens a branch:
+  a new segment (``split_reason: fork``) whose tokens up to the parent are context, so no token
+  is trainable in two segments. A rendered step (the ingress rendered the whole conversation) is
+  placed the same way after the latest step whose tokens prefix its prompt — a ``cache_miss`` —
+  or, with none, starts a new segment: a ``fork`` when its prompt is exactly another segment's
+  first prompt (that prompt sampled again), else one whose ``split_reason`` classifies the
+  divergence.
+- Samples of one prompt that nobody continued, while a sibling was continued (or, when none
+  was, all but the latest), are emitted on their own, marked ``unused_sample``: the ancestors
+  they follow stay trainable in the segment that continued them.
 - A segment whose own tokens (beyond context carried over) reach ``max_segment_tokens`` is
   emitted (``finalize_reason: size``); the chain continues in a new segment that holds those
   tokens as context (loss mask 0), so no token is trained on twice and none loses its context.
@@ -21,6 +29,8 @@ Invariants:
   turns the model generated trainable, labelled the same way.
 - Output is a function of the events alone (ids and times come from the log), so replaying the
   same events yields byte-identical segments, and a segment's id is that of its last step.
+- No event raises out of :meth:`Assembler.apply`: one that cannot be placed (unknown parent, a
+  reused step id, malformed arrays, garbage) comes back with a dead-letter reason.
 - A session closes once (finalize, discard or idle) and then yields its segments, or, when it
   yields none (discarded, or no generated token), one ``SessionDiscarded`` notice saying so.
 """
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from array import array
 from collections import Counter, OrderedDict
@@ -36,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import ValidationError
 
 from schemas.events import (
@@ -57,6 +69,8 @@ from titoflow.errors import TemplateError
 from workers.rebuild import Rebuilder, relabel
 from workers.routing import SegmentRouting
 from workers.versions import mask_stale_versions
+
+log = logging.getLogger("titoflow.assembler")
 
 StepsEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
 FinalizeReason = Literal["finalized", "idle", "size"]
@@ -158,17 +172,6 @@ class _Segment:
         self.tools_hash = step.tools_hash
         self.last_event_time = step.event_time
 
-    def holds_as_head(self, step: StepRecorded) -> bool:
-        """Whether ``step`` is this segment's last step, token for token (a redelivery)."""
-        if self.head_step_id != step.step_id:
-            return False
-        head = self.steps[-1]
-        # A rendered step's tail is its whole prompt, which ended where its completion starts.
-        prompt_start = 0 if step.prefix == "rendered" else head.prompt_start
-        tail: list[int] = self.tokens[prompt_start : head.completion_start].tolist()
-        completion: list[int] = self.tokens[head.completion_start :].tolist()
-        return tail == step.prompt_tail_ids and completion == step.completion_ids
-
     def truncate(self, steps: int) -> None:
         """Keep only the first ``steps`` steps (and their tokens and messages)."""
         cut = self.steps[steps - 1].completion_end if steps else 0
@@ -179,8 +182,9 @@ class _Segment:
         del self.steps[steps:]
         del self.messages[self.messages_after[steps - 1] if steps else 0 :]
         del self.messages_after[steps:]
+        self.carried = min(self.carried, cut)
 
-    def copy(self, split_reason: str) -> _Segment:
+    def copy(self, split_reason: str | None) -> _Segment:
         return _Segment(
             chain_id=self.chain_id,
             split_reason=split_reason,
@@ -200,21 +204,42 @@ class _Segment:
             routing=self.routing.copy(),
         )
 
-    def fork_at(self, step_id: str) -> _Segment:
-        """A new segment holding this one's tokens up to the end of ``step_id``."""
+    def index_of(self, step_id: str) -> int | None:
+        """Where ``step_id`` sits among this segment's steps (None: not here)."""
+        for index in range(len(self.steps) - 1, -1, -1):  # usually the last
+            if self.steps[index].step_id == step_id:
+                return index
+        return None
+
+    def fork_at(self, index: int) -> _Segment:
+        """A branch: this segment's tokens up to the end of its step ``index``, as context
+        (they stay trainable here only)."""
         fork = self.copy("fork")
-        fork.truncate(next(i for i, s in enumerate(self.steps) if s.step_id == step_id) + 1)
+        fork.truncate(index + 1)
+        fork.make_context(len(fork.tokens))
         return fork
 
     def as_context(self) -> _Segment:
         """The continuation of a segment emitted at the size limit: its tokens, all context."""
         following = self.copy("size")
-        following.loss_mask = array("B", bytes(len(self.tokens)))
-        following.source = array("B", bytes(len(self.tokens)))
-        following.logprobs = array("f", bytes(4 * len(self.tokens)))
-        following.versions = []
-        following.carried = len(self.tokens)
+        following.make_context(len(self.tokens))
         return following
+
+    def make_context(self, end: int) -> None:
+        """Tokens ``[0, end)`` become context: loss mask 0, no logprob, no version."""
+        self.loss_mask[:end] = array("B", bytes(end))
+        self.source[:end] = array("B", bytes(end))
+        self.logprobs[:end] = array("f", bytes(4 * end))
+        self.versions = [
+            span if span.start >= end else span.model_copy(update={"start": end})
+            for span in self.versions
+            if span.end > end
+        ]
+        self.carried = max(self.carried, end)
+
+    def own_trainable(self, end: int) -> bool:
+        """Whether any token before ``end`` is trainable here."""
+        return 1 in self.loss_mask[:end].tobytes()  # memchr
 
 
 @dataclass
@@ -230,6 +255,12 @@ class _Session:
     reward_components: dict[str, float] = field(default_factory=dict)
     segments: list[_Segment] = field(default_factory=list)
     segment_of_step: dict[str, _Segment] = field(default_factory=dict)
+    # Per step: a digest of its event (a redelivery matches it), the key of its prompt and of
+    # its prompt + completion (a chain of digests: equal keys, equal tokens).
+    digests: dict[str, bytes] = field(default_factory=dict)
+    full_keys: dict[str, bytes] = field(default_factory=dict)
+    samples: dict[bytes, list[str]] = field(default_factory=dict)  # prompt key → its samples
+    continued: set[str] = field(default_factory=set)  # steps some later step follows
     diagnostics: Counter[str] = field(default_factory=Counter)
     build_mode: BuildMode | None = None  # SessionOpened's options.build_mode
 
@@ -300,12 +331,21 @@ class Assembler:
         return list(self._sessions)
 
     def apply(self, value: bytes | None, partition: int, offset: int) -> Applied:
-        """Decode and apply one record of the steps topic (what workers and replays share)."""
+        """Decode and apply one record of the steps topic (what workers and replays share).
+        Never raises: an event the assembler fails on comes back with a dead-letter reason."""
         try:
             event = steps_topic_adapter.validate_json(value or b"")
         except ValidationError as exc:
             reason = f"undecodable or unknown event: {exc.errors(include_url=False)[:3]}"
             return Applied(None, dead_letter_reason=reason)
+        try:
+            return self._apply(event, partition, offset)
+        except Exception as exc:  # a bug must cost one event, not the partition
+            log.exception("assembler failed on %s@%d", event.type, offset)
+            self.counters["assembler_errors"] += 1
+            return Applied(event, dead_letter_reason=f"assembler error: {exc!r}")
+
+    def _apply(self, event: StepsEvent, partition: int, offset: int) -> Applied:
         if isinstance(event, StepRecorded):
             outcome = self.add_step(event, partition, offset)
             applied = Applied(
@@ -388,30 +428,36 @@ class Assembler:
                 return StepOutcome(skipped_reason="parent step precedes the committed offset")
             session = _Session(step.instance_id, partition, offset, offset)
             self._sessions[step.session_id] = session
-        session.instance_id = session.instance_id or step.instance_id
-        session.last_event_time = step.event_time
-        if step.tool_parse_error:
-            session.diagnostics["tool_parse_errors"] += 1
-        earlier = session.segment_of_step.get(step.step_id)
-        if earlier is not None:
-            if earlier.holds_as_head(step):
+        malformed = _malformed(step)
+        if malformed:
+            self.counters["malformed_steps"] += 1
+            return StepOutcome(dead_letter_reason=f"malformed step: {malformed}")
+        digest = _digest(step)
+        known = session.digests.get(step.step_id)
+        if known is not None:
+            if known == digest:  # the producer's re-send, or a redelivery
                 self.counters["duplicate_steps"] += 1
                 return StepOutcome(skipped_reason="duplicate step id")
-            if earlier.head_step_id != step.step_id:
-                self.counters["late_retries"] += 1
-                return StepOutcome(dead_letter_reason="retried step after its chain moved on")
-            # A retried turn (same parent and prompt, new sample) published after the first try:
-            # the client saw the later one, so it replaces the first.
-            earlier.truncate(len(earlier.steps) - 1)
-            session.diagnostics["superseded_steps"] += 1
+            self.counters["conflicting_steps"] += 1
+            return StepOutcome(dead_letter_reason="step id already used by another step")
+        session.instance_id = session.instance_id or step.instance_id
+        session.last_event_time = step.event_time
         placed = self._place(session, step)
         if isinstance(placed, str):
             self.counters[placed] += 1
             # A segment without its prefix would be a wrong sample; keep the event for replay.
             return StepOutcome(dead_letter_reason=placed)
-        segment, context = placed
+        segment, context, anchor = placed
+        if step.tool_parse_error:
+            session.diagnostics["tool_parse_errors"] += 1
         segment.extend(step, context)
         session.segment_of_step[step.step_id] = segment
+        session.digests[step.step_id] = digest
+        prompt_key = _key(session.full_keys.get(anchor or "", b""), context)
+        session.full_keys[step.step_id] = _key(prompt_key, step.completion_ids)
+        session.samples.setdefault(prompt_key, []).append(step.step_id)
+        if anchor is not None:
+            session.continued.add(anchor)
         if 0 < self.max_segment_tokens <= len(segment.tokens) - segment.carried:
             return StepOutcome(segments=[self._emit_at_size(step.session_id, session, segment)])
         return StepOutcome()
@@ -423,26 +469,32 @@ class Assembler:
         _replace(session, segment, following)
         return self._emit(session_id, session, segment, "size")
 
-    def _place(self, session: _Session, step: StepRecorded) -> tuple[_Segment, list[int]] | str:
-        """The segment this step extends and the context tokens it adds there, or why none can."""
-        if step.prefix == "tito" and step.parent_step_id is not None:
-            parent = session.segment_of_step.get(step.parent_step_id)
+    def _place(
+        self, session: _Session, step: StepRecorded
+    ) -> tuple[_Segment, list[int], str | None] | str:
+        """The segment this step extends, the context tokens it adds there and the step it
+        follows (its anchor), or why it cannot be placed."""
+        if step.prefix == "tito":
+            parent = session.segment_of_step.get(step.parent_step_id or "")
             if parent is None:
                 return "unknown_parent_step"
-            if parent.head_step_id != step.parent_step_id:
-                parent = parent.fork_at(step.parent_step_id)
-                session.segments.append(parent)
-                session.diagnostics["forks"] += 1
-            if len(parent.tokens) != step.prefix_len:
+            index = parent.index_of(step.parent_step_id or "")
+            if index is None or parent.steps[index].completion_end != step.prefix_len:
                 return "prefix_length_mismatch"
-            return parent, step.prompt_tail_ids
+            return self._after(session, parent, index), step.prompt_tail_ids, step.parent_step_id
         prompt = step.prompt_tail_ids
-        for segment in reversed(session.segments):
-            n = len(segment.tokens)
-            if segment.steps and n < len(prompt) and segment.tokens.tolist() == prompt[:n]:
-                session.diagnostics["cache_miss"] += 1
-                self.counters["divergence_cache_miss"] += 1
-                return segment, prompt[n:]
+        found = self._latest_prefix(session, prompt)
+        if isinstance(found, tuple):
+            segment, index = found
+            session.diagnostics["cache_miss"] += 1
+            self.counters["divergence_cache_miss"] += 1
+            end = segment.steps[index].completion_end
+            return self._after(session, segment, index), prompt[end:], segment.steps[index].step_id
+        if found:  # the prompt of a segment's first step, sampled again: a branch of its own
+            session.diagnostics["forks"] += 1
+            segment = _Segment(chain_id=step.chain_id, split_reason="fork")
+            session.segments.append(segment)
+            return segment, prompt, None
         reason = self._classify(session.segments[-1], step) if session.segments else None
         if reason:
             session.diagnostics[reason] += 1
@@ -452,10 +504,48 @@ class Assembler:
                 session.diagnostics["rebuilt" if rebuilt else "rebuild_fallback"] += 1
                 if rebuilt is not None:
                     _replace(session, session.segments[-1], rebuilt)
-                    return rebuilt, []
+                    return rebuilt, [], None
         segment = _Segment(chain_id=step.chain_id, split_reason=reason)
         session.segments.append(segment)
-        return segment, prompt
+        return segment, prompt, None
+
+    def _after(self, session: _Session, segment: _Segment, index: int) -> _Segment:
+        """Where a step following ``segment``'s step ``index`` goes: that segment if the step is
+        its last, else a new branch."""
+        if index == len(segment.steps) - 1:
+            return segment
+        fork = segment.fork_at(index)
+        session.segments.append(fork)
+        session.diagnostics["forks"] += 1
+        return fork
+
+    @staticmethod
+    def _latest_prefix(session: _Session, prompt: list[int]) -> tuple[_Segment, int] | bool:
+        """The segment and step after whose completion the rendered ``prompt`` goes on (the
+        longest such prefix; on a tie, a segment's last step, then the earliest segment); else
+        whether the prompt is exactly the first prompt of a segment."""
+        wanted = np.asarray(prompt, dtype=np.int32)
+        best: tuple[_Segment, int] | None = None
+        best_end, first_prompt = -1, False
+        for segment in session.segments:
+            if not segment.steps:
+                continue
+            held = np.frombuffer(segment.tokens, dtype=np.int32)
+            n = min(len(held), len(wanted))
+            differ = np.flatnonzero(held[:n] != wanted[:n])
+            common = int(differ[0]) if differ.size else n
+            first = segment.steps[0]
+            if first.prompt_start == 0 and first.completion_start == len(wanted) <= common:
+                first_prompt = True
+            for index in range(len(segment.steps) - 1, -1, -1):
+                end = segment.steps[index].completion_end
+                if end <= common and end < len(wanted):
+                    head = index == len(segment.steps) - 1
+                    best_is_head = best is not None and best[1] == len(best[0].steps) - 1
+                    if end > best_end or (end == best_end and head and not best_is_head):
+                        best, best_end = (segment, index), end
+                    break
+        return best if best is not None else first_prompt
 
     def _classify(self, segment: _Segment, step: StepRecorded) -> str:
         """Why a fully rendered prompt does not continue the session's latest segment."""
@@ -560,6 +650,7 @@ class Assembler:
         segment: _Segment,
         reason: FinalizeReason,
         last: bool = False,
+        unused: bool = False,
     ) -> SegmentFinalized:
         """The segment as its session's build mode makes it (tokens with logprob source 3 wait
         for the recompute stage: see :func:`needs_recompute`)."""
@@ -571,8 +662,8 @@ class Assembler:
                 session.diagnostics["rebuild_fallback"] += 1
         mask = self.mask_stale_versions
         if built is None or mode == "concat":
-            return _segment_event(session_id, session, segment, reason, "concat", last, mask)
-        return _segment_event(session_id, session, built, reason, "last-step", last, mask)
+            built, mode = segment, "concat"
+        return _segment_event(session_id, session, built, reason, mode, last, mask, unused)
 
     def _last_step(self, segment: _Segment) -> _Segment | None:
         """The segment's final conversation re-rendered (None: it cannot be, keep concat)."""
@@ -613,10 +704,13 @@ class Assembler:
         session.metadata.update(metadata or {})
         session.reward = reward
         session.reward_components = dict(reward_components or {})
-        kept = [s for s in session.segments if s.steps and 1 in s.loss_mask.tobytes()]  # memchr
+        used, unused = self._layout(session)
+        kept = [*unused, *used]  # the last of session is a used one: readers may skip the rest
         segments = [
-            self._emit(session_id, session, segment, reason, last=segment is kept[-1])
-            for segment in kept
+            self._emit(
+                session_id, session, segment, reason, segment is kept[-1], index < len(unused)
+            )
+            for index, segment in enumerate(kept)
         ]
         if segments:
             return Closed(segments)
@@ -629,6 +723,31 @@ class Assembler:
             metadata=session.metadata,
         )
         return Closed(notice=notice)
+
+    def _layout(self, session: _Session) -> tuple[list[_Segment], list[_Segment]]:
+        """The session's segments with a trainable token, split into those the client followed
+        and those whose only trainable tokens are an unused sample (its ancestors, if trainable
+        there, stay in a segment of their own: the branch that continued them holds them as
+        context)."""
+        unused_steps = _unused_samples(session)
+        used: list[_Segment] = []
+        unused: list[_Segment] = []
+        for segment in session.segments:
+            if not segment.steps or not segment.own_trainable(len(segment.tokens)):
+                continue
+            head = segment.steps[-1]
+            if head.step_id not in unused_steps or segment.carried >= head.completion_end:
+                used.append(segment)
+                continue
+            session.diagnostics["unused_samples"] += 1
+            if segment.own_trainable(head.prompt_start):
+                ancestors = segment.copy(segment.split_reason)
+                ancestors.truncate(len(segment.steps) - 1)
+                used.append(ancestors)
+                segment = segment.copy("fork")
+                segment.make_context(head.prompt_start)
+            unused.append(segment)
+        return used, unused
 
     def _close(self, session_id: str) -> _Session | None:
         """Take a session out of the open ones, leaving a tombstone (late steps are late)."""
@@ -679,6 +798,49 @@ class Assembler:
         return commit
 
 
+def _malformed(step: StepRecorded) -> str | None:
+    """What makes a step event unusable, whatever the session holds (None: nothing)."""
+    if len(step.completion_logprobs) != len(step.completion_ids):
+        return "completion_logprobs and completion_ids differ in length"
+    if step.prefix == "tito" and step.parent_step_id in (None, step.step_id):
+        return "a tito step names no parent (or itself)"
+    if step.prefix == "rendered" and (step.parent_step_id is not None or step.prefix_len):
+        return "a rendered step names a parent prefix"
+    if step.prefix == "rendered" and not step.prompt_tail_ids:
+        return "a rendered step with an empty prompt"
+    if any(not 0 <= s.start <= s.end <= len(step.completion_ids) for s in step.weight_versions):
+        return "a weight-version span outside the completion"
+    return None
+
+
+def _digest(step: StepRecorded) -> bytes:
+    """The step's content: a redelivered event matches it, another step under its id does not."""
+    digest = hashlib.blake2b(digest_size=16)
+    head = f"{step.parent_step_id}\0{step.prefix}\0{step.prefix_len}\0{len(step.prompt_tail_ids)}"
+    digest.update(head.encode())
+    digest.update(array("i", step.prompt_tail_ids).tobytes())
+    digest.update(array("i", step.completion_ids).tobytes())
+    digest.update(array("f", step.completion_logprobs).tobytes())
+    return digest.digest()
+
+
+def _key(base: bytes, ids: list[int]) -> bytes:
+    """A chain of digests over token runs: equal keys, equal token sequences."""
+    return hashlib.blake2b(base + array("i", ids).tobytes(), digest_size=16).digest()
+
+
+def _unused_samples(session: _Session) -> set[str]:
+    """Samples of one prompt that nobody continued while a sibling was continued; when none
+    was, all but the latest (a client's retries: it kept the last answer)."""
+    unused: set[str] = set()
+    for samples in session.samples.values():
+        if len(samples) < 2:
+            continue
+        leaves = [s for s in samples if s not in session.continued]
+        unused.update(leaves if len(leaves) < len(samples) else leaves[:-1])
+    return unused
+
+
 def pending_positions(segment: SegmentFinalized) -> list[int]:
     """Positions whose logprobs the recompute stage has yet to fill in (source 3, NaN)."""
     return [
@@ -716,6 +878,7 @@ def _segment_event(
     build_mode: BuildMode,
     last: bool = False,
     mask_stale: bool = False,
+    unused: bool = False,
 ) -> SegmentFinalized:
     # A step ends at most one segment, so (session, last step) names a segment. A worker that
     # re-reads a finished session from mid-way (its start was below the committed offset)
@@ -749,4 +912,5 @@ def _segment_event(
         reward=session.reward,
         reward_components=dict(session.reward_components),
         last_of_session=last,
+        unused_sample=unused,
     )

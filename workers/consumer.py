@@ -32,11 +32,15 @@ class SegmentConsumer:
         group_id: str | None = None,
         dedupe_window: int = DEDUPE_WINDOW,
         from_end: bool = False,
+        unused_samples: bool = False,
     ) -> None:
         """``group_id=None`` reads the whole topic without committing (inspection, tests);
         with ``from_end`` too, only what is published after ``__aenter__`` returned (a rollout
         driver waiting for the sessions it is about to run; on tansu also the last batch before
-        it, see ``pin_to_end``)."""
+        it, see ``pin_to_end``). Iterating skips segments marked ``unused_sample`` (a client's
+        retry, an unpicked best-of-n candidate: the reward was not earned through them) unless
+        ``unused_samples``; :meth:`records` yields every one."""
+        self._unused_samples = unused_samples
         self._group_id = group_id
         self._from_end = from_end and group_id is None
         self._consumer = make_consumer(settings, settings.topic("segments"), group_id=group_id)
@@ -74,7 +78,9 @@ class SegmentConsumer:
 
     async def __aiter__(self) -> AsyncIterator[SegmentFinalized]:
         async for record in self.records():
-            if isinstance(record, SegmentFinalized):
+            if isinstance(record, SegmentFinalized) and (
+                self._unused_samples or not record.unused_sample
+            ):
                 yield record
 
     async def records(self) -> AsyncIterator[SegmentFinalized | SessionDiscarded]:

@@ -151,7 +151,11 @@ class RecomputeWorker:
                 records = [r for part in batch.values() for r in part]
                 self.in_flight = len(records)
                 await self._observe()
-                await asyncio.gather(*(self._handle(record, stop) for record in records))
+                # Engine calls run concurrently; results are published in the order read, so
+                # a session's segments keep their order (its last one last).
+                finished = await asyncio.gather(*(self._finish(r, stop) for r in records))
+                for record, result in zip(records, finished, strict=True):
+                    await self._publish(record, result)
                 self.in_flight = 0
                 if records:
                     try:  # everything fetched is published: its offsets may go
@@ -172,31 +176,37 @@ class RecomputeWorker:
                 unread += max(highwater - await self.consumer.position(tp), 0)
         metrics.RECOMPUTE_QUEUE.set(unread + self.in_flight)
 
-    async def _handle(self, record: ConsumerRecord, stop: asyncio.Event) -> None:
+    async def _finish(self, record: ConsumerRecord, stop: asyncio.Event) -> SegmentFinalized | str:
+        """The finished segment of ``record``, or why it goes to the DLQ."""
         try:
             request = RecomputeRequested.model_validate_json(record.value or b"")
         except ValidationError as exc:
-            reason = f"undecodable recompute request: {exc.errors()[:3]}"
-            await publish_dead_letter(self.publisher, self.settings, record, reason)
-            return
+            return f"undecodable recompute request: {exc.errors()[:3]}"
         scorer = None if self.settings.recompute_disabled else self.engine
         backoff = RETRY_BACKOFF_S[0]
         while True:
             try:
                 async with self.limit:
-                    segment = await complete(request.segment, scorer)
-                break
+                    return await complete(request.segment, scorer)
             except EngineUnavailable as exc:  # wait for the engine; never mask what it could do
                 log.warning("engine unavailable for recompute, retrying: %s", exc)
                 if stop.is_set():
                     raise
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, RETRY_BACKOFF_S[1])
-        key = segment.instance_id or segment.session_id
+            except Exception as exc:  # a bug must cost one segment, not the partition
+                log.exception("recompute of offset %d failed", record.offset)
+                return f"recompute error: {exc!r}"
+
+    async def _publish(self, record: ConsumerRecord, result: SegmentFinalized | str) -> None:
+        if isinstance(result, str):
+            await publish_dead_letter(self.publisher, self.settings, record, result)
+            return
+        key = result.instance_id or result.session_id
         await self.publisher.publish(
-            self.settings.topic("segments"), key, segment.model_dump_json().encode()
+            self.settings.topic("segments"), key, result.model_dump_json().encode()
         )
         log.info(
             "recomputed segment published",
-            extra={"session_id": segment.session_id, "segment_id": segment.segment_id},
+            extra={"session_id": result.session_id, "segment_id": result.segment_id},
         )

@@ -115,6 +115,9 @@ class Worker:
         self._next_offset: dict[TopicPartition, int] = {}
         self._last_seen: dict[str, float] = {}
         self._divergences_seen: dict[str, int] = {}
+        # Sessions with a segment on <prefix>.recompute: their later segments follow it there,
+        # so none overtakes it on the way to <prefix>.segments (last_of_session comes last).
+        self._via_recompute: set[str] = set()
         self.batch_lock = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -189,7 +192,11 @@ class Worker:
         idle = [sid for sid, seen in self._last_seen.items() if seen < cutoff]
         for session_id in idle:
             del self._last_seen[session_id]
-            closed = self.assembler.close(session_id, "idle")
+            try:
+                closed = self.assembler.close(session_id, "idle")
+            except Exception:  # a bug must cost one session, not the partition
+                log.exception("closing idle session %s failed", session_id)
+                continue
             yield from closed.segments
             if closed.notice:
                 yield closed.notice
@@ -198,8 +205,13 @@ class Worker:
         records: list[tuple[str, str, bytes]] = []
         for segment in segments:
             key = segment.instance_id or segment.session_id
-            if isinstance(segment, SegmentFinalized) and needs_recompute(segment):
-                # finished and published by the recompute stage
+            if isinstance(segment, SegmentFinalized) and (
+                needs_recompute(segment) or segment.session_id in self._via_recompute
+            ):
+                # finished and published by the recompute stage, in this order
+                self._via_recompute.add(segment.session_id)
+                if segment.last_of_session:
+                    self._via_recompute.discard(segment.session_id)
                 request = RecomputeRequested(
                     session_id=segment.session_id, event_time=segment.event_time, segment=segment
                 )
@@ -208,6 +220,7 @@ class Worker:
                 )
                 metrics.RECOMPUTE_REQUESTED.inc()
             else:
+                self._via_recompute.discard(segment.session_id)  # a notice ends the session
                 records.append(
                     (self.settings.topic("segments"), key, segment.model_dump_json().encode())
                 )
@@ -247,6 +260,7 @@ class Worker:
             return  # the usual case after a batch: no scan of every session and tombstone
         for session_id in self.assembler.drop_partitions({tp.partition for tp in partitions}):
             self._last_seen.pop(session_id, None)
+            self._via_recompute.discard(session_id)
         for tp in partitions:
             self._next_offset.pop(tp, None)
 

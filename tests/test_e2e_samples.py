@@ -1,0 +1,143 @@
+"""Sample identity on the real stack (openai SDK → ingress → recording proxy → vLLM CPU → tansu
+→ worker), checked against what the engine witnessed, not against titoflow's own step events.
+
+One session runs the same conversation twice (first non-streamed, then streamed; both start with
+the same system + user message), five turns each with tool results and follow-up user messages
+between turns, at temperature 1. Along the way the client re-sends a request it already got an
+answer to (an SDK retry after a timeout) and continues from the second answer, and asks one prompt
+twice (best-of-2) and continues the first. Every completion the client received must reach a
+segment exactly once, after exactly the prompt the engine saw; nothing goes to the DLQ.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from pydantic import TypeAdapter
+
+from schemas.events import DeadLetter, StepRecorded
+from tests.families import path_tool
+from tests.topics import finalized_segments, read_all, recorded_steps
+from tests.witness import Witness, check_segments
+from titoflow.settings import Settings
+from titoflow.stack import start_ingress, start_worker
+
+pytestmark = pytest.mark.engine
+
+TOOLS: Any = [path_tool("ls", "List a directory."), path_tool("cat", "Print a file.")]
+START = [
+    {"role": "system", "content": "You are a shell agent."},
+    {"role": "user", "content": "What is in /tmp?"},
+]
+
+
+async def _ask(
+    client: AsyncOpenAI, messages: list[dict[str, Any]], turn: int, stream: bool
+) -> dict[str, Any]:
+    """One turn; the assistant message as the client echoes it back. Even turns must call a
+    tool (the engine's own constrained decoding), odd turns answer freely."""
+    tools: dict[str, Any] = {"tools": TOOLS}
+    if turn % 2 == 0:
+        tools["tool_choice"] = "required"
+    common: dict[str, Any] = {
+        "model": "policy",
+        "messages": messages,
+        "max_tokens": 20,
+        "temperature": 1.0,
+        **tools,
+    }
+    if not stream:
+        answer = await client.chat.completions.create(**common)
+        message = answer.choices[0].message
+        calls = [c.model_dump() for c in message.tool_calls or []]
+        return {"role": "assistant", "content": message.content or "", "tool_calls": calls}
+    text, calls = "", []
+    chunks = await client.chat.completions.create(stream=True, **common)
+    async for chunk in chunks:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for call in delta.tool_calls or []:
+            assert call.function is not None
+            calls.append(
+                {"id": call.id, "type": "function", "function": call.function.model_dump()}
+            )
+    return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
+def _next_input(answer: dict[str, Any], turn: int) -> list[dict[str, Any]]:
+    """What the scaffold sends after ``answer``: its tool results, or a follow-up question."""
+    if answer["tool_calls"]:
+        return [
+            {"role": "tool", "tool_call_id": call["id"], "content": f"result {turn}"}
+            for call in answer["tool_calls"]
+        ]
+    return [{"role": "user", "content": f"And then? ({turn})"}]
+
+
+async def _conversation(
+    client: AsyncOpenAI, stream: bool, received: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    messages = [dict(m) for m in START]
+    for turn in range(5):
+        answer = await _ask(client, messages, turn, stream)
+        received.append(answer)
+        if turn == 2:  # the SDK re-sends the same request (a timeout): it keeps the new answer
+            answer = await _ask(client, messages, turn, stream)
+            received.append(answer)
+        if turn == 3:  # best-of-2: the same prompt twice, the first one continued
+            received.append(await _ask(client, messages, turn, stream))
+        messages += [answer, *_next_input(answer, turn)]
+    return messages
+
+
+async def test_one_session_runs_a_conversation_twice_and_every_sample_reaches_training_once(
+    stack_settings: Settings, witness: Witness, tmp_path: Path
+) -> None:
+    ingress, url = start_ingress(stack_settings, tmp_path)
+    worker = start_worker(stack_settings, tmp_path)
+    session = f"samples-{uuid.uuid4().hex[:8]}"
+    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
+    received: list[dict[str, Any]] = []
+    try:
+        await _conversation(client, stream=False, received=received)
+        await _conversation(client, stream=True, received=received)
+        segments = await finalized_segments(stack_settings, url, session)
+        dead = await read_all(stack_settings, stack_settings.topic("dlq"), TypeAdapter(DeadLetter))
+    finally:
+        await client.close()
+        ingress.stop()
+        worker.stop()
+
+    steps = await recorded_steps(stack_settings, session, len(received))
+    assert len(steps) == len(received) == 14  # one step per sample, 2 x (5 + retry + best-of-2)
+    assert len({s.step_id for s in steps}) == len(steps), "two samples share a step id"
+    tool_ids = [c["id"] for s in steps for c in s.response_message.get("tool_calls", [])]
+    assert len(set(tool_ids)) == len(tool_ids), "two samples share a tool-call id"
+    assert dead == [], [d.reason for d in dead]
+    calls = witness.witnessed()
+    assert len(calls) == len(received)
+    counts = check_segments(segments, calls, complete=True)
+    # The retry's first answer and the unpicked best-of-2 candidate, in each conversation.
+    assert [s.unused_sample for s in segments].count(True) == 4
+    assert counts["trainable_steps"] == len(received)
+    _both_conversations_in_segments(steps, segments)
+
+
+def _both_conversations_in_segments(steps: list[StepRecorded], segments: list[Any]) -> None:
+    """The two runs' first turns (same prompt, rendered once and sampled again) head two
+    branches that both reach the trainer."""
+    first_turns = [s for s in steps if s.parent_step_id is None]
+    trained = {
+        entry.step_id
+        for segment in segments
+        for entry in segment.steps
+        if any(segment.loss_mask[entry.completion_start : entry.completion_end])
+    }
+    assert len(first_turns) >= 2 and all(s.step_id in trained for s in first_turns)
+    assert {s.step_id for s in steps} == trained

@@ -1,0 +1,273 @@
+"""The engine-side witness: what the engine saw and returned, recorded in front of it, and the
+check that segments hold exactly that.
+
+:class:`RecordingProxy` sits between the ingress and vLLM (a real HTTP hop on its own thread) and
+forwards every request unchanged. For each ``/inference/v1/generate`` call it keeps the prompt
+token ids it forwarded and the token ids, logprobs, weight-version spans and finish reason the
+engine answered, streamed or not. Nothing in it comes from titoflow's own events.
+
+:func:`check_segments` holds segments to that record (concat mode): every trainable step's
+completion is the concatenation of witnessed completions (one call, or several when a pause
+aborted a generation and the ingress continued it), each sampled after exactly the tokens before
+it in the segment; sampled logprobs equal the engine's as float32 bits; no witnessed call is
+trainable twice; with ``complete``, every witnessed call is trainable in exactly one segment
+(a marked unused sample counts) unless the test names it as accounted for.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from schemas.events import (
+    LOGPROB_SOURCE_CONSTRAINED,
+    LOGPROB_SOURCE_SAMPLED,
+    SegmentFinalized,
+)
+from titoflow.procs import free_port
+
+GENERATE = "/inference/v1/generate"
+
+
+@dataclass
+class Witnessed:
+    """One generate call as the engine saw and answered it."""
+
+    prompt: tuple[int, ...]
+    stream: bool
+    completion: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)
+    prompt_logprobs: bool = False  # a scoring call (recompute), not a sample
+
+    def take(self, payload: dict[str, Any]) -> None:
+        choice = (payload.get("choices") or [{}])[0]
+        self.completion += [int(t) for t in choice.get("token_ids") or []]
+        entries = (choice.get("logprobs") or {}).get("content") or []
+        self.logprobs += [float(entry["logprob"]) for entry in entries]
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+            self.weight_versions = list(choice.get("weight_versions") or [])
+
+
+class Witness:
+    """The calls recorded by one or more proxies (one per engine a test runs)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Witnessed] = []
+        self.lock = threading.Lock()
+        self._proxies: list[RecordingProxy] = []
+
+    def front(self, engine_url: str) -> str:
+        """A recording proxy in front of ``engine_url``: the URL to give the ingress."""
+        proxy = RecordingProxy(engine_url, self).start()
+        self._proxies.append(proxy)
+        return proxy.url
+
+    def witnessed(self) -> list[Witnessed]:
+        """The sampling calls recorded so far that the engine answered."""
+        with self.lock:
+            return [c for c in self.calls if c.finish_reason is not None and not c.prompt_logprobs]
+
+    def stop(self) -> None:
+        for proxy in self._proxies:
+            proxy.stop()
+
+
+class RecordingProxy:
+    """A pass-through HTTP proxy in front of an engine that records every generate call."""
+
+    def __init__(self, engine_url: str, witness: Witness) -> None:
+        self.engine_url = engine_url.rstrip("/")
+        self.witness = witness
+        self.url = ""
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RecordingProxy:
+        port = free_port()
+        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST"])])
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the recording proxy did not start")
+            threading.Event().wait(0.02)
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+    async def _forward(self, request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")
+        }
+        call: Witnessed | None = None
+        stream = False
+        if request.url.path == GENERATE and request.method == "POST":
+            sent = json.loads(body)
+            stream = bool(sent.get("stream"))
+            scoring = bool((sent.get("sampling_params") or {}).get("prompt_logprobs") is not None)
+            call = Witnessed(tuple(sent["token_ids"]), stream, prompt_logprobs=scoring)
+            with self.witness.lock:
+                self.witness.calls.append(call)
+        client = httpx.AsyncClient(base_url=self.engine_url, timeout=None)
+        upstream = await client.send(
+            client.build_request(request.method, path, content=body, headers=headers), stream=True
+        )
+        if not stream:
+            content = await upstream.aread()
+            await upstream.aclose()
+            await client.aclose()
+            if call is not None and upstream.status_code == 200:
+                call.take(json.loads(content))
+            return Response(
+                content, status_code=upstream.status_code, headers=_passed(upstream.headers)
+            )
+
+        async def relay() -> AsyncIterator[bytes]:
+            buffer = b""
+            try:
+                async for chunk in upstream.aiter_raw():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if call is not None and line.startswith(b"data: {"):
+                            call.take(json.loads(line[len(b"data: ") :]))
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+
+        return StreamingResponse(
+            relay(), status_code=upstream.status_code, headers=_passed(upstream.headers)
+        )
+
+
+def _passed(headers: httpx.Headers) -> dict[str, str]:
+    dropped = ("content-length", "transfer-encoding", "connection", "content-encoding")
+    return {k: v for k, v in headers.items() if k.lower() not in dropped}
+
+
+def _bits(values: Iterable[float]) -> list[int]:
+    return [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
+
+
+class WitnessError(AssertionError):
+    pass
+
+
+def check_segments(
+    segments: Iterable[SegmentFinalized],
+    calls: list[Witnessed],
+    complete: bool = False,
+    accounted: Iterable[tuple[int, ...]] = (),
+) -> Counter[str]:
+    """Hold ``segments`` to the witnessed ``calls`` (see the module doc); returns counts of
+    what it checked. ``accounted``: full token sequences (prompt + completion) of calls a test
+    expects in no segment (a discarded session, an aborted request)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for index, call in enumerate(calls):
+        by_prompt.setdefault(call.prompt, []).append(index)
+    used: Counter[int] = Counter()
+    counts: Counter[str] = Counter()
+    for segment in segments:
+        counts["segments"] += 1
+        counts["unused_samples"] += segment.unused_sample
+        if segment.build_mode != "concat":
+            continue
+        tokens, mask = segment.token_ids, segment.loss_mask
+        covered = [False] * len(tokens)
+        for entry in segment.steps:
+            start, end = entry.completion_start, entry.completion_end
+            sources = segment.logprob_source[start:end]
+            if not any(mask[start:end]) or any(
+                s not in (LOGPROB_SOURCE_SAMPLED, LOGPROB_SOURCE_CONSTRAINED) for s in sources
+            ):
+                continue  # context here, or re-rendered tokens the recompute stage scored
+            at = start
+            while at < end:
+                found = _witnessed_at(calls, by_prompt, tokens, at, end, used)
+                if found is None:
+                    raise WitnessError(
+                        f"segment {segment.segment_id} step {entry.step_id}: tokens "
+                        f"[{at}, {end}) were not sampled by the engine after the {at} tokens "
+                        "before them"
+                    )
+                call = calls[found]
+                stop = at + len(call.completion)
+                if _bits(segment.logprobs[at:stop]) != _bits(call.logprobs):
+                    raise WitnessError(
+                        f"segment {segment.segment_id} step {entry.step_id}: logprobs differ "
+                        "from the engine's"
+                    )
+                used[found] += 1
+                counts["witnessed_runs"] += 1
+                at = stop
+            for p in range(start, end):
+                covered[p] = True
+            counts["trainable_steps"] += 1
+        uncovered = [p for p, (c, m) in enumerate(zip(covered, mask, strict=True)) if m and not c]
+        if uncovered:
+            raise WitnessError(
+                f"segment {segment.segment_id}: trainable positions {uncovered[:8]} lie in no "
+                "witnessed step"
+            )
+    twice = [i for i, n in used.items() if n > 1]
+    if twice:
+        raise WitnessError(f"{len(twice)} witnessed completions are trainable more than once")
+    if complete:
+        expected = set(accounted)
+        missing = [
+            i
+            for i, call in enumerate(calls)
+            if not used[i] and call.completion and (*call.prompt, *call.completion) not in expected
+        ]
+        if missing:
+            raise WitnessError(
+                f"{len(missing)} of {len(calls)} witnessed completions reached no segment"
+            )
+    counts["witnessed_calls"] = len(calls)
+    return counts
+
+
+def _witnessed_at(
+    calls: list[Witnessed],
+    by_prompt: dict[tuple[int, ...], list[int]],
+    tokens: list[int],
+    at: int,
+    end: int,
+    used: Counter[int],
+) -> int | None:
+    """A witnessed call sampled after exactly ``tokens[:at]`` whose completion is
+    ``tokens[at:...]`` within ``end`` (an unused one first: two identical samples are two)."""
+    found: int | None = None
+    for index in by_prompt.get(tuple(tokens[:at]), []):
+        completion = calls[index].completion
+        if completion and tokens[at : at + len(completion)] == completion:
+            if at + len(completion) > end:
+                continue
+            if not used[index]:
+                return index
+            found = index if found is None else found
+    return found
