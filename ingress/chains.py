@@ -38,6 +38,7 @@ class Prior:
     tokens: int
     step_id: str
     ends_with_terminator: bool
+    seq: int
 
 
 @dataclass(frozen=True, eq=False)  # identity: comparing token arrays would be O(length)
@@ -57,10 +58,15 @@ class Chain:
     # with partial rollout off a later step on other weights is refused.
     first_version: str | None = None
     prior: Prior | None = None  # None: the head is the chain's first step
+    seq: int = 0  # the order this replica recorded the head step in (set by the store)
 
     def summary(self) -> Prior:
         return Prior(
-            len(self.messages), len(self.tokens), self.head_step_id, self.ends_with_terminator
+            len(self.messages),
+            len(self.tokens),
+            self.head_step_id,
+            self.ends_with_terminator,
+            self.seq,
         )
 
     def before_head(self) -> Chain | None:
@@ -75,6 +81,7 @@ class Chain:
             ends_with_terminator=self.prior.ends_with_terminator,
             depth=self.depth - 1,
             prior=None,
+            seq=self.prior.seq,
         )
 
 
@@ -95,6 +102,7 @@ class ChainStore:
     def __init__(self, max_sessions: int) -> None:
         self._sessions: OrderedDict[str, list[Chain]] = OrderedDict()
         self._max_sessions = max_sessions
+        self._recorded = 0
 
     def find(
         self, session_id: str, messages: Sequence[Message], tools_key: str, matcher: Matcher
@@ -106,35 +114,39 @@ class ChainStore:
             return None
         self._sessions.move_to_end(session_id)
         best: tuple[Chain, int] | None = None
-        resample: tuple[Chain, int] | None = None
+        best_rank = (-1, 0)  # (messages covered, -seq): the longest, then the earliest recorded
+        before_head = False  # best is the step before its chain's head
         for chain in chains:
             if chain.tools_key != tools_key or chain.white_box:
                 continue
             covered = len(chain.messages)
             if (
                 covered < len(messages)
-                and (best is None or covered > best[1])
+                and (covered, -chain.seq) > best_rank
                 and _extends(messages, chain.messages, matcher)
             ):
-                best = (chain, covered)
+                best, best_rank, before_head = (chain, covered), (covered, -chain.seq), False
+                continue
+            # Only where the head does not match: a prefix of a match matches, and is shorter.
             prior = chain.prior
             if (
                 prior is not None
                 and prior.messages < len(messages)
-                and (resample is None or prior.messages > resample[1])
+                and (prior.messages, -prior.seq) > best_rank
                 and _extends(messages, chain.messages[: prior.messages], matcher)
             ):
-                resample = (chain, prior.messages)
-        if resample is not None and (best is None or resample[1] > best[1]):
-            tip, covered = resample
-            before = tip.before_head()
-            assert before is not None
-            return before, covered
+                best, before_head = (chain, prior.messages), True
+                best_rank = (prior.messages, -prior.seq)
+        if best is not None and before_head:
+            resampled = best[0].before_head()
+            return (resampled, best[1]) if resampled is not None else None
         return best
 
     def advance(self, session_id: str, parent: Chain | None, head: Chain) -> None:
         """Record ``head`` as the new tip; it replaces ``parent`` unless another request moved
         that chain on meanwhile, in which case both tips are kept (a fork)."""
+        self._recorded += 1
+        head = replace(head, seq=self._recorded)
         chains = self._sessions.setdefault(session_id, [])
         self._sessions.move_to_end(session_id)
         if parent is not None and parent in chains:

@@ -70,6 +70,7 @@ class LoadStats:
     steps: int = 0
     forks: int = 0
     cache_misses: int = 0
+    resamples: int = 0
     opened_events: int = 0
 
 
@@ -85,6 +86,8 @@ class _Step:
     step_id: str
     chain_id: str
     tokens: list[int]  # full prompt + completion
+    parent: _Step | None = None
+    tail: tuple[int, ...] = ()
 
 
 def _random_tokens(rng: random.Random, low: int, high: int) -> list[int]:
@@ -119,6 +122,8 @@ def _session_events(
             kind = "first"
         elif len(steps) >= 2 and rng.random() < 0.18:
             kind = "fork"
+        elif head.parent is not None and rng.random() < 0.15:
+            kind = "resample"  # the head's prompt again: a client retry, best-of-n
         elif rng.random() < 0.15:
             kind = "cache_miss"
         tail = _random_tokens(rng, 1, 24)
@@ -132,6 +137,9 @@ def _session_events(
             parent = None
         elif kind == "fork":
             parent = rng.choice([s for s in steps if s is not head])
+        elif kind == "resample":
+            assert head is not None
+            parent, tail = head.parent, list(head.tail)
         else:
             parent = head
         parent_id = parent.step_id if parent else None
@@ -172,11 +180,14 @@ def _session_events(
             )
         )
         base = (parent.tokens if parent else []) + tail
-        head = _Step(step_id, parent.chain_id if parent else step_id, base + completion)
+        head = _Step(
+            step_id, parent.chain_id if parent else step_id, base + completion, parent, tuple(tail)
+        )
         steps.append(head)
         stats.steps += 1
         stats.forks += kind == "fork"
         stats.cache_misses += kind == "cache_miss"
+        stats.resamples += kind == "resample"
     clock += rng.uniform(0.1, 2.0)
     events.append(
         SessionFinalized(

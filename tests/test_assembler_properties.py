@@ -99,15 +99,11 @@ def traffic(draw: st.DrawFn, garbage: bool) -> list[bytes]:
             records.append(draw(st.binary(max_size=40)))
             continue
         elif kind == "close":
-            event: SessionFinalized | SessionDiscarded = draw(
-                st.sampled_from(
-                    [
-                        SessionFinalized(session_id=session, event_time=1.0, reward=1.0),
-                        SessionDiscarded(session_id=session, event_time=1.0),
-                    ]
-                )
-            )
-            records.append(event.model_dump_json().encode())
+            ends: list[SessionFinalized | SessionDiscarded] = [
+                SessionFinalized(session_id=session, event_time=1.0, reward=1.0),
+                SessionDiscarded(session_id=session, event_time=1.0),
+            ]
+            records.append(draw(st.sampled_from(ends)).model_dump_json().encode())
             continue
         elif kind == "open":
             opened = SessionOpened(session_id=session, event_time=0.0, instance_id="i")

@@ -27,6 +27,7 @@ from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.apps import ADMIN_TOKEN, admin, serving, until
 from tests.engines import engine_for_tests
 from tests.topics import engine_generate, read_until
+from tests.witness import Witness
 from titoflow.engine_pool import EnginePool
 from titoflow.settings import Settings
 from titoflow.stack import settings_env, start_worker
@@ -55,10 +56,10 @@ def max_tokens(turn: int) -> int:
 
 
 async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
-    stack_settings: Settings, second_engine_url: str, tmp_path: Path
+    stack_settings: Settings, second_engine_url: str, witness: Witness, tmp_path: Path
 ) -> None:
     first_url = stack_settings.engine_url.rstrip("/")
-    second_url = second_engine_url.rstrip("/")
+    second_url = witness.front(second_engine_url)  # its samples are witnessed too
     settings = stack_settings.model_copy(
         update={"engine_urls": second_url, "admin_token": ADMIN_TOKEN}
     )

@@ -203,3 +203,33 @@ async def test_max_tokens_cap_bounds_what_scaffolds_ask_for() -> None:
     )
     result = await service.complete(asked)
     assert len(result.step.completion_ids) == 3 and result.step.finish_reason == "length"
+
+
+async def test_two_samples_of_one_prompt_each_continue_the_one_the_client_echoes() -> None:
+    replies = ["hi<|im_end|>", "A<|im_end|>", "B<|im_end|>", "B<|im_end|>"]
+    replies += ["after A<|im_end|>", "after B<|im_end|>", "after twin<|im_end|>"]
+    service, engine, _ = make_service(replies)
+    start = [Message(role="user", content="q")]
+    first = await service.complete(turn(start))
+    ask = [*start, Message(role="assistant", content="hi"), Message(role="user", content="go")]
+    a = await service.complete(turn(ask))  # the head's prompt...
+    b = await service.complete(turn(ask))  # ...sampled again: TITO from the step before
+    twin = await service.complete(turn(ask))  # the same answer as b: same tokens
+    assert len({a.step.step_id, b.step.step_id, twin.step.step_id}) == 3
+    for sample in (a, b, twin):
+        assert sample.step.prefix == "tito" and sample.step.parent_step_id == first.step.step_id
+    assert engine.prompts[1] == engine.prompts[2] == engine.prompts[3]
+
+    def then(answer: str) -> list[Message]:
+        return [*ask, Message(role="assistant", content=answer), Message(role="user", content="ok")]
+
+    after_a = await service.complete(turn(then("A")))
+    after_b = await service.complete(turn(then("B")))
+    assert after_a.step.parent_step_id == a.step.step_id
+    # b and its twin match alike: the one recorded first is continued (either is exact).
+    assert after_b.step.parent_step_id == b.step.step_id
+    assert engine.prompts[5][: len(engine.prompts[2]) + 2] == engine.prompts[2] + list(
+        b.step.completion_ids
+    )
+    again = await service.complete(turn(then("B")))
+    assert again.step.parent_step_id == b.step.step_id  # a second sample after b, by TITO

@@ -9,7 +9,8 @@ engine answered, streamed or not. Nothing in it comes from titoflow's own events
 :func:`check_segments` holds segments to that record (concat mode): every trainable step's
 completion is the concatenation of witnessed completions (one call, or several when a pause
 aborted a generation and the ingress continued it), each sampled after exactly the tokens before
-it in the segment; sampled logprobs equal the engine's as float32 bits; no witnessed call is
+it in the segment (steps with recomputed tokens, source 3, hold re-rendered turns and are left to
+the recompute tests); sampled logprobs equal the engine's as float32 bits; no witnessed call is
 trainable twice; with ``complete``, every witnessed call is trainable in exactly one segment
 (a marked unused sample counts) unless the test names it as accounted for.
 """
@@ -32,8 +33,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from schemas.events import (
-    LOGPROB_SOURCE_CONSTRAINED,
-    LOGPROB_SOURCE_SAMPLED,
+    LOGPROB_SOURCE_RECOMPUTED,
     SegmentFinalized,
 )
 from titoflow.procs import free_port
@@ -201,10 +201,15 @@ def check_segments(
         for entry in segment.steps:
             start, end = entry.completion_start, entry.completion_end
             sources = segment.logprob_source[start:end]
-            if not any(mask[start:end]) or any(
-                s not in (LOGPROB_SOURCE_SAMPLED, LOGPROB_SOURCE_CONSTRAINED) for s in sources
-            ):
-                continue  # context here, or re-rendered tokens the recompute stage scored
+            if not any(mask[start:end]):
+                continue  # context here
+            if LOGPROB_SOURCE_RECOMPUTED in sources:
+                # A rebuilt turn: its leading sampled tokens must still be the engine's.
+                kept = sources.index(LOGPROB_SOURCE_RECOMPUTED)
+                _check_sampled_prefix(segment, calls, by_prompt, start, start + kept)
+                covered[start:end] = [True] * (end - start)
+                counts["rebuilt_steps"] += 1
+                continue
             at = start
             while at < end:
                 found = _witnessed_at(calls, by_prompt, tokens, at, end, used)
@@ -227,7 +232,14 @@ def check_segments(
             for p in range(start, end):
                 covered[p] = True
             counts["trainable_steps"] += 1
-        uncovered = [p for p, (c, m) in enumerate(zip(covered, mask, strict=True)) if m and not c]
+        # Recomputed tokens (source 3) carry the engine's prompt logprobs, not a sample's.
+        uncovered = [
+            p
+            for p, (c, m, source) in enumerate(
+                zip(covered, mask, segment.logprob_source, strict=True)
+            )
+            if m and not c and source != LOGPROB_SOURCE_RECOMPUTED
+        ]
         if uncovered:
             raise WitnessError(
                 f"segment {segment.segment_id}: trainable positions {uncovered[:8]} lie in no "
@@ -249,6 +261,30 @@ def check_segments(
             )
     counts["witnessed_calls"] = len(calls)
     return counts
+
+
+def _check_sampled_prefix(
+    segment: SegmentFinalized,
+    calls: list[Witnessed],
+    by_prompt: dict[tuple[int, ...], list[int]],
+    start: int,
+    end: int,
+) -> None:
+    """Tokens ``[start, end)`` with their logprobs begin a completion the engine sampled after
+    exactly ``token_ids[:start]``."""
+    if start == end:
+        return
+    tokens, logprobs = segment.token_ids[start:end], _bits(segment.logprobs[start:end])
+    for index in by_prompt.get(tuple(segment.token_ids[:start]), []):
+        call = calls[index]
+        if call.completion[: end - start] == tokens and _bits(call.logprobs[: end - start]) == (
+            logprobs
+        ):
+            return
+    raise WitnessError(
+        f"segment {segment.segment_id}: sampled tokens [{start}, {end}) of a rebuilt turn are not "
+        "what the engine sampled there"
+    )
 
 
 def _witnessed_at(

@@ -93,6 +93,23 @@ def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True)
+class _Sampled:
+    """A step's token arrays, converted from the event's lists once."""
+
+    tail: array[int]
+    completion: array[int]
+    logprobs: array[float]
+
+    @classmethod
+    def of(cls, step: StepRecorded) -> _Sampled:
+        return cls(
+            array("i", step.prompt_tail_ids),
+            array("i", step.completion_ids),
+            array("f", step.completion_logprobs),
+        )
+
+
+@dataclass(frozen=True)
 class _Turn:
     """A message of a segment's conversation; ``step_id`` names the step that generated it."""
 
@@ -127,20 +144,20 @@ class _Segment:
     def head_step_id(self) -> str | None:
         return self.steps[-1].step_id if self.steps else None
 
-    def extend(self, step: StepRecorded, context: list[int]) -> None:
+    def extend(self, step: StepRecorded, context: array[int], sampled: _Sampled) -> None:
         # After a rebuild the segment's tokens already hold this step's prompt (context == []).
         prompt_start = self.steps[-1].completion_end if self.steps else 0
-        # Whole-buffer copies: array.extend(list) converts and resizes item by item, 3x slower.
+        # Whole-buffer copies (the step's arrays are converted once, in add_step).
         # Context is loss mask 0, logprob 0.0, source none: all zero bytes.
-        self.tokens.extend(array("i", context))
+        self.tokens.extend(context)
         self.loss_mask.frombytes(bytes(len(context)))
         self.logprobs.frombytes(bytes(4 * len(context)))
         self.source.frombytes(bytes([LOGPROB_SOURCE_NONE]) * len(context))
         completion_start = len(self.tokens)
-        generated = len(step.completion_ids)
-        self.tokens.extend(array("i", step.completion_ids))
+        generated = len(sampled.completion)
+        self.tokens.extend(sampled.completion)
         self.loss_mask.frombytes(b"\x01" * generated)
-        self.logprobs.extend(array("f", step.completion_logprobs))
+        self.logprobs.extend(sampled.logprobs)
         source = LOGPROB_SOURCE_CONSTRAINED if step.constrained else LOGPROB_SOURCE_SAMPLED
         self.source.frombytes(bytes([source]) * generated)
         self.versions += [
@@ -432,7 +449,8 @@ class Assembler:
         if malformed:
             self.counters["malformed_steps"] += 1
             return StepOutcome(dead_letter_reason=f"malformed step: {malformed}")
-        digest = _digest(step)
+        sampled = _Sampled.of(step)
+        digest = _digest(step, sampled)
         known = session.digests.get(step.step_id)
         if known is not None:
             if known == digest:  # the producer's re-send, or a redelivery
@@ -442,7 +460,7 @@ class Assembler:
             return StepOutcome(dead_letter_reason="step id already used by another step")
         session.instance_id = session.instance_id or step.instance_id
         session.last_event_time = step.event_time
-        placed = self._place(session, step)
+        placed = self._place(session, step, sampled.tail)
         if isinstance(placed, str):
             self.counters[placed] += 1
             # A segment without its prefix would be a wrong sample; keep the event for replay.
@@ -450,11 +468,11 @@ class Assembler:
         segment, context, anchor = placed
         if step.tool_parse_error:
             session.diagnostics["tool_parse_errors"] += 1
-        segment.extend(step, context)
+        segment.extend(step, context, sampled)
         session.segment_of_step[step.step_id] = segment
         session.digests[step.step_id] = digest
         prompt_key = _key(session.full_keys.get(anchor or "", b""), context)
-        session.full_keys[step.step_id] = _key(prompt_key, step.completion_ids)
+        session.full_keys[step.step_id] = _key(prompt_key, sampled.completion)
         session.samples.setdefault(prompt_key, []).append(step.step_id)
         if anchor is not None:
             session.continued.add(anchor)
@@ -470,8 +488,8 @@ class Assembler:
         return self._emit(session_id, session, segment, "size")
 
     def _place(
-        self, session: _Session, step: StepRecorded
-    ) -> tuple[_Segment, list[int], str | None] | str:
+        self, session: _Session, step: StepRecorded, tail: array[int]
+    ) -> tuple[_Segment, array[int], str | None] | str:
         """The segment this step extends, the context tokens it adds there and the step it
         follows (its anchor), or why it cannot be placed."""
         if step.prefix == "tito":
@@ -481,8 +499,8 @@ class Assembler:
             index = parent.index_of(step.parent_step_id or "")
             if index is None or parent.steps[index].completion_end != step.prefix_len:
                 return "prefix_length_mismatch"
-            return self._after(session, parent, index), step.prompt_tail_ids, step.parent_step_id
-        prompt = step.prompt_tail_ids
+            return self._after(session, parent, index), tail, step.parent_step_id
+        prompt = tail  # rendered: the whole prompt
         found = self._latest_prefix(session, prompt)
         if isinstance(found, tuple):
             segment, index = found
@@ -504,7 +522,7 @@ class Assembler:
                 session.diagnostics["rebuilt" if rebuilt else "rebuild_fallback"] += 1
                 if rebuilt is not None:
                     _replace(session, session.segments[-1], rebuilt)
-                    return rebuilt, [], None
+                    return rebuilt, array("i"), None
         segment = _Segment(chain_id=step.chain_id, split_reason=reason)
         session.segments.append(segment)
         return segment, prompt, None
@@ -520,11 +538,11 @@ class Assembler:
         return fork
 
     @staticmethod
-    def _latest_prefix(session: _Session, prompt: list[int]) -> tuple[_Segment, int] | bool:
+    def _latest_prefix(session: _Session, prompt: array[int]) -> tuple[_Segment, int] | bool:
         """The segment and step after whose completion the rendered ``prompt`` goes on (the
         longest such prefix; on a tie, a segment's last step, then the earliest segment); else
         whether the prompt is exactly the first prompt of a segment."""
-        wanted = np.asarray(prompt, dtype=np.int32)
+        wanted = np.frombuffer(prompt, dtype=np.int32)
         best: tuple[_Segment, int] | None = None
         best_end, first_prompt = -1, False
         for segment in session.segments:
@@ -813,20 +831,22 @@ def _malformed(step: StepRecorded) -> str | None:
     return None
 
 
-def _digest(step: StepRecorded) -> bytes:
+def _digest(step: StepRecorded, sampled: _Sampled) -> bytes:
     """The step's content: a redelivered event matches it, another step under its id does not."""
     digest = hashlib.blake2b(digest_size=16)
     head = f"{step.parent_step_id}\0{step.prefix}\0{step.prefix_len}\0{len(step.prompt_tail_ids)}"
     digest.update(head.encode())
-    digest.update(array("i", step.prompt_tail_ids).tobytes())
-    digest.update(array("i", step.completion_ids).tobytes())
-    digest.update(array("f", step.completion_logprobs).tobytes())
+    digest.update(sampled.tail)
+    digest.update(sampled.completion)
+    digest.update(sampled.logprobs)
     return digest.digest()
 
 
-def _key(base: bytes, ids: list[int]) -> bytes:
+def _key(base: bytes, ids: array[int]) -> bytes:
     """A chain of digests over token runs: equal keys, equal token sequences."""
-    return hashlib.blake2b(base + array("i", ids).tobytes(), digest_size=16).digest()
+    digest = hashlib.blake2b(base, digest_size=16)
+    digest.update(ids)
+    return digest.digest()
 
 
 def _unused_samples(session: _Session) -> set[str]:
