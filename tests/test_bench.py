@@ -64,3 +64,11 @@ def test_pipeline_and_memory_benches_run(script: str) -> None:
         assert rows[0]["step_bytes_per_token_packed"] < rows[0]["step_bytes_per_token_json_lists"]
     else:
         assert {r["process"] for r in rows} == {"ingress", "worker"}
+
+
+def test_assembly_bench_measures_a_step_here_and_against_a_checkout() -> None:
+    argv = ["--tokens", "50", "--sessions", "2", "--rounds", "1", "--against", str(ROOT)]
+    rows = run_bench("bench/assembly.py", *argv)["rows"]
+    assert isinstance(rows, list)
+    [row] = rows
+    assert row["us_per_step"] > 0 and row["against_us_per_step"] > 0 and row["ratio"] > 0

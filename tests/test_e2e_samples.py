@@ -11,6 +11,7 @@ segment exactly once, after exactly the prompt the engine saw; nothing goes to t
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from tests.topics import finalized_segments, read_all, recorded_steps
 from tests.witness import Witness, check_segments
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
+from workers.consumer import SegmentConsumer
 
 pytestmark = pytest.mark.engine
 
@@ -127,6 +129,15 @@ async def test_one_session_runs_a_conversation_twice_and_every_sample_reaches_tr
     assert [s.unused_sample for s in segments].count(True) == 4
     assert counts["trainable_steps"] == len(received)
     _both_conversations_in_segments(steps, segments)
+    # The trainer's consumer skips the unused samples by default (they come first on the topic).
+    used = [s.segment_id for s in segments if not s.unused_sample]
+    yielded: list[str] = []
+    async with SegmentConsumer(stack_settings) as consumer, asyncio.timeout(60):
+        async for segment in consumer:
+            yielded.append(segment.segment_id)
+            if len(yielded) == len(used):
+                break
+    assert yielded == used
 
 
 def _both_conversations_in_segments(steps: list[StepRecorded], segments: list[Any]) -> None:

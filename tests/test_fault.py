@@ -133,7 +133,7 @@ async def consume_until_complete(
     """What the trainer's SegmentConsumer yields until every expected id arrived (bounded):
     segment id → JSON, and how many duplicates it dropped on the way."""
     got: dict[str, bytes] = {}
-    consumer = SegmentConsumer(settings)
+    consumer = SegmentConsumer(settings, unused_samples=True)  # every segment, marked or not
     async with consumer:
         try:
             async with asyncio.timeout(ARRIVAL_TIMEOUT_S):

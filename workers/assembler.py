@@ -94,19 +94,24 @@ def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class _Sampled:
-    """A step's token arrays, converted from the event's lists once."""
+    """A step's token arrays, converted from the event's lists once, and their digests (each
+    byte hashed once: the event's digest and the prompt keys are made of them)."""
 
     tail: array[int]
     completion: array[int]
     logprobs: array[float]
+    tail_digest: bytes
+    completion_digest: bytes
+    digest: bytes  # the whole event's content: a redelivery matches it, another step does not
 
     @classmethod
     def of(cls, step: StepRecorded) -> _Sampled:
-        return cls(
-            array("i", step.prompt_tail_ids),
-            array("i", step.completion_ids),
-            array("f", step.completion_logprobs),
-        )
+        tail, completion = array("i", step.prompt_tail_ids), array("i", step.completion_ids)
+        logprobs = array("f", step.completion_logprobs)
+        tail_digest, completion_digest = _hash(tail), _hash(completion)
+        head = f"{step.parent_step_id}\0{step.prefix}\0{step.prefix_len}\0".encode()
+        digest = _hash(head + tail_digest + completion_digest, logprobs)
+        return cls(tail, completion, logprobs, tail_digest, completion_digest, digest)
 
 
 @dataclass(frozen=True)
@@ -450,7 +455,7 @@ class Assembler:
             self.counters["malformed_steps"] += 1
             return StepOutcome(dead_letter_reason=f"malformed step: {malformed}")
         sampled = _Sampled.of(step)
-        digest = _digest(step, sampled)
+        digest = sampled.digest
         known = session.digests.get(step.step_id)
         if known is not None:
             if known == digest:  # the producer's re-send, or a redelivery
@@ -471,8 +476,9 @@ class Assembler:
         segment.extend(step, context, sampled)
         session.segment_of_step[step.step_id] = segment
         session.digests[step.step_id] = digest
-        prompt_key = _key(session.full_keys.get(anchor or "", b""), context)
-        session.full_keys[step.step_id] = _key(prompt_key, sampled.completion)
+        context_digest = sampled.tail_digest if context is sampled.tail else _hash(context)
+        prompt_key = _hash(session.full_keys.get(anchor or "", b"") + context_digest)
+        session.full_keys[step.step_id] = _hash(prompt_key + sampled.completion_digest)
         session.samples.setdefault(prompt_key, []).append(step.step_id)
         if anchor is not None:
             session.continued.add(anchor)
@@ -831,21 +837,11 @@ def _malformed(step: StepRecorded) -> str | None:
     return None
 
 
-def _digest(step: StepRecorded, sampled: _Sampled) -> bytes:
-    """The step's content: a redelivered event matches it, another step under its id does not."""
-    digest = hashlib.blake2b(digest_size=16)
-    head = f"{step.parent_step_id}\0{step.prefix}\0{step.prefix_len}\0{len(step.prompt_tail_ids)}"
-    digest.update(head.encode())
-    digest.update(sampled.tail)
-    digest.update(sampled.completion)
-    digest.update(sampled.logprobs)
-    return digest.digest()
-
-
-def _key(base: bytes, ids: array[int]) -> bytes:
-    """A chain of digests over token runs: equal keys, equal token sequences."""
-    digest = hashlib.blake2b(base, digest_size=16)
-    digest.update(ids)
+def _hash(data: bytes | array[Any], more: array[Any] | None = None) -> bytes:
+    """16 bytes of blake2b: chained over token runs, equal keys mean equal token sequences."""
+    digest = hashlib.blake2b(data, digest_size=16)
+    if more is not None:
+        digest.update(more)
     return digest.digest()
 
 
