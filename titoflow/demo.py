@@ -17,8 +17,11 @@ from workers.consumer import SegmentConsumer
 QUESTIONS = ("What does titoflow record?", "Why exact tokens?", "Thanks, that is all.")
 
 
-async def converse(ingress_url: str, session_id: str, max_tokens: int = 24) -> list[str]:
-    """Runs the three turns and finalizes the session; returns the assistant replies."""
+async def converse(
+    ingress_url: str, session_id: str, max_tokens: int = 24, driver_token: str = ""
+) -> list[str]:
+    """Runs the three turns and finalizes the session (as its driver, with ``driver_token``);
+    returns the assistant replies."""
     client = AsyncOpenAI(base_url=f"{ingress_url}/sess/{session_id}/v1", api_key="local")
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are a terse assistant."}]
     replies = []
@@ -33,7 +36,8 @@ async def converse(ingress_url: str, session_id: str, max_tokens: int = 24) -> l
         messages.append({"role": "assistant", "content": reply})
         replies.append(reply)
     await client.close()
-    async with httpx.AsyncClient() as http:
+    driver = {"authorization": f"Bearer {driver_token}"} if driver_token else None
+    async with httpx.AsyncClient(headers=driver) as http:
         (await http.post(f"{ingress_url}/sess/{session_id}/finalize", json={})).raise_for_status()
     return replies
 
@@ -53,7 +57,8 @@ async def wait_for_segment(
 async def run_demo(settings: Settings, ingress_url: str) -> None:
     session_id = f"demo-{uuid.uuid4().hex[:8]}"
     print(f"\ndemo: 3 turns in session {session_id} through {ingress_url}/sess/{session_id}/v1")
-    for index, reply in enumerate(await converse(ingress_url, session_id), start=1):
+    replies = await converse(ingress_url, session_id, driver_token=settings.driver_token)
+    for index, reply in enumerate(replies, start=1):
         print(f"  turn {index}: {reply[:60]!r}")
     segment, (topic, partition, offset) = await wait_for_segment(settings, session_id)
     print(

@@ -50,7 +50,10 @@ class OpenedSession:
 class RolloutClient:
     def __init__(self, ingress_url: str, settings: Settings, http_timeout_s: float = 30.0) -> None:
         self._url = ingress_url.rstrip("/")
-        self._http = httpx.AsyncClient(timeout=http_timeout_s)
+        driver = {"authorization": f"Bearer {settings.driver_token}"}
+        self._http = httpx.AsyncClient(
+            timeout=http_timeout_s, headers=driver if settings.driver_token else None
+        )
         self._consumer = SegmentConsumer(settings, group_id=None, from_end=True)
         self._segments: defaultdict[str, list[SegmentFinalized]] = defaultdict(list)
         self._notices: dict[str, SessionDiscarded] = {}

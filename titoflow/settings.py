@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     session_cache_size: int = Field(4096, description="Sessions whose token chains stay cached.")
 
     # --- control plane (pause/resume, weight versions) ------------------------------------------
+    driver_token: str = Field(
+        "",
+        description="Bearer token of the driver plane: opening, finalizing and discarding "
+        "sessions (the reward channel). Set it wherever agent code can reach the ingress; "
+        "`titoflow up` generates one. Empty: those routes take no credential.",
+    )
     admin_token: str = Field(
         "",
         description="Bearer token of the ingress admin endpoint (POST /admin/control); empty: "

@@ -1,0 +1,106 @@
+"""The driver plane on the real stack (ingress process, tansu, vLLM CPU, worker): with a driver
+token set, agent code holding only its session's base URL and API key cannot grade itself, end
+its own or another session, or open sessions; nothing it tries reaches the steps topic. The
+driver's own finalize sets the reward the trainer sees."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from schemas.events import (
+    SessionDiscarded,
+    SessionFinalized,
+    SessionOpened,
+    StepRecorded,
+    steps_topic_adapter,
+)
+from tests.topics import read_all
+from titoflow.cli import DRIVER_TOKEN_FILE, _new_driver_token
+from titoflow.rollout import RolloutClient
+from titoflow.settings import Settings
+from titoflow.stack import start_ingress, start_worker
+
+pytestmark = pytest.mark.engine
+
+DRIVER_TOKEN = "driver-" + uuid.uuid4().hex
+AGENT_KEY = "sk-agent-held-key"
+
+
+async def test_an_agent_holding_its_base_url_cannot_reach_the_driver_plane(
+    stack_settings: Settings, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(update={"driver_token": DRIVER_TOKEN})
+    ingress, url = start_ingress(settings, tmp_path)
+    worker = start_worker(settings, tmp_path)
+    answers: dict[str, tuple[int, str]] = {}
+    try:
+        async with RolloutClient(url, settings) as driver:
+            opened = await driver.open(instance_id="task-1", metadata={"source": "driver"})
+            other = await driver.open(instance_id="task-2")
+            session, base = opened.session_id, opened.openai_base_url
+            agent = AsyncOpenAI(base_url=base, api_key=AGENT_KEY, max_retries=0)
+            await agent.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+            await agent.close()
+            root = base.removesuffix("/v1")
+            attempts: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
+                "finalize with a reward": (f"{root}/finalize", {"reward": 1.0}, {}),
+                "finalize without one": (f"{root}/finalize", {}, {}),
+                "discard its own": (f"{root}/discard", {}, {}),
+                "discard another": (f"{url}/sess/{other.session_id}/discard", {}, {}),
+                "finalize by header": (f"{url}/finalize", {}, {"x-session-id": session}),
+                "finalize by body": (f"{url}/finalize", {"session_id": session}, {}),
+                "open a session": (f"{url}/v1/sessions", {"session_id": "agent-made"}, {}),
+                "reach control": (f"{url}/admin/control", {"command": "pause"}, {}),
+                # httpx resolves the dots: this is the session's finalize again.
+                "traverse a path": (f"{base}/../finalize", {"reward": 1.0}, {}),
+            }
+            agent_headers = {"authorization": f"Bearer {AGENT_KEY}"}
+            async with httpx.AsyncClient() as http:
+                for name, (target, body, extra) in attempts.items():
+                    answer = await http.post(
+                        target,
+                        json={**body, "metadata": {"graded_by": "agent"}},
+                        headers={**agent_headers, **extra},
+                    )
+                    answers[name] = (answer.status_code, answer.text)
+            await driver.finalize(session, reward=0.25, metadata={"graded_by": "driver"})
+            await driver.discard(other.session_id)
+            segments = await driver.segments(session, timeout_s=120)
+    finally:
+        ingress.stop()
+        worker.stop()
+
+    for name, (status, text) in answers.items():
+        assert status in (401, 403, 404), f"{name}: {status} {text}"
+        assert '"error"' in text, f"{name}: not in the API's error shape: {text}"
+    assert answers["finalize with a reward"][0] == 401
+    assert answers["open a session"][0] == 401
+    events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
+    ours = [e for e in events if e.session_id in (session, other.session_id, "agent-made")]
+    kinds = [type(e) for e in ours]
+    # The driver's two opens, the agent's one call, the driver's finalize and discard: nothing
+    # the agent tried was published.
+    assert kinds.count(SessionOpened) == 2 and kinds.count(StepRecorded) == 1
+    [finalized] = [e for e in ours if isinstance(e, SessionFinalized)]
+    assert finalized.reward == 0.25 and finalized.metadata == {"graded_by": "driver"}
+    assert [e.session_id for e in ours if isinstance(e, SessionDiscarded)] == [other.session_id]
+    [segment] = segments
+    assert segment.reward == 0.25 and segment.metadata["graded_by"] == "driver"
+
+
+def test_up_writes_a_fresh_private_driver_token(tmp_path: Path) -> None:
+    first = _new_driver_token(tmp_path / "run")
+    path = tmp_path / "run" / DRIVER_TOKEN_FILE
+    assert path.read_text().strip() == first and len(first) >= 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o644)
+    assert _new_driver_token(tmp_path / "run") != first
+    assert path.stat().st_mode & 0o777 == 0o600
