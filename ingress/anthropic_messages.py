@@ -392,6 +392,8 @@ async def _stream_events(
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     409: "invalid_request_error",
     413: "request_too_large",
@@ -424,6 +426,7 @@ async def _messages_call(request: Request, session: str | None) -> Response:
     try:
         body = await http.read_json(request)
         turn, raw = parse_request(body, session, http.lower_headers(request))
+        http.check_session_key(request, turn.session.session_id, body)
         http.check_model(request, turn.model)
         if raw.stream:
             started, events = await http.service(request).open_stream(turn)

@@ -4,6 +4,8 @@ shapes."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -15,7 +17,14 @@ from pydantic import BaseModel, ValidationError
 
 from ingress.service import ChatService
 from ingress.turn import SessionRef
-from titoflow.errors import InvalidRequest, MissingSession, PayloadTooLarge, UnknownModel
+from titoflow.errors import (
+    Forbidden,
+    InvalidRequest,
+    MissingSession,
+    PayloadTooLarge,
+    Unauthorized,
+    UnknownModel,
+)
 from titoflow.settings import Settings
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -88,6 +97,41 @@ def _not_json(constant: str) -> Any:
     """NaN and ±Infinity are not JSON. Refused, so every body holds only values that orjson
     writes back as they came: caches key parsed messages and tools by those bytes."""
     raise ValueError(f"{constant} is not a JSON value")
+
+
+def session_key(secret: str, session_id: str) -> str:
+    """A session's capability: what its scaffold sends as API key. Derived from the driver
+    token, so every replica checks it without shared state, and no key opens another session."""
+    mac = hmac.new(secret.encode(), b"titoflow-session\0" + session_id.encode(), hashlib.sha256)
+    return "tfk-" + mac.hexdigest()[:40]
+
+
+def check_session_key(request: Request, session_id: str, body: Any) -> None:
+    """With session keys on (``driver_token`` set, ``implicit_sessions`` off), a scaffold-plane
+    call must carry its session's key (``Authorization: Bearer`` or ``x-api-key``, as every SDK
+    sends its API key) and name no other session in its path, headers or body."""
+    config = settings(request)
+    if not config.driver_token or config.implicit_sessions:
+        return
+    fields = body if isinstance(body, dict) else {}
+    metadata = fields.get("metadata") if isinstance(fields.get("metadata"), dict) else {}
+    named = {
+        request.path_params.get("session"),
+        request.headers.get("x-session-id"),
+        request.headers.get("x-smg-routing-key"),
+        fields.get("session_id"),
+        metadata.get("session_id") if metadata else None,
+    }
+    if {str(n) for n in named if n} - {session_id}:
+        raise Forbidden("the request names more than one session")
+    given = request.headers.get("x-api-key") or request.headers.get("authorization", "")
+    given = given.removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(
+        given.encode(), session_key(config.driver_token, session_id).encode()
+    ):
+        raise Unauthorized(
+            f"session {session_id} needs its own key as the API key (the open call's api_key)"
+        )
 
 
 def session_ref(

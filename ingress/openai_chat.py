@@ -308,6 +308,7 @@ async def _chat(request: Request, session: str | None) -> Response:
     try:
         body = await http.read_json(request)
         turn, raw = parse_request(body, session, http.lower_headers(request))
+        http.check_session_key(request, turn.session.session_id, body)
         http.check_model(request, turn.model)
         logprobs = _Logprobs(request, turn.sampling.logprobs or 0) if raw.logprobs else None
         if raw.stream:

@@ -453,6 +453,7 @@ async def _responses_call(request: Request, session: str | None) -> Response:
     try:
         body = await http.read_json(request)
         turn, raw = parse_request(body, session, http.lower_headers(request))
+        http.check_session_key(request, turn.session.session_id, body)
         http.check_model(request, turn.model)
         if raw.stream:
             started, events = await http.service(request).open_stream(turn)

@@ -103,11 +103,14 @@ async def _open(request: Request) -> Response:
         )
     except IngressError as exc:
         return openai_chat.error_response(exc)
+    secret = http.settings(request).driver_token
     return JSONResponse(
         {
             "session_id": event.session_id,
             "instance_id": event.instance_id,
             "channel": event.channel,
+            # The scaffold's API key: with implicit sessions off, its only credential.
+            "api_key": http.session_key(secret, event.session_id) if secret else "",
             **base_urls(request, event.session_id),
         }
     )

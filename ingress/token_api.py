@@ -98,6 +98,7 @@ async def _generate(request: Request, session: str | None) -> Response:
             svc.options.vocab_size,
             http.settings(request).served_model_name,
         )
+        http.check_session_key(request, call.session.session_id, body)
         http.check_model(request, call.model)
         result = await svc.generate_tokens(call)
     except IngressError as exc:

@@ -41,6 +41,7 @@ COMPOSE_SPECIFIC_SETTINGS = {
     "ingress_host",
     "ingress_port",
     "worker_metrics_port",  # off by default outside compose, where nothing scrapes it
+    "implicit_sessions",  # off in compose: agent code reaches the scaffold plane there
 }
 NGINX_INSTALL_HINT = (
     "nginx is not installed. The load-balancer tests run Debian's nginx; scripts/setup.sh "

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 from openai import AsyncOpenAI
@@ -104,3 +105,77 @@ def test_up_writes_a_fresh_private_driver_token(tmp_path: Path) -> None:
     path.chmod(0o644)
     assert _new_driver_token(tmp_path / "run") != first
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+async def test_with_implicit_sessions_off_a_session_key_opens_that_session_only(
+    stack_settings: Settings, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(
+        update={"driver_token": DRIVER_TOKEN, "implicit_sessions": False}
+    )
+    ingress, url = start_ingress(settings, tmp_path)
+    request: dict[str, Any] = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
+    answers: dict[str, int] = {}
+    try:
+        async with RolloutClient(url, settings) as driver:
+            mine = await driver.open(instance_id="task-1")
+            theirs = await driver.open(instance_id="task-2")
+        assert mine.api_key and mine.api_key != theirs.api_key
+        agent = AsyncOpenAI(base_url=mine.openai_base_url, api_key=mine.api_key, max_retries=0)
+        await agent.chat.completions.create(**request)  # its own key, its own session: served
+        await agent.close()
+        claude = anthropic.AsyncAnthropic(
+            base_url=mine.anthropic_base_url, api_key=mine.api_key, max_retries=0
+        )
+        await claude.messages.create(
+            model="policy", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
+        await claude.close()
+        key = {"authorization": f"Bearer {mine.api_key}"}
+        chat = "/v1/chat/completions"
+        attempts: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
+            "no key": (f"{mine.openai_base_url}{chat.removeprefix('/v1')}", request, {}),
+            "a made-up key": (
+                f"{mine.openai_base_url}/chat/completions",
+                request,
+                {"authorization": "Bearer sk-guess"},
+            ),
+            "another session's URL": (f"{theirs.openai_base_url}/chat/completions", request, key),
+            "another session by header": (
+                f"{mine.openai_base_url}/chat/completions",
+                request,
+                {**key, "x-session-id": theirs.session_id},
+            ),
+            "another session by body": (
+                f"{url}{chat}",
+                {**request, "session_id": theirs.session_id},
+                key,
+            ),
+            "an unopened session": (f"{url}/sess/nobody/v1/chat/completions", request, key),
+        }
+        async with httpx.AsyncClient(timeout=60) as http:
+            for name, (target, body, headers) in attempts.items():
+                answer = await http.post(target, json=body, headers=headers)
+                answers[name] = answer.status_code
+                assert '"error"' in answer.text, name
+            by_header = await http.post(
+                f"{url}{chat}", json=request, headers={**key, "x-session-id": mine.session_id}
+            )
+            assert by_header.status_code == 200, by_header.text
+    finally:
+        ingress.stop()
+    assert answers == {
+        "no key": 401,
+        "a made-up key": 401,
+        "another session's URL": 401,
+        "another session by header": 403,
+        "another session by body": 401,
+        "an unopened session": 401,
+    }
+    events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
+    steps = [e for e in events if isinstance(e, StepRecorded)]
+    assert [s.session_id for s in steps] == [mine.session_id] * 3  # the three served calls

@@ -100,3 +100,10 @@ class Paused(Unavailable):
 class Unauthorized(IngressError):
     status = 401
     code = "unauthorized"
+
+
+class Forbidden(IngressError):
+    """A valid credential used beyond what it covers (another session's routes)."""
+
+    status = 403
+    code = "forbidden"

@@ -45,6 +45,7 @@ class OpenedSession:
     openai_base_url: str  # for OpenAI-style clients (base_url=...)
     anthropic_base_url: str  # for Anthropic-style clients (base_url=...)
     generate_url: str  # the white-box token API
+    api_key: str = ""  # what the scaffold sends as its API key (the session's own key)
 
 
 class RolloutClient:
@@ -114,6 +115,7 @@ class RolloutClient:
             openai_base_url=answer["openai_base_url"],
             anthropic_base_url=answer["anthropic_base_url"],
             generate_url=answer["generate_url"],
+            api_key=answer.get("api_key", ""),
         )
 
     async def finalize(

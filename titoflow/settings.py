@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +133,12 @@ class Settings(BaseSettings):
         "sessions (the reward channel). Set it wherever agent code can reach the ingress; "
         "`titoflow up` generates one. Empty: those routes take no credential.",
     )
+    implicit_sessions: bool = Field(
+        True,
+        description="Serve sessions nobody opened, to any client. False (with a driver "
+        "token): every scaffold call needs its session's key (the open call's api_key) as its "
+        "API key, and may name no other session.",
+    )
     admin_token: str = Field(
         "",
         description="Bearer token of the ingress admin endpoint (POST /admin/control); empty: "
@@ -224,6 +230,14 @@ class Settings(BaseSettings):
         "default: the JSON step log already names every recorded turn, and the line costs CPU "
         "and latency on every turn (docs/benchmarks.md, sections 1-2).",
     )
+
+    @model_validator(mode="after")
+    def _session_keys_need_a_secret(self) -> Settings:
+        # Session keys derive from the driver token: without one, "no implicit sessions" would
+        # silently let every client in.
+        if not self.implicit_sessions and not self.driver_token:
+            raise ValueError("implicit_sessions=false needs a driver_token (TITOFLOW_DRIVER_TOKEN)")
+        return self
 
     @property
     def recompute_enabled(self) -> bool:
