@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -35,8 +34,7 @@ def _check_token(request: Request) -> None:
     token = http.settings(request).admin_token
     if not token:
         raise NotFound("the admin endpoint is disabled: set TITOFLOW_ADMIN_TOKEN to enable it")
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), token.encode()):
+    if not http.presents(request, token):
         raise Unauthorized("a valid admin token is required (Authorization: Bearer <token>)")
 
 

@@ -106,6 +106,16 @@ def session_key(secret: str, session_id: str) -> str:
     return "tfk-" + mac.hexdigest()[:40]
 
 
+def presents(request: Request, expected: str, api_key_header: bool = False) -> bool:
+    """Whether the request carries ``expected`` as its bearer token (or, with
+    ``api_key_header``, as ``x-api-key``, as the Anthropic SDK sends its key); compared in
+    constant time."""
+    given = (request.headers.get("x-api-key") if api_key_header else None) or request.headers.get(
+        "authorization", ""
+    )
+    return hmac.compare_digest(given.removeprefix("Bearer ").strip().encode(), expected.encode())
+
+
 def check_session_key(request: Request, session_id: str, body: Any) -> None:
     """With session keys on (``driver_token`` set, ``implicit_sessions`` off), a scaffold-plane
     call must carry its session's key (``Authorization: Bearer`` or ``x-api-key``, as every SDK
@@ -114,24 +124,30 @@ def check_session_key(request: Request, session_id: str, body: Any) -> None:
     if not config.driver_token or config.implicit_sessions:
         return
     fields = body if isinstance(body, dict) else {}
-    metadata = fields.get("metadata") if isinstance(fields.get("metadata"), dict) else {}
-    named = {
-        request.path_params.get("session"),
-        request.headers.get("x-session-id"),
-        request.headers.get("x-smg-routing-key"),
-        fields.get("session_id"),
-        metadata.get("session_id") if metadata else None,
-    }
+    named = _session_names(request.path_params.get("session"), lower_headers(request), fields)
     if {str(n) for n in named if n} - {session_id}:
         raise Forbidden("the request names more than one session")
-    given = request.headers.get("x-api-key") or request.headers.get("authorization", "")
-    given = given.removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(
-        given.encode(), session_key(config.driver_token, session_id).encode()
-    ):
+    if not presents(request, session_key(config.driver_token, session_id), api_key_header=True):
         raise Unauthorized(
             f"session {session_id} needs its own key as the API key (the open call's api_key)"
         )
+
+
+def _session_names(
+    path_session: str | None, headers: dict[str, str], body_fields: dict[str, Any]
+) -> list[Any]:
+    """Every place a request may name its session, in the order :func:`session_ref` reads
+    them: the path, ``X-Session-Id``, ``X-SMG-Routing-Key`` (a routing gateway's session key),
+    the body's ``session_id``, then ``metadata.session_id``."""
+    metadata = body_fields.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    return [
+        path_session,
+        headers.get("x-session-id"),
+        headers.get("x-smg-routing-key"),
+        body_fields.get("session_id"),
+        metadata.get("session_id"),
+    ]
 
 
 def session_ref(
@@ -139,9 +155,8 @@ def session_ref(
     headers: dict[str, str],
     body_fields: dict[str, Any],
 ) -> SessionRef:
-    """Session id from the path, then ``X-Session-Id``, then ``X-SMG-Routing-Key`` (a routing
-    gateway's session key, when the client sets only that), then the body (``session_id``, then
-    ``metadata.session_id``); instance and turn ids likewise from their headers and fields."""
+    """Session id from the first place that names one (:func:`_session_names`); instance and
+    turn ids from their headers, then the body's fields, then its metadata."""
     metadata = body_fields.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
 
@@ -149,9 +164,8 @@ def session_ref(
         value = headers.get(header) or body_fields.get(field) or metadata.get(field)
         return str(value) if value is not None else None
 
-    session_id = (
-        path_session or headers.get("x-session-id") or pick("x-smg-routing-key", "session_id")
-    )
+    named = next((n for n in _session_names(path_session, headers, body_fields) if n), None)
+    session_id = str(named) if named is not None else None
     if not session_id:
         raise MissingSession(
             "no session: use a /sess/<id>/v1 base URL, an X-Session-Id header, "

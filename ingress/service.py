@@ -150,6 +150,16 @@ def step_id_for(
     return digest.hexdigest()[:32]
 
 
+def _new_sample(
+    session_id: str, parent_step_id: str | None, prompt_tail: array[int]
+) -> tuple[str, str]:
+    """A new engine call's step id and engine request id: the request id is unique per attempt
+    (vLLM aborts by request id) and starts with the step id."""
+    sample = uuid.uuid4().hex
+    step_id = step_id_for(session_id, parent_step_id, prompt_tail, sample)
+    return step_id, f"{step_id}-{sample[:8]}"
+
+
 def _first_new_row(prefix_len: int) -> int:
     """The first position whose routed experts no earlier step of the chain recorded: the
     parent's last token, which is first fed to the model by this step's request."""
@@ -294,8 +304,7 @@ class ChatService:
             )
             prompt = tail
         parent_step_id = parent.head_step_id if parent else None
-        sample = uuid.uuid4().hex
-        step_id = step_id_for(turn.session.session_id, parent_step_id, tail, sample)
+        step_id, request_id = _new_sample(turn.session.session_id, parent_step_id, tail)
         return _Prepared(
             turn=turn,
             parent=parent,
@@ -303,7 +312,7 @@ class ChatService:
             tail=tail,
             prompt=prompt,
             step_id=step_id,
-            request_id=f"{step_id}-{sample[:8]}",
+            request_id=request_id,
             params=self._params(turn, len(prompt), len(parent.tokens) if parent else 0),
             started=started,
             render_ms=(time.perf_counter() - started) * 1000,
@@ -495,8 +504,9 @@ class ChatService:
                 self._check_step_limit(session_id, parent)
             covered = len(parent.tokens) if parent else 0
             tail = prompt[covered:]
-            sample = uuid.uuid4().hex
-            step_id = step_id_for(session_id, parent.head_step_id if parent else None, tail, sample)
+            step_id, request_id = _new_sample(
+                session_id, parent.head_step_id if parent else None, tail
+            )
             params = GenerateParams(
                 max_tokens=self._max_tokens(call.max_tokens, len(prompt)),
                 temperature=call.temperature,
@@ -511,7 +521,7 @@ class ChatService:
             generation = await self.engine.generate(
                 prompt,
                 params,
-                f"{step_id}-{sample[:8]}",
+                request_id,
                 session_id=session_id,
             )
             step = StepRecorded(

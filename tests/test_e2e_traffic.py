@@ -229,6 +229,11 @@ async def test_randomized_agent_traffic_with_worker_kills_holds_to_the_witness(
     plan: Counter[str] = Counter()
     traffic_done = asyncio.Event()
 
+    def kill_and_replace() -> None:
+        workers[-1].kill()
+        plan["worker_kills"] += 1
+        workers.append(start_worker(stack_settings, tmp_path, f"worker-{len(workers)}"))
+
     async def kill_workers() -> None:
         kills = random.Random(SEED + 1)
         pause = kills.uniform(1.0, 4.0)
@@ -237,9 +242,7 @@ async def test_randomized_agent_traffic_with_worker_kills_holds_to_the_witness(
             pause = kills.uniform(3.0, 8.0)
             if traffic_done.is_set():
                 return
-            workers[-1].kill()
-            plan["worker_kills"] += 1
-            workers.append(start_worker(stack_settings, tmp_path, f"worker-{len(workers)}"))
+            kill_and_replace()
 
     killer = asyncio.create_task(kill_workers())
     try:
@@ -257,9 +260,7 @@ async def test_randomized_agent_traffic_with_worker_kills_holds_to_the_witness(
             for index, session in enumerate(sessions):
                 if index == half:  # a kill while segments are being published
                     await asyncio.sleep(rng.uniform(0.0, 1.0))
-                    workers[-1].kill()
-                    plan["worker_kills"] += 1
-                    workers.append(start_worker(stack_settings, tmp_path, f"worker-{len(workers)}"))
+                    kill_and_replace()
                 answer = await http.post(f"{url}/sess/{session}/finalize", json={"reward": 1.0})
                 answer.raise_for_status()
         records = await read_until(
