@@ -24,14 +24,16 @@ from ingress import (
     token_api,
 )
 from ingress.chains import ChainStore
-from ingress.control_follower import ControlFollower
 from ingress.control_state import ControlState, PauseGate
+from ingress.ended_sessions import EndedSessions
 from ingress.engine_driver import EngineDriver
+from ingress.log_follower import control_follower, ended_follower
 from ingress.pausable_engine import PausableEngine
 from ingress.pool_control import apply_to_pool
 from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
+from schemas.events import SessionEnded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine_pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
@@ -68,19 +70,23 @@ def create_app(settings: Settings) -> FastAPI:
     pool = EnginePool.from_settings(settings)
     gate = PauseGate(ControlState(), settings.pause_hold_s)
     engine = PausableEngine(pool, gate)
-    follower = ControlFollower(settings)
+    follower = control_follower(settings)
+    ended = EndedSessions(settings.ended_sessions_kept)
+    ends = ended_follower(settings)
+    ends.subscribe(ended.record)
     follower.subscribe(gate.apply)
     # Before the driver hears of an event: an engine just added is driven with the others.
     follower.subscribe(lambda event, _offset: apply_to_pool(pool, event))
     driver = EngineDriver(gate.state, pool.engines)
     if settings.drive_engine:
         follower.subscribe(lambda event, _offset: driver.notify(event))
-    steps_topic = settings.topic("steps")
+    steps_topic, ended_topic = settings.topic("steps"), settings.topic("ended")
 
     async def publish(event: SessionEvent) -> None:
         started = time.perf_counter()
+        topic = ended_topic if isinstance(event, SessionEnded) else steps_topic
         try:
-            await publisher.publish(steps_topic, event.session_id, event.model_dump_json().encode())
+            await publisher.publish(topic, event.session_id, event.model_dump_json().encode())
         except BrokerUnavailable as exc:
             metrics.PUBLISH_FAILURES.inc()
             raise PublishFailed(f"the step could not be recorded: {exc}") from exc
@@ -115,6 +121,7 @@ def create_app(settings: Settings) -> FastAPI:
             ),
             tracer=CallTracer(settings.otel_traces),
             control=gate,
+            ended=ended,
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates
@@ -124,7 +131,8 @@ def create_app(settings: Settings) -> FastAPI:
         pool.start()
         # Paused or not, and the weight version, before the first request is admitted.
         await follower.start(settings.publish_timeout_s)
-        tasks = [asyncio.create_task(follower.run())]
+        await ends.start(settings.publish_timeout_s)  # which sessions may no longer end
+        tasks = [asyncio.create_task(follower.run()), asyncio.create_task(ends.run())]
         if settings.drive_engine:
             tasks.append(asyncio.create_task(driver.run()))
         yield
@@ -132,6 +140,7 @@ def create_app(settings: Settings) -> FastAPI:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await follower.stop()
+        await ends.stop()
         await publisher.stop()
         await engine.close()
 

@@ -295,6 +295,7 @@ def error_body(error: IngressError) -> dict[str, Any]:
             "type": _ERROR_TYPES.get(error.status, "server_error"),
             "param": error.param,
             "code": error.code,
+            **error.details(),
         }
     }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import sys
 import time
 import uuid
 from array import array
@@ -25,6 +26,7 @@ from ingress import metrics
 from ingress.chains import Chain, ChainStore
 from ingress.constraints import tool_call_constraint
 from ingress.detokenize import IncrementalDecoder, StopTrimmer
+from ingress.ended_sessions import EndedSessions
 from ingress.output import OutputDelta, OutputParser, ParsedOutput
 from ingress.parsers import make_parser
 from ingress.render import ChatRenderer
@@ -32,6 +34,7 @@ from ingress.tracing import CallSpan, CallTracer
 from ingress.turn import ChatTurn, Matcher, Message, SessionRef, TokenCall
 from schemas.events import (
     SessionDiscarded,
+    SessionEnded,
     SessionFinalized,
     SessionOpened,
     SessionOptions,
@@ -48,7 +51,7 @@ from titoflow.errors import (
 
 log = logging.getLogger("titoflow.ingress")
 
-SessionEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded
+SessionEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded | SessionEnded
 Publish = Callable[[SessionEvent], Awaitable[None]]
 
 
@@ -183,6 +186,7 @@ class ChatService:
         options: ServiceOptions,
         tracer: CallTracer | None = None,
         control: Control | None = None,
+        ended: EndedSessions | None = None,
     ) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
@@ -192,6 +196,8 @@ class ChatService:
         self.options = options
         self.tracer = tracer or CallTracer(enabled=False)
         self.control = control
+        # None: an unbounded record (tests and benchmarks build services without settings).
+        self.ended = ended if ended is not None else EndedSessions(kept=sys.maxsize)
 
     def count_prompt_tokens(self, turn: ChatTurn) -> int:
         return len(self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs))
@@ -602,17 +608,32 @@ class ChatService:
             reward_components=reward_components or {},
             metadata=metadata,
         )
-        await self.publish(event)
-        self.chains.forget(session.session_id)
+        await self._end(event, "finalized")
         return event
 
     async def discard(self, session: SessionRef, metadata: dict[str, Any]) -> SessionDiscarded:
         event = SessionDiscarded(
             session_id=session.session_id, event_time=time.time(), metadata=metadata
         )
-        await self.publish(event)
-        self.chains.forget(session.session_id)
+        await self._end(event, "discarded")
         return event
+
+    async def _end(
+        self, event: SessionFinalized | SessionDiscarded, how: Literal["finalized", "discarded"]
+    ) -> None:
+        """End a session once: refused if it already ended (here or on any replica that
+        published it); the end goes to the session's log, then to ``<prefix>.ended``."""
+        end = SessionEnded(session_id=event.session_id, event_time=event.event_time, how=how)
+        self.ended.claim(end)
+        try:
+            await self.publish(event)
+        except BaseException:
+            self.ended.release(end)  # nothing ended: the driver's retry must be let through
+            raise
+        self.chains.forget(event.session_id)
+        # The session did end (workers will apply it); a failure here is the driver's cue to
+        # retry, which this replica answers with 409 and another one with a dead letter.
+        await self.publish(end)
 
 
 def _tools_hash(tools_key: str) -> str:

@@ -1,10 +1,12 @@
-"""Session operations and discovery routes shared by every API: open, finalize, discard,
-models, base URL. Errors are in OpenAI's shape.
+"""Session operations and discovery routes shared by every API: open, finalize, discard, a
+session's state, models, base URL. Errors are in OpenAI's shape.
 
-Opening, finalizing and discarding are the driver plane: they set rewards and end sessions, so
-with ``driver_token`` set they answer 401 without it (``Authorization: Bearer <token>``,
-compared in constant time) and publish nothing. A scaffold's own API key never passes: agent
-code holding its base URL cannot grade itself or end any session."""
+Opening, finalizing, discarding and reading a session's state are the driver plane: they set
+rewards and end sessions, so with ``driver_token`` set they answer 401 without it
+(``Authorization: Bearer <token>``, compared in constant time) and publish nothing. A scaffold's
+own API key never passes: agent code holding its base URL cannot grade itself or end any session.
+A session ends once: a second finalize or discard is a 409 naming the first end
+(:mod:`ingress.ended_sessions`)."""
 
 from __future__ import annotations
 
@@ -140,6 +142,16 @@ def router() -> APIRouter:
     @routes.post("/v1/sessions")
     async def open_session(request: Request) -> Response:
         return await _open(request)
+
+    @routes.get("/v1/sessions/{session}")
+    async def session_state(request: Request, session: str) -> Response:
+        try:
+            check_driver(request)
+            ended = http.service(request).ended.get(session)
+        except IngressError as exc:
+            return openai_chat.error_response(exc)
+        how = {"how": ended.how, "at": ended.event_time} if ended else None
+        return JSONResponse({"session_id": session, "ended": how})
 
     http.post_both_ways(routes, "/finalize", partial(_close, discard=False))
     http.post_both_ways(routes, "/discard", partial(_close, discard=True))

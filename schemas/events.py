@@ -10,6 +10,9 @@ Topics (``<prefix>`` is configurable):
 - ``<prefix>.recompute``, key = as segments: :class:`RecomputeRequested` — segments whose
   rebuilt tokens wait for the recompute stage to fill in the engine's prompt logprobs.
 - ``<prefix>.dlq``: :class:`DeadLetter` — events no worker could use, with the reason.
+- ``<prefix>.ended``, key = session id: :class:`SessionEnded` — how and when each session ended
+  (the driver's finalize or discard, published by the ingress; an idle timeout, by a worker).
+  Every ingress replica follows it so that a second end of a session is refused.
 
 Every event has ``schema_version``; a reader that meets a version it does not know must not guess.
 Large arrays are packed (see :mod:`schemas.arrays`). Events are JSON (UTF-8) on the wire.
@@ -174,6 +177,20 @@ class SessionDiscarded(_Event):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+class SessionEnded(_Event):
+    """A session ended, once: what made it end and when (``event_time``). Later finalizes and
+    discards of it are refused (HTTP 409 naming this), and later steps are dead-lettered."""
+
+    type: Literal["session_ended"] = "session_ended"
+    how: Literal["finalized", "discarded", "idle"] = Field(
+        description="finalized / discarded: the rollout driver's call (the driver plane); "
+        "idle: a worker's idle timeout (TITOFLOW_IDLE_FINALIZE_S), no reward."
+    )
+
+
+ended_adapter: TypeAdapter[SessionEnded] = TypeAdapter(SessionEnded)
+
+
 StepsTopicEvent = Annotated[
     SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded, Field(discriminator="type")
 ]
@@ -238,7 +255,11 @@ class SegmentFinalized(_Event):
         description="Spans over segment token positions: which weights sampled those tokens.",
     )
     steps: list[SegmentStep]
-    finalize_reason: Literal["finalized", "idle", "size"]
+    finalize_reason: Literal["finalized", "idle", "size"] = Field(
+        description="Who closed this segment: finalized (the rollout driver's finalize, the "
+        "only source of reward and finalize metadata), idle (a worker's idle timeout, no reward) "
+        "or size (the size limit closed it while the session went on)."
+    )
     split_reason: str | None = Field(
         None,
         description="Why this segment does not continue an earlier one of its session: fork (a "
@@ -328,6 +349,7 @@ ALL_EVENTS: dict[str, type[BaseModel]] = {
         StepRecorded,
         SessionFinalized,
         SessionDiscarded,
+        SessionEnded,
         SegmentFinalized,
         RecomputeRequested,
         DeadLetter,

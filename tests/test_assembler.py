@@ -350,9 +350,13 @@ def test_discard_finalizes_nothing_says_so_and_late_steps_are_dead_letters() -> 
     assert notice.metadata == {"why": "timeout"} and notice.event_time == 5.0
     assert assembler.open_sessions == []
     assert applied[4].dead_letter_reason is not None
-    # Discarding again, or finalizing after, emits nothing more.
+    # The discard sent again is skipped; a finalize after it emits nothing and is dead-lettered
+    # naming the end that stands.
     again = _apply(assembler, [discard, SessionFinalized(session_id="s", event_time=6.0)])
     assert [a.notice for a in again] == [None, None] and again[1].segments == []
+    assert again[0].skipped_reason is not None and again[0].dead_letter_reason is None
+    reason = again[1].dead_letter_reason
+    assert reason == "session already ended (discarded at 1970-01-01T00:00:05+00:00)"
     # A discarded session holds no commit point back.
     assert assembler.commit_offset(0, 7) == 7
 

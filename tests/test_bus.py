@@ -61,7 +61,7 @@ async def test_topics_have_configured_partition_counts(settings: Settings) -> No
         await consumer.topics()  # refreshes metadata for all topics
         counts = {
             name: len(consumer.partitions_for_topic(settings.topic(name)) or ())
-            for name in ("steps", "segments", "control", "dlq")
+            for name in ("steps", "segments", "control", "dlq", "ended")
         }
     finally:
         await consumer.stop()
@@ -70,6 +70,7 @@ async def test_topics_have_configured_partition_counts(settings: Settings) -> No
         "segments": settings.segments_partitions,
         "control": 1,
         "dlq": settings.dlq_partitions,
+        "ended": settings.ended_partitions,
     }
 
 

@@ -166,7 +166,11 @@ async def test_pause_bump_resume_one_response_stamped_v1_then_v2_and_masked(
     assert len(streamed_step.completion_ids) == LONG and len(whole_step.completion_ids) == LONG
     assert streamed_step.completion_logprobs == pytest.approx(streamed, rel=1e-6)
     assert whole_step.completion_logprobs == pytest.approx(whole_logprobs, rel=1e-6)
-    assert spans(streamed_step) == [("v1", 0, boundary), ("v2", boundary, LONG)]
+    # The client had every token sampled before the pause, except one whose text the ingress
+    # still held back (an incomplete UTF-8 character waits for its next bytes): v1 may run
+    # a few tokens past what the client counted when paused.
+    [(v1, _, cut), (v2, _, end)] = spans(streamed_step)
+    assert (v1, v2, end) == ("v1", "v2", LONG) and boundary <= cut <= boundary + 3
     [(v1, _, cut), (v2, _, end)] = spans(whole_step)
     assert (v1, v2, end) == ("v1", "v2", LONG) and 0 < cut < LONG
     assert streamed_step.finish_reason == whole_step.finish_reason == "length"

@@ -6,6 +6,7 @@ driver's own finalize sets the reward the trainer sees."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,13 @@ from schemas.events import (
     SessionFinalized,
     SessionOpened,
     StepRecorded,
+    ended_adapter,
     steps_topic_adapter,
 )
+from tests.apps import until
 from tests.topics import read_all
 from titoflow.cli import DRIVER_TOKEN_FILE, _new_driver_token
-from titoflow.rollout import RolloutClient
+from titoflow.rollout import RolloutClient, SessionAlreadyEnded
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
 
@@ -179,3 +182,98 @@ async def test_with_implicit_sessions_off_a_session_key_opens_that_session_only(
     events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
     steps = [e for e in events if isinstance(e, StepRecorded)]
     assert [s.session_id for s in steps] == [mine.session_id] * 3  # the three served calls
+
+
+async def refusals(ends: dict[str, Coroutine[Any, Any, None]]) -> dict[str, SessionAlreadyEnded]:
+    """Each named end, awaited: each must be refused as a session already ended."""
+    refused: dict[str, SessionAlreadyEnded] = {}
+    for name, end in ends.items():
+        with pytest.raises(SessionAlreadyEnded) as caught:
+            await end
+        refused[name] = caught.value
+    return refused
+
+
+async def test_a_session_ends_once_on_every_replica_and_says_how(
+    stack_settings: Settings, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(
+        update={"driver_token": DRIVER_TOKEN, "idle_finalize_s": 3.0}
+    )
+    first, first_url = start_ingress(settings, tmp_path, "ingress-a")
+    second, second_url = start_ingress(settings, tmp_path, "ingress-b")
+    worker = start_worker(settings, tmp_path)
+    refused: dict[str, SessionAlreadyEnded] = {}
+    try:
+        async with (
+            RolloutClient(first_url, settings) as driver,
+            RolloutClient(second_url, settings) as elsewhere,
+        ):
+            done, dropped, idle = [await driver.open(instance_id=f"t{i}") for i in range(3)]
+            for opened in (done, dropped, idle):
+                agent = AsyncOpenAI(base_url=opened.openai_base_url, api_key="k", max_retries=0)
+                await agent.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                await agent.close()
+            await driver.finalize(done.session_id, reward=1.0, metadata={"graded_by": "driver"})
+            await driver.discard(dropped.session_id)
+            # The replica that ended them knows at once ...
+            refused |= await refusals(
+                {
+                    "finalize twice": driver.finalize(done.session_id, reward=0.0),
+                    "discard after finalize": driver.discard(done.session_id),
+                    "finalize after discard": driver.finalize(dropped.session_id, reward=1.0),
+                }
+            )
+            # ... every other one once it has followed <prefix>.ended; a worker's idle end too.
+            for client, session in [(elsewhere, done), (elsewhere, dropped), (driver, idle)]:
+
+                async def known(
+                    client: RolloutClient = client, sid: str = session.session_id
+                ) -> bool:
+                    return await client.ended(sid) is not None
+
+                await until(known, f"the end of {session.session_id} known", 60.0)
+            refused |= await refusals(
+                {
+                    "finalize twice, elsewhere": elsewhere.finalize(done.session_id, reward=0.0),
+                    "finalize after discard, elsewhere": elsewhere.finalize(dropped.session_id),
+                    "finalize after idle": driver.finalize(idle.session_id, reward=1.0),
+                }
+            )
+            [graded] = await driver.segments(done.session_id, timeout_s=120)
+            [timed_out] = await driver.segments(idle.session_id, timeout_s=120)
+    finally:
+        first.stop()
+        second.stop()
+        worker.stop()
+
+    assert {name: error.how for name, error in refused.items()} == {
+        "finalize twice": "finalized",
+        "discard after finalize": "finalized",
+        "finalize after discard": "discarded",
+        "finalize twice, elsewhere": "finalized",
+        "finalize after discard, elsewhere": "discarded",
+        "finalize after idle": "idle",
+    }
+    assert "finalized by the rollout driver at" in refused["finalize twice"].body
+    # The first end stands, with the driver's reward; the idle one has none and says so.
+    assert (graded.finalize_reason, graded.reward, graded.metadata["graded_by"]) == (
+        "finalized",
+        1.0,
+        "driver",
+    )
+    assert (timed_out.finalize_reason, timed_out.reward) == ("idle", None)
+    # Nothing refused was published: one end per session on the steps log and on the ended log.
+    ours = {done.session_id, dropped.session_id, idle.session_id}
+    events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
+    ends = [type(e).__name__ for e in events if e.session_id in ours and e.type != "step_recorded"]
+    assert sorted(ends) == ["SessionDiscarded", "SessionFinalized", *["SessionOpened"] * 3]
+    logged = await read_all(settings, settings.topic("ended"), ended_adapter)
+    assert {e.session_id: e.how for e in logged if e.session_id in ours} == {
+        done.session_id: "finalized",
+        dropped.session_id: "discarded",
+        idle.session_id: "idle",
+    }
+    assert len([e for e in logged if e.session_id in ours]) == 3

@@ -12,7 +12,13 @@ import pytest
 
 from ingress import openai_chat, session_routes, token_api
 from ingress.service import ServiceOptions
-from schemas.events import SessionDiscarded, SessionFinalized, SessionOpened, StepRecorded
+from schemas.events import (
+    SessionDiscarded,
+    SessionEnded,
+    SessionFinalized,
+    SessionOpened,
+    StepRecorded,
+)
 from tests.apps import asgi_client, scripted_app
 from tests.doubles import RecordingPublisher
 from tests.families import qwen3
@@ -97,7 +103,9 @@ async def test_finalize_carries_a_reward_and_discard_publishes_a_discard() -> No
     by_header = await client.post("/discard", headers={"X-SMG-Routing-Key": "d"})
     assert [r.status_code for r in (scalar, named, dropped, by_header)] == [200] * 4
     assert dropped.json() == {"session_id": "c", "discarded": True}
-    a, b, c, d = publisher.events
+    a, b, c, d = [e for e in publisher.events if not isinstance(e, SessionEnded)]
+    ends = [(e.session_id, e.how) for e in publisher.events if isinstance(e, SessionEnded)]
+    assert ends == [("a", "finalized"), ("b", "finalized"), ("c", "discarded"), ("d", "discarded")]
     assert isinstance(a, SessionFinalized) and (a.reward, a.metadata) == (0.5, {"k": 1})
     assert isinstance(b, SessionFinalized) and b.session_id == "b" and b.reward is None
     assert b.reward_components == {"correct": 1.0, "format": 0.25}
@@ -113,7 +121,40 @@ async def test_finalize_carries_a_reward_and_discard_publishes_a_discard() -> No
         answer = await client.post(path, json=body)
         assert answer.status_code == 400, (path, body)
         assert answer.json()["error"]["type"] == "invalid_request_error"
-    assert len(publisher.events) == 4
+    assert len(publisher.events) == 8
+
+
+async def test_a_session_ends_once_a_second_end_is_a_409_naming_the_first() -> None:
+    client, publisher = app_for([])
+    first = await client.post("/sess/a/finalize", json={"reward": 1.0})
+    assert first.status_code == 200
+    for path, body in [
+        ("/sess/a/finalize", {"reward": 0.0}),
+        ("/sess/a/discard", {}),
+        ("/finalize", {}),  # the session by header, below
+    ]:
+        answer = await client.post(path, json=body, headers={"X-Session-Id": "a"})
+        assert answer.status_code == 409, (path, answer.text)
+        error = answer.json()["error"]
+        assert error["code"] == "session_ended" and error["type"] == "invalid_request_error"
+        assert error["ended"] == {"how": "finalized", "at": publisher.events[0].event_time}
+        assert "finalized by the rollout driver at" in error["message"]
+    assert (await client.post("/sess/b/discard")).status_code == 200
+    again = await client.post("/sess/b/finalize", json={"reward": 1.0})
+    assert again.status_code == 409 and again.json()["error"]["ended"]["how"] == "discarded"
+    assert [type(e).__name__ for e in publisher.events] == [
+        "SessionFinalized",
+        "SessionEnded",
+        "SessionDiscarded",
+        "SessionEnded",
+    ]
+
+    # An end the broker did not take did not happen: the driver's retry goes through.
+    publisher.fail_next = True
+    failed = await client.post("/sess/c/finalize", json={"reward": 1.0})
+    assert failed.status_code == 503
+    retried = await client.post("/sess/c/finalize", json={"reward": 1.0})
+    assert retried.status_code == 200 and len(publisher.events) == 6
 
 
 async def test_routing_key_names_the_session_when_x_session_id_is_absent() -> None:

@@ -75,7 +75,20 @@ def _wanted_partitions(settings: Settings) -> dict[str, int]:
         settings.topic("control"): 1,
         settings.topic("recompute"): settings.recompute_partitions,
         settings.topic("dlq"): settings.dlq_partitions,
+        settings.topic("ended"): settings.ended_partitions,
     }
+
+
+def _topic_configs(settings: Settings, name: str) -> dict[str, str]:
+    # Kafka's 1 MB default is smaller than a long agent step or segment.
+    configs = {"max.message.bytes": str(settings.max_event_bytes)}
+    if name == settings.topic("ended"):
+        # Replicas read it whole at start: one record per session (the latest), for a while.
+        configs |= {
+            "cleanup.policy": "compact,delete",
+            "retention.ms": str(int(settings.ended_retention_s * 1000)),
+        }
+    return configs
 
 
 def producer_request_timeout_ms(publish_timeout_s: float) -> int:
@@ -104,11 +117,7 @@ async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str,
         response = await admin.create_topics(
             [
                 NewTopic(
-                    name,
-                    count,
-                    _REPLICATION_FACTOR,
-                    # Kafka's 1 MB default is smaller than a long agent step or segment.
-                    topic_configs={"max.message.bytes": str(settings.max_event_bytes)},
+                    name, count, _REPLICATION_FACTOR, topic_configs=_topic_configs(settings, name)
                 )
                 for name, count in wanted.items()
             ]
@@ -130,7 +139,7 @@ async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str,
 
 
 async def ensure_topics(settings: Settings) -> None:
-    """Create the five topics with their configured partition counts; idempotent.
+    """Create the six topics with their configured partition counts; idempotent.
 
     An existing topic with more partitions than configured is accepted (keys still spread), one
     with fewer is not, and a control topic must have exactly one partition.

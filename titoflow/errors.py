@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class IngressError(Exception):
     status = 500
@@ -12,6 +14,10 @@ class IngressError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+
+    def details(self) -> dict[str, Any]:
+        """Fields beyond the message that the error body carries (machine-readable)."""
+        return {}
 
 
 class InvalidRequest(IngressError):
@@ -89,6 +95,21 @@ class TrajectoryVersionChanged(IngressError):
         super().__init__(message, "weight_version")
         self.first_version = first_version
         self.current_version = current_version
+
+
+class SessionAlreadyEnded(IngressError):
+    """A finalize or discard of a session that already ended: the first end stands."""
+
+    status = 409
+    code = "session_ended"
+
+    def __init__(self, message: str, how: str, ended_at: float) -> None:
+        super().__init__(message)
+        self.how = how
+        self.ended_at = ended_at
+
+    def details(self) -> dict[str, Any]:
+        return {"ended": {"how": self.how, "at": self.ended_at}}
 
 
 class Paused(Unavailable):

@@ -37,6 +37,16 @@ class RolloutError(Exception):
         self.body = body
 
 
+class SessionAlreadyEnded(RolloutError):
+    """A finalize or discard of a session that had already ended (409): ``how`` (finalized,
+    discarded or idle) and ``at`` (unix seconds) say how the end that stands happened."""
+
+    def __init__(self, status: int, body: str, how: str, at: float) -> None:
+        super().__init__(status, body)
+        self.how = how
+        self.at = at
+
+
 @dataclass(frozen=True)
 class OpenedSession:
     session_id: str
@@ -84,10 +94,21 @@ class RolloutClient:
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = await self._http.post(f"{self._url}{path}", json=body)
+        if response.status_code == 409 and "session_ended" in response.text:
+            ended = response.json()["error"]["ended"]
+            raise SessionAlreadyEnded(409, response.text, ended["how"], ended["at"])
         if response.status_code != 200:
             raise RolloutError(response.status_code, response.text)
         answer: dict[str, Any] = response.json()
         return answer
+
+    async def ended(self, session_id: str) -> tuple[str, float] | None:
+        """How and when the session ended, as far as the ingress knows: ``(how, at)`` or None."""
+        response = await self._http.get(f"{self._url}/v1/sessions/{session_id}")
+        if response.status_code != 200:
+            raise RolloutError(response.status_code, response.text)
+        ended = response.json()["ended"]
+        return None if ended is None else (ended["how"], ended["at"])
 
     async def open(
         self,

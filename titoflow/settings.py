@@ -22,11 +22,22 @@ class Settings(BaseSettings):
     bootstrap_servers: str = Field(
         "", description="Kafka bootstrap servers (host:port,...). Empty: `up` starts tansu."
     )
-    topic_prefix: str = Field("titoflow", description="Prefix of the five topics.")
+    topic_prefix: str = Field("titoflow", description="Prefix of the six topics.")
     steps_partitions: int = Field(8, description="Partitions of <prefix>.steps.")
     segments_partitions: int = Field(8, description="Partitions of <prefix>.segments.")
     recompute_partitions: int = Field(8, description="Partitions of <prefix>.recompute.")
     dlq_partitions: int = Field(1, description="Partitions of <prefix>.dlq.")
+    ended_partitions: int = Field(1, description="Partitions of <prefix>.ended.")
+    ended_retention_s: float = Field(
+        7 * 86400.0,
+        description="How long <prefix>.ended keeps a session's end (its retention.ms): a second "
+        "finalize or discard of a session is refused (409) for at least this long.",
+    )
+    ended_sessions_kept: int = Field(
+        1_000_000,
+        description="Ended sessions each ingress replica remembers (the most recent; about "
+        "200 bytes each) to refuse a second finalize or discard.",
+    )
     max_event_bytes: int = Field(
         16 * 1024 * 1024,
         description="Largest event produced or fetched; topics are created with this "
@@ -243,5 +254,7 @@ class Settings(BaseSettings):
     def recompute_enabled(self) -> bool:
         return self.divergence_policy == "recompute" and not self.recompute_disabled
 
-    def topic(self, name: Literal["steps", "segments", "control", "recompute", "dlq"]) -> str:
+    def topic(
+        self, name: Literal["steps", "segments", "control", "recompute", "dlq", "ended"]
+    ) -> str:
         return f"{self.topic_prefix}.{name}"

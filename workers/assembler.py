@@ -37,10 +37,12 @@ Invariants:
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
 import math
+import time
 from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -297,6 +299,15 @@ class StepOutcome:
     segments: list[SegmentFinalized] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """How and when a session ended here (a tombstone)."""
+
+    partition: int
+    how: str  # finalized, discarded or idle
+    at: float
+
+
 @dataclass
 class Closed:
     """A closed session's segments, or the notice that it yields none."""
@@ -341,8 +352,9 @@ class Assembler:
         self.recompute = recompute
         self.mask_stale_versions = mask_stale_versions
         self._sessions: dict[str, _Session] = {}
-        # Sessions already finalized here (→ partition): a step for one of them is late, not new.
-        self._finalized: OrderedDict[str, int] = OrderedDict()
+        # Sessions already ended here: a step for one of them is late, not new, and a second
+        # end is refused naming the first.
+        self._finalized: OrderedDict[str, _Ended] = OrderedDict()
         # Offsets [first, last] of finalized sessions per partition, kept while a commit point
         # could still fall inside them (see commit_offset).
         self._closed_spans: dict[int, dict[str, tuple[int, int]]] = {}
@@ -375,12 +387,15 @@ class Assembler:
             )
         elif isinstance(event, SessionFinalized):
             self._seen(event.session_id, offset)
+            if event.session_id in self._finalized:
+                return self._ended_again(event)
             closed = self.close(
                 event.session_id,
                 "finalized",
                 event.metadata,
                 event.reward,
                 event.reward_components,
+                at=event.event_time,
             )
             applied = Applied(event, closed.segments, notice=closed.notice)
         elif isinstance(event, SessionDiscarded):
@@ -405,14 +420,13 @@ class Assembler:
         Late steps of it then go to the DLQ, as after a finalize."""
         if event.session_id in self._finalized:
             self._seen(event.session_id, offset)
-            self.counters["discards_after_close"] += 1
-            return Applied(event, skipped_reason="session already closed")
+            return self._ended_again(event)
         session = self._sessions.get(event.session_id)
         if session is None:  # discarded before any step: still closed, still announced
             session = _Session(None, partition, offset, offset, last_event_time=event.event_time)
             self._sessions[event.session_id] = session
         self._seen(event.session_id, offset)
-        self._close(event.session_id)
+        self._close(event.session_id, "discarded", event.event_time)
         self.counters["discarded_sessions"] += 1
         notice = event.model_copy(
             update={
@@ -423,13 +437,27 @@ class Assembler:
         )
         return Applied(event, notice=notice)
 
+    def _ended_again(self, event: SessionFinalized | SessionDiscarded) -> Applied:
+        """A finalize or discard of a session that already ended: the first end stands. The
+        producer's re-send of that very end is skipped; any other is dead-lettered (replicas
+        refuse a second end with a 409 once they know of the first, so only a race gets here)."""
+        ended = self._finalized[event.session_id]
+        how = "finalized" if isinstance(event, SessionFinalized) else "discarded"
+        if (how, event.event_time) == (ended.how, ended.at):
+            self.counters["repeated_ends"] += 1
+            return Applied(event, skipped_reason="the session's end, sent again")
+        self.counters["ends_after_end"] += 1
+        when = datetime.datetime.fromtimestamp(ended.at, datetime.UTC).isoformat()
+        return Applied(event, dead_letter_reason=f"session already ended ({ended.how} at {when})")
+
     def _seen(self, session_id: str, offset: int) -> None:
         """Stretch the offset span of the session an event belongs to, open or closed."""
         session = self._sessions.get(session_id)
         if session is not None:
             session.last_offset = max(session.last_offset, offset)
             return
-        partition = self._finalized.get(session_id)
+        ended = self._finalized.get(session_id)
+        partition = ended.partition if ended is not None else None
         span = (
             self._closed_spans.get(partition, {}).get(session_id) if partition is not None else None
         )
@@ -718,10 +746,12 @@ class Assembler:
         metadata: dict[str, Any] | None = None,
         reward: float | None = None,
         reward_components: dict[str, float] | None = None,
+        at: float | None = None,
     ) -> Closed:
         """Close a session: its segments (the last one marked ``last_of_session``), or, for a
-        known session without a generated token, the ``empty`` notice."""
-        session = self._close(session_id)
+        known session without a generated token, the ``empty`` notice. ``at``: when it ended
+        (the finalize's event time; None: now)."""
+        session = self._close(session_id, reason, time.time() if at is None else at)
         if session is None:
             self.counters["finalize_unknown_session"] += 1
             return Closed()
@@ -773,12 +803,12 @@ class Assembler:
             unused.append(segment)
         return used, unused
 
-    def _close(self, session_id: str) -> _Session | None:
+    def _close(self, session_id: str, how: str, at: float) -> _Session | None:
         """Take a session out of the open ones, leaving a tombstone (late steps are late)."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             return None
-        self._finalized[session_id] = session.partition
+        self._finalized[session_id] = _Ended(session.partition, how, at)
         while len(self._finalized) > MAX_TOMBSTONES:
             self._finalized.popitem(last=False)
         spans = self._closed_spans.setdefault(session.partition, {})
@@ -791,7 +821,7 @@ class Assembler:
         dropped = [s for s, v in self._sessions.items() if v.partition in partitions]
         for session_id in dropped:
             del self._sessions[session_id]
-        for session_id in [s for s, p in self._finalized.items() if p in partitions]:
+        for session_id in [s for s, e in self._finalized.items() if e.partition in partitions]:
             del self._finalized[session_id]
         for partition in partitions:
             self._closed_spans.pop(partition, None)

@@ -24,6 +24,7 @@ from schemas.events import (
     RecomputeRequested,
     SegmentFinalized,
     SessionDiscarded,
+    SessionEnded,
     SessionFinalized,
     StepRecorded,
 )
@@ -36,7 +37,9 @@ from workers.rebuild import Rebuilder
 
 log = logging.getLogger("titoflow.worker")
 
-Output = SegmentFinalized | SessionDiscarded  # what goes to <prefix>.segments
+# What a batch publishes: segments and notices to <prefix>.segments (or via recompute), and
+# the ends of sessions this worker closed itself (idle) to <prefix>.ended.
+Output = SegmentFinalized | SessionDiscarded | SessionEnded
 
 POLL_TIMEOUT_MS = 500
 MAX_RECORDS = 1000
@@ -192,18 +195,27 @@ class Worker:
         idle = [sid for sid, seen in self._last_seen.items() if seen < cutoff]
         for session_id in idle:
             del self._last_seen[session_id]
+            now = time.time()
             try:
-                closed = self.assembler.close(session_id, "idle")
+                closed = self.assembler.close(session_id, "idle", at=now)
             except Exception:  # a bug must cost one session, not the partition
                 log.exception("closing idle session %s failed", session_id)
                 continue
             yield from closed.segments
             if closed.notice:
                 yield closed.notice
+            if closed.segments or closed.notice:
+                # Replicas then refuse the driver's late finalize (409), which would else set
+                # a reward on nothing.
+                yield SessionEnded(session_id=session_id, event_time=now, how="idle")
 
     async def _publish_segments(self, segments: list[Output]) -> None:
         records: list[tuple[str, str, bytes]] = []
         for segment in segments:
+            if isinstance(segment, SessionEnded):
+                end = (segment.session_id, segment.model_dump_json().encode())
+                records.append((self.settings.topic("ended"), *end))
+                continue
             key = segment.instance_id or segment.session_id
             if isinstance(segment, SegmentFinalized) and (
                 needs_recompute(segment) or segment.session_id in self._via_recompute
@@ -231,6 +243,8 @@ class Worker:
         elapsed = time.perf_counter() - started
         for segment in segments:
             metrics.PUBLISH_SECONDS.observe(elapsed)
+            if isinstance(segment, SessionEnded):
+                continue
             if isinstance(segment, SessionDiscarded):
                 metrics.DISCARDED.labels(segment.reason).inc()
                 log.info(
