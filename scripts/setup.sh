@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything titoflow needs on a fresh machine (idempotent): the core environment
-# (.venv), the vLLM CPU engine environment (.venv-engine), and the tiny local model (.models).
+# (.venv), the vLLM CPU engine environment (.venv-engine), the tiny local models (.models) and
+# the pinned agent scaffolds (.tools/npm, with the machine's node/npm).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,4 +20,6 @@ bash scripts/setup-engine.sh
 # SGLang's own request/response definitions (pinned wheel, a few files extracted, never
 # installed) for the SGLang backend's contract tests.
 .venv/bin/python -m tests.sglang_reference
-.venv/bin/titoflow build-model >/dev/null
+.venv/bin/titoflow build-model >/dev/null          # the agentic policy the local stack serves
+.venv/bin/titoflow build-model --random >/dev/null # the random-weight model of the pipeline tests
+bash scripts/setup-scaffolds.sh                    # Claude Code, OpenCode, Codex (the scaffold tests)

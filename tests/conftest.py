@@ -19,7 +19,7 @@ from schemas.events import SegmentFinalized, segments_topic_adapter
 from tests.engines import engine_for_tests
 from tests.topics import read_all
 from tests.witness import Witness, check_segments
-from titoflow.model_build import build_tiny_model
+from titoflow.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
 from titoflow.settings import Settings
 
 pytest_plugins = ["tests.kafka_fixtures"]
@@ -34,13 +34,28 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    return build_tiny_model(Settings().model_path)
+    """The random-weight model: it never stops early, which the pipeline tests rely on."""
+    return build_tiny_model(RANDOM_MODEL_DIR)
 
 
 @pytest.fixture(scope="session")
 def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_dir = tmp_path_factory.mktemp("vllm")
     yield from engine_for_tests("TITOFLOW_TEST_ENGINE_URL", model_dir, log_dir)
+
+
+@pytest.fixture(scope="session")
+def agent_model_dir() -> Path:
+    """The tiny agentic policy (the local default): it calls tools and ends its turns."""
+    return build_agent_policy(Settings().model_path)
+
+
+@pytest.fixture(scope="session")
+def agent_engine_url(
+    agent_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    log_dir = tmp_path_factory.mktemp("vllm-agent")
+    yield from engine_for_tests("TITOFLOW_TEST_AGENT_ENGINE_URL", agent_model_dir, log_dir)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -75,6 +90,28 @@ def stack_settings(
     """This test's topics on the session broker, the session engine behind the witness's
     recording proxy, and a fast idle timeout. Afterwards every segment on the test's topic is
     held to what the engine witnessed (``@pytest.mark.witness_off("why")`` opts out)."""
+    yield from _witnessed(settings, engine_url, model_dir, witness, request)
+
+
+@pytest.fixture
+def agent_stack_settings(
+    settings: Settings,
+    agent_engine_url: str,
+    agent_model_dir: Path,
+    witness: Witness,
+    request: pytest.FixtureRequest,
+) -> Iterator[Settings]:
+    """As ``stack_settings``, with the tiny agentic policy's engine (real tool loops)."""
+    yield from _witnessed(settings, agent_engine_url, agent_model_dir, witness, request)
+
+
+def _witnessed(
+    settings: Settings,
+    engine_url: str,
+    model_dir: Path,
+    witness: Witness,
+    request: pytest.FixtureRequest,
+) -> Iterator[Settings]:
     stack = settings.model_copy(
         update={
             "engine_url": witness.front(engine_url),

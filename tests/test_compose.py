@@ -188,7 +188,7 @@ def test_engines_serve_the_token_api_and_rl_routes() -> None:
         engine = services[name]
         argv = engine["command"]
         assert "--enable-scale-out" in argv
-        assert argv[argv.index("--model") + 1] == "/models/tiny-qwen3"
+        assert argv[argv.index("--model") + 1] == "/models/tiny-qwen3-agent"
         assert engine["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
         assert engine["networks"]["default"]["aliases"] == ["engine"]
         assert "/health" in " ".join(engine["healthcheck"]["test"])

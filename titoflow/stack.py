@@ -15,7 +15,7 @@ import httpx
 from titoflow.broker import start_tansu
 from titoflow.bus import ensure_topics
 from titoflow.engine_process import start_vllm
-from titoflow.model_build import build_tiny_model
+from titoflow.model_build import build_default_model
 from titoflow.procs import ManagedProcess, free_port
 from titoflow.settings import Settings
 
@@ -95,7 +95,7 @@ class LocalStack:
                 self.settings = self.settings.model_copy(update={"bootstrap_servers": bootstrap})
             asyncio.run(ensure_topics(self.settings))
             if not (self.settings.engine_url or self.settings.engine_urls):
-                build_tiny_model(self.settings.model_path)
+                build_default_model(self.settings.model_path)
                 engine, engine_url = start_vllm(self.settings, log_dir=self.log_dir)
                 self._own("engine", engine)
                 self.settings = self.settings.model_copy(update={"engine_url": engine_url})

@@ -1,0 +1,36 @@
+"""``titoflow up --demo`` on the real stack with the agentic policy: the demo's agent loop shows a
+tool call, the tool result turn and the answer, and the session's one segment holds both turns
+(checked against the engine by the witness)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from titoflow.demo import COMMAND, run_demo
+from titoflow.settings import Settings
+from titoflow.stack import start_ingress, start_worker
+
+pytestmark = pytest.mark.engine
+
+
+async def test_the_demo_shows_a_tool_loop_and_its_segment(
+    agent_stack_settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ingress, url = start_ingress(agent_stack_settings, tmp_path)
+    worker = start_worker(agent_stack_settings, tmp_path)
+    try:
+        segment = await run_demo(agent_stack_settings, url, color=False)
+    finally:
+        ingress.stop()
+        worker.stop()
+    shown = capsys.readouterr().out
+    arguments = json.dumps({"command": COMMAND})
+    assert f"tool call:   bash({arguments})" in shown, shown
+    assert "tool result: 'hello from titoflow'" in shown, shown
+    assert "<tool_call>" in shown and "<tool_response>" in shown, shown
+    # One trajectory, one segment: the tool call and the answer after its result, both trained.
+    assert len(segment.steps) == 2 and segment.split_reason is None
+    assert segment.last_of_session and sum(segment.loss_mask) > 0
