@@ -119,12 +119,16 @@ def presents(request: Request, expected: str, api_key_header: bool = False) -> b
 def check_session_key(request: Request, session_id: str, body: Any) -> None:
     """With session keys on (``driver_token`` set, ``implicit_sessions`` off), a scaffold-plane
     call must carry its session's key (``Authorization: Bearer`` or ``x-api-key``, as every SDK
-    sends its API key) and name no other session in its path, headers or body."""
+    sends its API key); on the shared routes, its headers and body may name no other session."""
     config = settings(request)
     if not config.driver_token or config.implicit_sessions:
         return
     fields = body if isinstance(body, dict) else {}
-    named = _session_names(request.path_params.get("session"), lower_headers(request), fields)
+    path = request.path_params.get("session")
+    # A /sess/<id>/ path names the session alone: session_ref reads it first, so no header or
+    # body field can move the call elsewhere, and scaffolds send such headers of their own
+    # (OpenCode's x-session-id carries its internal session id).
+    named = [path] if path else _session_names(None, lower_headers(request), fields)
     if {str(n) for n in named if n} - {session_id}:
         raise Forbidden("the request names more than one session")
     if not presents(request, session_key(config.driver_token, session_id), api_key_header=True):

@@ -149,7 +149,7 @@ async def test_with_implicit_sessions_off_a_session_key_opens_that_session_only(
             ),
             "another session's URL": (f"{theirs.openai_base_url}/chat/completions", request, key),
             "another session by header": (
-                f"{mine.openai_base_url}/chat/completions",
+                f"{url}{chat}",
                 request,
                 {**key, "x-session-id": theirs.session_id},
             ),
@@ -157,6 +157,11 @@ async def test_with_implicit_sessions_off_a_session_key_opens_that_session_only(
                 f"{url}{chat}",
                 {**request, "session_id": theirs.session_id},
                 key,
+            ),
+            "its own by header, another by body": (
+                f"{url}{chat}",
+                {**request, "session_id": theirs.session_id},
+                {**key, "x-session-id": mine.session_id},
             ),
             "an unopened session": (f"{url}/sess/nobody/v1/chat/completions", request, key),
         }
@@ -169,19 +174,28 @@ async def test_with_implicit_sessions_off_a_session_key_opens_that_session_only(
                 f"{url}{chat}", json=request, headers={**key, "x-session-id": mine.session_id}
             )
             assert by_header.status_code == 200, by_header.text
+            # On its own URL, a header naming another session moves nothing: the path names the
+            # session (scaffolds send such headers of their own, e.g. OpenCode's x-session-id).
+            own_url = await http.post(
+                f"{mine.openai_base_url}/chat/completions",
+                json=request,
+                headers={**key, "x-session-id": theirs.session_id},
+            )
+            assert own_url.status_code == 200, own_url.text
     finally:
         ingress.stop()
     assert answers == {
         "no key": 401,
         "a made-up key": 401,
         "another session's URL": 401,
-        "another session by header": 403,
+        "another session by header": 401,
         "another session by body": 401,
+        "its own by header, another by body": 403,
         "an unopened session": 401,
     }
     events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
     steps = [e for e in events if isinstance(e, StepRecorded)]
-    assert [s.session_id for s in steps] == [mine.session_id] * 3  # the three served calls
+    assert [s.session_id for s in steps] == [mine.session_id] * 4  # the four served calls
 
 
 async def refusals(ends: dict[str, Coroutine[Any, Any, None]]) -> dict[str, SessionAlreadyEnded]:

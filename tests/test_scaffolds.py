@@ -41,6 +41,7 @@ import pytest
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.topics import finalized_segments, read_all
 from titoflow.procs import ManagedProcess
+from titoflow.rollout import RolloutClient
 from titoflow.settings import PROJECT_ROOT, Settings
 from titoflow.stack import start_ingress, start_worker
 from titoflow.tokenizer import load_tokenizer
@@ -90,6 +91,16 @@ class Ingress:
     proc: ManagedProcess
     settings: Settings
     tokenizer: Any
+
+    async def open(self, client: str) -> tuple[str, str]:
+        """A new session for ``client`` and the API key its scaffold must send: the driver's
+        open call gives it where session keys are on; anything passes otherwise."""
+        session = f"{client}-{uuid.uuid4().hex[:8]}"
+        if not self.settings.driver_token:
+            return session, "titoflow-unused"
+        async with RolloutClient(self.url, self.settings) as driver:
+            opened = await driver.open(session_id=session)
+        return session, opened.api_key
 
 
 def client_binary(name: str) -> Path:
@@ -161,10 +172,16 @@ def run_client(name: str, argv: list[str], env: dict[str, str], cwd: Path) -> Cl
 
 
 @pytest.fixture
-def ingress(agent_stack_settings: Settings, tmp_path: Path) -> Iterator[Ingress]:
+def ingress(
+    agent_stack_settings: Settings, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Ingress]:
     """A real ingress and worker on this test's topics, the agentic policy's engine (behind the
-    witness) and the session broker."""
-    settings = agent_stack_settings.model_copy(update={"default_max_tokens": MAX_OUTPUT_TOKENS})
+    witness) and the session broker; with ``indirect`` param True, configured as compose runs
+    it: a driver token and no implicit sessions (a scaffold needs its session's key)."""
+    update: dict[str, Any] = {"default_max_tokens": MAX_OUTPUT_TOKENS}
+    if getattr(request, "param", False):
+        update |= {"driver_token": f"driver-{uuid.uuid4().hex}", "implicit_sessions": False}
+    settings = agent_stack_settings.model_copy(update=update)
     proc, url = start_ingress(settings, tmp_path / "logs")
     worker = start_worker(settings, tmp_path / "logs")
     try:
@@ -283,7 +300,18 @@ async def test_claude_code(ingress: Ingress, tmp_path: Path, mode: str) -> None:
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_opencode(ingress: Ingress, tmp_path: Path, provider: str) -> None:
-    session = new_session(f"opencode-{provider}")
+    await opencode_loop(ingress, tmp_path, provider)
+
+
+@pytest.mark.parametrize("ingress", [True], indirect=True, ids=["session-keys"])
+async def test_opencode_as_compose_runs_it(ingress: Ingress, tmp_path: Path) -> None:
+    """Session keys on: OpenCode's own x-session-id header (its internal id) names no session
+    on a /sess/<id>/ URL, so the loop runs with the session's key as its API key."""
+    await opencode_loop(ingress, tmp_path, "openai")
+
+
+async def opencode_loop(ingress: Ingress, tmp_path: Path, provider: str) -> None:
+    session, api_key = await ingress.open(f"opencode-{provider}")
     work = workdir(tmp_path)
     model = ingress.settings.served_model_name
     npm = "@ai-sdk/openai-compatible" if provider == "openai" else "@ai-sdk/anthropic"
@@ -298,7 +326,7 @@ async def test_opencode(ingress: Ingress, tmp_path: Path, provider: str) -> None
                 "npm": npm,
                 "name": "titoflow",
                 # Both providers take the base URL with /v1 and append their route.
-                "options": {"baseURL": "{env:TITOFLOW_BASE_URL}", "apiKey": "titoflow-unused"},
+                "options": {"baseURL": "{env:TITOFLOW_BASE_URL}", "apiKey": api_key},
                 "models": {
                     model: {
                         "name": "titoflow policy",

@@ -75,7 +75,8 @@ async def finalized_segments(
 ) -> list[SegmentFinalized]:
     """Finalize ``session`` through the ingress and wait for its segments on the topic (all of
     them: its last one comes last)."""
-    async with httpx.AsyncClient() as http:
+    driver = {"authorization": f"Bearer {settings.driver_token}"} if settings.driver_token else None
+    async with httpx.AsyncClient(headers=driver) as http:
         (await http.post(f"{ingress_url}/sess/{session}/finalize", json={})).raise_for_status()
     segments = await read_until(
         settings,
