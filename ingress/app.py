@@ -29,6 +29,7 @@ from ingress.ended_sessions import EndedSessions
 from ingress.engine_driver import EngineDriver
 from ingress.log_follower import control_follower, ended_follower
 from ingress.pausable_engine import PausableEngine
+from ingress.planes import PlaneSplit
 from ingress.pool_control import apply_to_pool
 from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
@@ -145,15 +146,18 @@ def create_app(settings: Settings) -> FastAPI:
         await engine.close()
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
-    for adapter in (
-        openai_chat,
-        anthropic_messages,
-        openai_responses,
-        session_routes,
-        token_api,
-        admin_routes,
-    ):
+    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes, token_api):
         app.include_router(adapter.router())
+    driver_routers = (session_routes.driver_router(), admin_routes.router())
+    for routes in driver_routers:
+        app.include_router(routes)
+    if settings.driver_port:
+        app.add_middleware(
+            PlaneSplit,
+            driver_routes=[route for routes in driver_routers for route in routes.routes],
+            driver_port=settings.driver_port,
+            refuse=_error_in_path_shape,
+        )
 
     app.add_exception_handler(StarletteHTTPException, unknown_route_response)
     app.add_exception_handler(Exception, unexpected_error_response)

@@ -58,15 +58,21 @@ class CloseSessionBody(BaseModel):
 
 def base_urls(request: Request, session_id: str) -> dict[str, str]:
     """Where clients of each API point for this session: the public URL setting, else the
-    scheme and Host the request came in with."""
-    root = http.settings(request).public_url or str(request.base_url)
-    session = f"{root.rstrip('/')}/sess/{session_id}"
+    scheme and Host the request came in with. With a driver listener the open call came in
+    there: the scaffold's URLs name the scaffold listener, the driver's stay where it called."""
+    config = http.settings(request)
+    here = str(request.base_url).rstrip("/")
+    scaffold = (
+        str(request.base_url.replace(port=config.ingress_port)) if config.driver_port else here
+    )
+    session = f"{(config.public_url or scaffold).rstrip('/')}/sess/{session_id}"
+    driver = f"{here}/sess/{session_id}" if config.driver_port else session
     return {
         "openai_base_url": f"{session}/v1",
         "anthropic_base_url": session,  # the Anthropic SDK appends /v1/messages itself
         "generate_url": f"{session}/generate",
-        "finalize_url": f"{session}/finalize",
-        "discard_url": f"{session}/discard",
+        "finalize_url": f"{driver}/finalize",
+        "discard_url": f"{driver}/discard",
     }
 
 
@@ -136,7 +142,8 @@ async def _close(request: Request, session: str | None, discard: bool) -> Respon
     return JSONResponse({"session_id": ref.session_id, "finalized": True})
 
 
-def router() -> APIRouter:
+def driver_router() -> APIRouter:
+    """The driver plane: what opens, ends or reads sessions (ingress/planes.py)."""
     routes = APIRouter()
 
     @routes.post("/v1/sessions")
@@ -155,6 +162,12 @@ def router() -> APIRouter:
 
     http.post_both_ways(routes, "/finalize", partial(_close, discard=False))
     http.post_both_ways(routes, "/discard", partial(_close, discard=True))
+    return routes
+
+
+def router() -> APIRouter:
+    """What a scaffold finds at its base URL: the models and the base URL itself."""
+    routes = APIRouter()
 
     @routes.get("/v1/models")
     @routes.get("/sess/{session}/v1/models")

@@ -42,6 +42,8 @@ COMPOSE_SPECIFIC_SETTINGS = {
     "ingress_port",
     "worker_metrics_port",  # off by default outside compose, where nothing scrapes it
     "implicit_sessions",  # off in compose: agent code reaches the scaffold plane there
+    "driver_port",  # compose serves the driver plane on its own listener
+    "public_url",  # the lb, not the driver listener the open call arrives on
 }
 NGINX_INSTALL_HINT = (
     "nginx is not installed. The load-balancer tests run Debian's nginx; scripts/setup.sh "
@@ -370,9 +372,32 @@ def test_lb_entrypoint_lists_one_server_per_compose_replica(tmp_path: Path) -> N
     assert "proxy_buffering off;" in text
 
 
-def test_nginx_accepts_the_rendered_config(tmp_path: Path) -> None:
-    conf = render_lb_config(tmp_path, {"LB_UPSTREAMS": "127.0.0.1:1 127.0.0.1:2"})
+@pytest.mark.parametrize("driver_listen", ["", "127.0.0.1:3"])
+def test_nginx_accepts_the_rendered_config(tmp_path: Path, driver_listen: str) -> None:
+    conf = render_lb_config(
+        tmp_path,
+        {
+            "LB_UPSTREAMS": "127.0.0.1:1 127.0.0.1:2",
+            "LB_DRIVER_LISTEN": driver_listen,
+            "LB_DRIVER_UPSTREAMS": "127.0.0.1:4 127.0.0.1:5",
+        },
+    )
+    driver = (tmp_path / "titoflow-driver.conf").read_text()
+    assert ("upstream titoflow_driver" in driver) == bool(driver_listen)
     result = subprocess.run(
         nginx_argv(conf, "-t"), capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_driver_plane_is_published_apart_from_the_scaffolds() -> None:
+    """compose serves the driver plane on its own ingress listener, which only the lb's driver
+    server reaches, published on loopback unless told otherwise."""
+    services = resolved()["services"]
+    ingress, lb = services["ingress"]["environment"], services["lb"]["environment"]
+    assert ingress["TITOFLOW_DRIVER_PORT"] == lb["INGRESS_DRIVER_PORT"] == "8001"
+    assert lb["INGRESS_PORT"] == ingress["TITOFLOW_INGRESS_PORT"] != ingress["TITOFLOW_DRIVER_PORT"]
+    published = {p["target"]: p for p in services["lb"]["ports"]}
+    scaffolds, driver = published[int(lb["LB_LISTEN"])], published[int(lb["LB_DRIVER_LISTEN"])]
+    assert driver["host_ip"] == "127.0.0.1" and scaffolds["host_ip"] == "0.0.0.0"
+    assert ingress["TITOFLOW_PUBLIC_URL"].endswith(f":{scaffolds['published']}")

@@ -26,6 +26,7 @@ from schemas.events import (
 from tests.apps import until
 from tests.topics import read_all
 from titoflow.cli import DRIVER_TOKEN_FILE, _new_driver_token
+from titoflow.procs import free_port
 from titoflow.rollout import RolloutClient, SessionAlreadyEnded
 from titoflow.settings import Settings
 from titoflow.stack import start_ingress, start_worker
@@ -291,3 +292,74 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
         idle.session_id: "idle",
     }
     assert len([e for e in logged if e.session_id in ours]) == 3
+
+
+async def test_on_its_own_listener_the_driver_plane_does_not_exist_for_scaffolds(
+    stack_settings: Settings, tmp_path: Path
+) -> None:
+    """``driver_port`` set: the scaffold listener has no driver routes, even for a caller that
+    holds the driver token, and the driver listener serves nothing a scaffold needs."""
+    driver_port = free_port("127.0.0.1")
+    settings = stack_settings.model_copy(
+        update={"driver_token": DRIVER_TOKEN, "driver_port": driver_port}
+    )
+    ingress, url = start_ingress(settings, tmp_path)
+    driver_url = settings.driver_url(url)
+    assert driver_url == f"http://127.0.0.1:{driver_port}"
+    worker = start_worker(settings, tmp_path)
+    chat: dict[str, Any] = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
+    token = {"authorization": f"Bearer {DRIVER_TOKEN}"}
+    try:
+        async with RolloutClient(driver_url, settings) as driver:
+            opened = await driver.open(instance_id="task-1")
+            session = opened.session_id
+            # The scaffold's URLs name the scaffold listener; the driver's stay on its own.
+            assert opened.openai_base_url == f"{url}/sess/{session}/v1"
+            async with httpx.AsyncClient(timeout=60) as http:
+                served = await http.post(f"{opened.openai_base_url}/chat/completions", json=chat)
+                assert served.status_code == 200, served.text
+                on_scaffold = {
+                    "open": ("POST", f"{url}/v1/sessions", {}),
+                    "finalize": ("POST", f"{url}/sess/{session}/finalize", {"reward": 1.0}),
+                    "finalize by header": ("POST", f"{url}/finalize", {"session_id": session}),
+                    "discard": ("POST", f"{url}/sess/{session}/discard", {}),
+                    "read a session": ("GET", f"{url}/v1/sessions/{session}", None),
+                    "control": ("POST", f"{url}/admin/control", {"command": "pause"}),
+                    "pause state": ("GET", f"{url}/v1/rollout/pause_state", None),
+                    "engines": ("GET", f"{url}/v1/rollout/engines", None),
+                    "a driver route, another method": ("GET", f"{url}/v1/sessions", None),
+                }
+                on_driver = {
+                    "chat": ("POST", f"{driver_url}/sess/{session}/v1/chat/completions", chat),
+                    "chat by header": ("POST", f"{driver_url}/v1/chat/completions", chat),
+                    "messages": ("POST", f"{driver_url}/sess/{session}/v1/messages", chat),
+                    "models": ("GET", f"{driver_url}/v1/models", None),
+                }
+                answers: dict[str, tuple[int, str]] = {}
+                for name, (method, target, body) in {**on_scaffold, **on_driver}.items():
+                    answer = await http.request(method, target, json=body, headers=token)
+                    answers[name] = (answer.status_code, answer.text)
+                probes = [
+                    (await http.get(f"{where}/{probe}")).status_code
+                    for where in (url, driver_url)
+                    for probe in ("health", "metrics")
+                ]
+                state = await http.get(f"{driver_url}/v1/rollout/pause_state")
+                assert state.status_code == 200, state.text
+            await driver.finalize(session, reward=0.5)
+            [segment] = await driver.segments(session, timeout_s=120)
+    finally:
+        ingress.stop()
+        worker.stop()
+    for name, (status, text) in answers.items():
+        assert status == 404 and '"error"' in text, f"{name}: {status} {text}"
+    assert '"type":"not_found_error"' in answers["messages"][1].replace(" ", "")
+    assert probes == [200, 200, 200, 200]
+    assert segment.reward == 0.5
+    events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
+    kinds = [type(e) for e in events if e.session_id == session]
+    assert kinds == [SessionOpened, StepRecorded, SessionFinalized]

@@ -20,7 +20,7 @@ from titoflow.settings import Settings
 
 TOOLS: Any = [path_tool("ls", "list a directory")]
 CALL = '<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
-ROUTERS = [openai_chat.router, session_routes.router]
+ROUTERS = [openai_chat.router, session_routes.router, session_routes.driver_router]
 
 
 def client_for(app: Any, session: str = "s1") -> openai.AsyncOpenAI:

@@ -24,7 +24,12 @@ from tests.doubles import RecordingPublisher
 from tests.families import qwen3
 from titoflow.settings import Settings
 
-ROUTERS = [openai_chat.router, session_routes.router, token_api.router]
+ROUTERS = [
+    openai_chat.router,
+    session_routes.router,
+    session_routes.driver_router,
+    token_api.router,
+]
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 

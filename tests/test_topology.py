@@ -9,6 +9,10 @@ replicas served sessions), exact tokens (each segment is its steps' prompt tails
 chained, with the engine's logprobs; spot-checked against the engine directly), and exactly one
 segment per session after dedupe. A control session sent to one replica and then the other shows
 what a miss looks like (a rendered prefix), so the TITO assertions cannot pass by accident.
+
+As in compose, each replica serves the driver plane on its own listener and the load balancer's
+driver server alone reaches it: sessions are finalized there, and the scaffold-facing server
+answers a finalize 404.
 """
 
 from __future__ import annotations
@@ -138,16 +142,27 @@ async def test_session_hashing_keeps_every_session_on_one_replica_and_its_segmen
     )
     procs: list[ManagedProcess] = []
     try:
-        ingress_a, url_a = start_ingress(settings, tmp_path, "ingress-a")
+        driver_ports = [free_port("127.0.0.1") for _ in "ab"]
+        ingress_a, url_a = start_ingress(
+            settings.model_copy(update={"driver_port": driver_ports[0]}), tmp_path, "ingress-a"
+        )
         procs.append(ingress_a)
-        ingress_b, url_b = start_ingress(settings, tmp_path, "ingress-b")
+        ingress_b, url_b = start_ingress(
+            settings.model_copy(update={"driver_port": driver_ports[1]}), tmp_path, "ingress-b"
+        )
         procs.append(ingress_b)
         upstream = {url_a.removeprefix("http://"): "a", url_b.removeprefix("http://"): "b"}
+        driver_a = f"http://127.0.0.1:{driver_ports[0]}"
 
-        lb_port = free_port("127.0.0.1")
+        lb_port, lb_driver_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         conf = render_lb_config(
             tmp_path / "lb",
-            {"LB_UPSTREAMS": " ".join(upstream), "LB_LISTEN": f"127.0.0.1:{lb_port}"},
+            {
+                "LB_UPSTREAMS": " ".join(upstream),
+                "LB_LISTEN": f"127.0.0.1:{lb_port}",
+                "LB_DRIVER_LISTEN": f"127.0.0.1:{lb_driver_port}",
+                "LB_DRIVER_UPSTREAMS": " ".join(f"127.0.0.1:{p}" for p in driver_ports),
+            },
         )
         lb = ManagedProcess("nginx", nginx_argv(conf), tmp_path / "nginx.log")
         procs.append(lb)
@@ -196,9 +211,12 @@ async def test_session_hashing_keeps_every_session_on_one_replica_and_its_segmen
                 control_reply = response.choices[0].message.content or ""
 
         async with httpx.AsyncClient(timeout=30) as http:
+            refused = await http.post(f"{lb_url}/sess/{sessions[0]}/finalize", json={})
+            assert refused.status_code == 404, refused.text
+            lb_driver_url = f"http://127.0.0.1:{lb_driver_port}"
             for s in sessions:
-                await finalize(http, lb_url, s, by_header[s])
-            (await http.post(f"{url_a}/sess/{control}/finalize", json={})).raise_for_status()
+                await finalize(http, lb_driver_url, s, by_header[s])
+            (await http.post(f"{driver_a}/sess/{control}/finalize", json={})).raise_for_status()
             metrics = {
                 name: steps_served((await http.get(f"{url}/metrics")).text)
                 for name, url in (("a", url_a), ("b", url_b))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import secrets
 import signal
@@ -43,6 +44,8 @@ def _logging(settings: Settings) -> None:
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
+    import socket
+
     import uvicorn
 
     from ingress.app import create_app
@@ -53,10 +56,23 @@ def cmd_ingress(args: argparse.Namespace) -> int:
         from ingress.tracing import install_otlp_exporter
 
         install_otlp_exporter()
-    uvicorn.run(
+
+    # Bound here, not by uvicorn: one server answers on both planes' listeners, and a port of 0
+    # becomes the real one before the app builds the base URLs it hands out.
+    def listen(host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family)
+
+    listeners = [listen(settings.ingress_host, settings.ingress_port)]
+    if settings.driver_port:
+        driver_host = settings.driver_host or settings.ingress_host
+        listeners.append(listen(driver_host, settings.driver_port))
+    settings = settings.model_copy(update={"ingress_port": listeners[0].getsockname()[1]})
+    for plane, listener in zip(("scaffold", "driver"), listeners, strict=False):
+        host, port = listener.getsockname()[:2]
+        logging.getLogger("titoflow.ingress").info("%s plane on http://%s:%d", plane, host, port)
+    config = uvicorn.Config(
         create_app(settings),
-        host=settings.ingress_host,
-        port=settings.ingress_port,
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
         timeout_graceful_shutdown=30,
@@ -65,6 +81,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
     )
+    uvicorn.Server(config).run(sockets=listeners)
     return 0
 
 
@@ -136,7 +153,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("\ntitoflow is up. Give a scaffold this base URL (session 'my-session'):")
         print(f"  OpenAI:   {stack.ingress_url}/sess/my-session/v1")
         print(
-            f"  finalize: POST {stack.ingress_url}/sess/my-session/finalize  (the driver's: "
+            f"  finalize: POST {stack.driver_url}/sess/my-session/finalize  (the driver's: "
             f"Authorization: Bearer $(cat {args.run_dir / DRIVER_TOKEN_FILE}))"
         )
         print(

@@ -62,7 +62,11 @@ def run_tool(name: str, arguments: str) -> str:
 
 
 async def agent_loop(
-    ingress_url: str, session_id: str, max_tokens: int = 128, driver_token: str = ""
+    ingress_url: str,
+    session_id: str,
+    max_tokens: int = 128,
+    driver_token: str = "",
+    driver_url: str = "",
 ) -> Loop:
     """Runs the task to the policy's final answer, then finalizes the session (as its driver,
     with ``driver_token``)."""
@@ -101,7 +105,8 @@ async def agent_loop(
     await client.close()
     driver = {"authorization": f"Bearer {driver_token}"} if driver_token else None
     async with httpx.AsyncClient(headers=driver) as http:
-        (await http.post(f"{ingress_url}/sess/{session_id}/finalize", json={})).raise_for_status()
+        finalize = f"{driver_url or ingress_url}/sess/{session_id}/finalize"
+        (await http.post(finalize, json={})).raise_for_status()
     answer = second.choices[0].message.content or ""
     return Loop(call.function.name, call.function.arguments, result, answer)
 
@@ -123,7 +128,12 @@ async def run_demo(settings: Settings, ingress_url: str, color: bool = True) -> 
     base_url = f"{ingress_url}/sess/{session_id}/v1"
     print(f"\ndemo: an agent loop in session {session_id} through {base_url}")
     print(f"  user:        {TASK}")
-    loop = await agent_loop(ingress_url, session_id, driver_token=settings.driver_token)
+    loop = await agent_loop(
+        ingress_url,
+        session_id,
+        driver_token=settings.driver_token,
+        driver_url=settings.driver_url(ingress_url),
+    )
     print(f"  tool call:   {loop.tool}({loop.arguments})")
     print(f"  tool result: {loop.result.strip()!r}")
     print(f"  answer:      {loop.answer!r}")

@@ -153,6 +153,16 @@ class Settings(BaseSettings):
         "token): every scaffold call needs its session's key (the open call's api_key) as its "
         "API key, and may name no other session.",
     )
+    driver_port: int = Field(
+        0,
+        description="Port of a second ingress listener that alone serves the driver plane "
+        "(opening, finalizing, discarding and reading sessions, /admin/control, /v1/rollout/*); "
+        "the scaffold listener then answers those routes 404 and this one serves nothing else. "
+        "0: one listener serves both planes (the driver token still guards the driver's).",
+    )
+    driver_host: str = Field(
+        "", description="Bind address of the driver listener; empty: the ingress bind address."
+    )
     admin_token: str = Field(
         "",
         description="Bearer token of the ingress admin endpoint (POST /admin/control); empty: "
@@ -245,12 +255,21 @@ class Settings(BaseSettings):
         "and latency on every turn (docs/benchmarks.md, sections 1-2).",
     )
 
+    def driver_url(self, ingress_url: str) -> str:
+        """Where the rollout driver calls an ingress reached at ``ingress_url``: the same
+        address, or its driver listener when it has one."""
+        if not self.driver_port:
+            return ingress_url
+        return f"http://{self.driver_host or self.ingress_host}:{self.driver_port}"
+
     @model_validator(mode="after")
-    def _session_keys_need_a_secret(self) -> Settings:
+    def _consistent(self) -> Settings:
         # Session keys derive from the driver token: without one, "no implicit sessions" would
         # silently let every client in.
         if not self.implicit_sessions and not self.driver_token:
             raise ValueError("implicit_sessions=false needs a driver_token (TITOFLOW_DRIVER_TOKEN)")
+        if self.driver_port and self.driver_port == self.ingress_port:
+            raise ValueError("driver_port must differ from ingress_port: the planes' listeners")
         return self
 
     @property

@@ -79,6 +79,7 @@ class LocalStack:
         self.settings = settings
         self.log_dir = run_dir / "logs"
         self.ingress_url = ""
+        self.driver_url = ""
         self.processes: dict[str, ManagedProcess] = {}
         self._stack = ExitStack()
 
@@ -100,6 +101,7 @@ class LocalStack:
                 self._own("engine", engine)
                 self.settings = self.settings.model_copy(update={"engine_url": engine_url})
             ingress, self.ingress_url = start_ingress(self.settings, self.log_dir)
+            self.driver_url = self.settings.driver_url(self.ingress_url)
             self._own("ingress", ingress)
             for index in range(workers):
                 self._own(
