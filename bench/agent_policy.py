@@ -33,11 +33,11 @@ import httpx
 from bench.harness import command_line, write_results
 from ingress import anthropic_messages, openai_chat, openai_responses
 from ingress.parsers import make_parser
-from ingress.render import ChatRenderer
 from ingress.turn import ChatTurn
-from titoflow.engine_process import start_vllm
+from titoflow.dev.engine_process import start_vllm
 from titoflow.settings import Settings
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 CAPTURES = Path(__file__).resolve().parent / "captures"
 CAPTURED_COMMAND = "echo hello"  # what the captures' tasks and tool calls say

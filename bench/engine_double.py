@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 
 from titoflow.settings import Settings
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.tokenizer import load_tokenizer
 
 TOOL = "read_file"
 ARGUMENTS = {"path": "src/titoflow/app.py"}

@@ -1,7 +1,8 @@
 """FLOOR PROXY for benchmarks: the least any Python ingress with durable steps must do per turn.
 
 A pass-through on the ingress' own stack (uvicorn on uvloop and httptools, the ingress' engine
-client (titoflow/http1.py), titoflow's :class:`titoflow.bus.Publisher` with its producer settings):
+client (titoflow/engine/http1.py), titoflow's :class:`titoflow.bus.Publisher` with its producer
+settings):
 ``POST /v1/chat/completions`` reads and decodes the body, forwards it to the engine's chat
 completions, publishes the answer with the request's last message to the broker, and answers
 once the broker acknowledged it. No chat parsing, no template, no tokens, no step record: the
@@ -21,7 +22,7 @@ import orjson
 import uvicorn
 
 from titoflow.bus import Publisher, create_topics
-from titoflow.http1 import Http1Client
+from titoflow.engine.http1 import Http1Client
 from titoflow.settings import Settings
 
 Scope = dict[str, Any]

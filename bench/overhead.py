@@ -66,13 +66,13 @@ from bench.harness import (
     summary_ms,
     write_results,
 )
-from ingress.render import ChatRenderer
-from ingress.turn import Message, ToolCall
-from titoflow.broker import start_tansu
-from titoflow.procs import ManagedProcess
+from titoflow.dev.broker import start_tansu
+from titoflow.dev.procs import ManagedProcess
+from titoflow.dev.stack import start_ingress
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 MODEL = "titoflow-policy"
 AGAINST = "titoflow --against"

@@ -35,12 +35,12 @@ from bench.encoding import json_lists
 from bench.harness import command_line, group_cpu_seconds, summary_ms, write_results
 from ingress.service import step_id_for
 from schemas.events import SessionFinalized, StepRecorded, VersionSpan
-from titoflow.broker import start_tansu
 from titoflow.bus import Publisher, ensure_topics, make_consumer, pin_to_end
-from titoflow.procs import ManagedProcess
+from titoflow.client.consumer import ASSIGNMENT_TIMEOUT_S
+from titoflow.dev.broker import start_tansu
+from titoflow.dev.procs import ManagedProcess
+from titoflow.dev.stack import start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_worker
-from workers.consumer import ASSIGNMENT_TIMEOUT_S
 
 VOCAB = 151_000
 

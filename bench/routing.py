@@ -4,7 +4,8 @@
 
 For a few MoE shapes (layers x top-k, expert count), random expert ids for ``--tokens`` positions
 are encoded as a JSON nested list ``[[[e, ...], ...], ...]`` and as the
-:class:`schemas.routing.RoutedExperts` block (narrowest dtype, base64 in JSON). Prints a table.
+:class:`schemas.routed_experts.RoutedExperts` block (narrowest dtype, base64 in JSON). Prints a
+table.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import json
 import random
 
-from schemas.routing import RoutedExperts
+from schemas.routed_experts import RoutedExperts
 
 SHAPES = {  # name: (MoE layers, experts per token, experts)
     "tiny-qwen3-moe": (2, 2, 8),

@@ -28,12 +28,13 @@ from bench.engine_double import REPLY
 from bench.harness import command_line, write_results
 from bench.overhead import SYSTEM, TOOLS, tool_output
 from ingress.chains import ChainStore
-from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
-from ingress.turn import ChatTurn, Message, SessionRef
-from titoflow.engine import GenerateParams, Generation
+from ingress.turn import ChatTurn, SessionRef
+from titoflow.engine.api import GenerateParams, Generation
 from titoflow.settings import Settings
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 
 class FixedEngine:

@@ -14,7 +14,7 @@ from ingress import http, openai_chat
 from ingress.control_state import PauseGate
 from titoflow.bus import BrokerUnavailable, Publisher
 from titoflow.control import control_event, publish_control
-from titoflow.engine_pool import EnginePool
+from titoflow.engine.pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PublishFailed, Unauthorized
 
 APPLIED_POLL_S = 0.02

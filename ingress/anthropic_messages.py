@@ -21,8 +21,9 @@ from ingress import http
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
-from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef, ToolCall
+from ingress.turn import ChatTurn, SamplingOptions, SessionRef
 from titoflow.errors import ContextOverflow, IngressError, InvalidRequest
+from titoflow.tito.messages import Message, ToolCall
 
 API = "anthropic.messages"
 

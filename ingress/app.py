@@ -31,15 +31,15 @@ from ingress.log_follower import control_follower, ended_follower
 from ingress.pausable_engine import PausableEngine
 from ingress.planes import PlaneSplit
 from ingress.pool_control import apply_to_pool
-from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from schemas.events import SessionEnded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
-from titoflow.engine_pool import EnginePool
+from titoflow.engine.pool import EnginePool
 from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 log = logging.getLogger("titoflow.ingress")
 

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ingress.turn import Matcher, Message
+from titoflow.tito.messages import Matcher, Message
 
 MAX_CHAINS_PER_SESSION = 16
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from ingress import metrics
 from ingress.control_state import ControlState
 from schemas.control import AnyControl, PauseMode
-from titoflow.engine import EngineControl
+from titoflow.engine.api import EngineControl
 from titoflow.errors import IngressError
 
 log = logging.getLogger("titoflow.control")

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import orjson
 
-from ingress.turn import Message
+from titoflow.tito.messages import Message
 
 Parsed = tuple[Message, ...]  # what one wire message becomes (Anthropic blocks can make several)
 ParseNew = Callable[[list[tuple[int, Any]]], list[Parsed]]

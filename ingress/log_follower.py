@@ -15,13 +15,11 @@ import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.control import AnyControl, control_adapter
 from schemas.events import SessionEnded, ended_adapter
-from titoflow.bus import make_consumer
+from titoflow.bus import Consumer, KafkaError, TopicPartition, existing_partitions, make_consumer
 from titoflow.settings import Settings
 
 log = logging.getLogger("titoflow.follow")
@@ -37,7 +35,7 @@ class LogFollower(Generic[E]):
         self._adapter = adapter
         self._subscribers: list[Callable[[E, int], None]] = []  # (event, offset)
         self._partitions: list[TopicPartition] = []
-        self._consumer: AIOKafkaConsumer | None = None  # made in the event loop, on start
+        self._consumer: Consumer | None = None  # made in the event loop, on start
 
     def subscribe(self, subscriber: Callable[[E, int], None]) -> None:
         self._subscribers.append(subscriber)
@@ -65,19 +63,18 @@ class LogFollower(Generic[E]):
                 log.warning("%s unreadable, retrying: %r", self.topic, exc)
                 await asyncio.sleep(1.0)
 
-    async def _connect(self) -> AIOKafkaConsumer:
+    async def _connect(self) -> Consumer:
         if self._consumer is not None:
             return self._consumer
         # Every replica reads everything: no group, nothing committed, always from offset 0.
         consumer = make_consumer(self.settings, group_id=None)
         try:
             await consumer.start()
-            await consumer.topics()  # metadata of existing topics: never creates one
-            numbers = consumer.partitions_for_topic(self.topic) or {0}
+            partitions = await existing_partitions(consumer, self.topic)
         except BaseException:
             await consumer.stop()  # one that failed (or was cancelled) half-way is not reused
             raise
-        self._partitions = [TopicPartition(self.topic, n) for n in sorted(numbers)]
+        self._partitions = partitions or [TopicPartition(self.topic, 0)]
         consumer.assign(self._partitions)
         await consumer.seek_to_beginning(*self._partitions)
         self._consumer = consumer

@@ -15,8 +15,9 @@ from ingress import http
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TokensSampled, TurnDone, TurnEvent, TurnResult, TurnStarted
-from ingress.turn import ChatTurn, Message, SamplingOptions, messages_from_fields
+from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.errors import IngressError, InvalidRequest
+from titoflow.tito.messages import Message, messages_from_fields
 
 
 class _Lenient(BaseModel):

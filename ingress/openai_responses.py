@@ -25,8 +25,9 @@ from ingress import http
 from ingress.openai_chat import error_response
 from ingress.output import OutputDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
-from ingress.turn import ChatTurn, Message, SamplingOptions, ToolCall
+from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.errors import IngressError, InvalidRequest
+from titoflow.tito.messages import Message, ToolCall
 
 API = "openai.responses"
 

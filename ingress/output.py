@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ingress.turn import ToolCall
+from titoflow.tito.messages import ToolCall
 
 
 @dataclass(frozen=True)

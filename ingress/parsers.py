@@ -23,7 +23,7 @@ from ingress.output import (
     TextDelta,
     ToolCallDone,
 )
-from ingress.turn import ToolCall
+from titoflow.tito.messages import ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

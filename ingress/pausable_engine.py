@@ -1,4 +1,5 @@
-"""An :class:`~titoflow.engine.Engine` that lives through pauses: what the ingress generates with.
+"""An :class:`~titoflow.engine.api.Engine` that lives through pauses: what the ingress generates
+with.
 
 - Versions: every token carries the weight version that sampled it — the engine's own spans
   where it reports them, else the control log's version when the piece started.
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from ingress import metrics
 from ingress.control_state import PauseGate
 from schemas.events import VersionSpan
-from schemas.routing import RoutedExperts
-from titoflow.engine import Engine, GenerateParams, Generation, GenerationChunk, TopLogprobs
+from schemas.routed_experts import RoutedExperts
+from titoflow.engine.api import Engine, GenerateParams, Generation, GenerationChunk, TopLogprobs
 
 # How long an unexplained abort waits for the pause that explains it: a trainer that drives the
 # engine itself may pause it a moment before its Pause event reaches this replica.

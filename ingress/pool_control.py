@@ -10,7 +10,7 @@ log's later word on one of them wins.
 from __future__ import annotations
 
 from schemas.control import AnyControl, EngineAdded, EngineDrained, EngineRemoved
-from titoflow.engine_pool import EnginePool, EngineSpec
+from titoflow.engine.pool import EnginePool, EngineSpec
 
 
 def apply_to_pool(pool: EnginePool, event: AnyControl) -> None:

@@ -29,9 +29,8 @@ from ingress.detokenize import IncrementalDecoder, StopTrimmer
 from ingress.ended_sessions import EndedSessions
 from ingress.output import OutputDelta, OutputParser, ParsedOutput
 from ingress.parsers import make_parser
-from ingress.render import ChatRenderer
 from ingress.tracing import CallSpan, CallTracer
-from ingress.turn import ChatTurn, Matcher, Message, SessionRef, TokenCall
+from ingress.turn import ChatTurn, SessionRef, TokenCall
 from schemas.events import (
     SessionDiscarded,
     SessionEnded,
@@ -40,14 +39,16 @@ from schemas.events import (
     SessionOptions,
     StepRecorded,
 )
-from schemas.routing import RoutedExperts
-from titoflow.engine import Engine, GenerateParams, Generation
+from schemas.routed_experts import RoutedExperts
+from titoflow.engine.api import Engine, GenerateParams, Generation
 from titoflow.errors import (
     ContextOverflow,
     InvalidRequest,
     SessionStepLimit,
     TrajectoryVersionChanged,
 )
+from titoflow.tito.messages import Matcher, Message
+from titoflow.tito.render import ChatRenderer
 
 log = logging.getLogger("titoflow.ingress")
 

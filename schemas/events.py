@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from schemas.arrays import Float32Array, Int32Array, UInt8Array
-from schemas.routing import RoutedExperts
+from schemas.routed_experts import RoutedExperts
 
 SCHEMA_VERSION: Literal[1] = 1
 

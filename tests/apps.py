@@ -16,12 +16,12 @@ import uvicorn
 from fastapi import APIRouter, FastAPI
 
 from ingress.chains import ChainStore
-from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import qwen3
-from titoflow.procs import free_port
+from titoflow.dev.procs import free_port
 from titoflow.settings import Settings
+from titoflow.tito.render import ChatRenderer
 
 
 def scripted_app(

@@ -19,7 +19,7 @@ from schemas.events import SegmentFinalized, segments_topic_adapter
 from tests.engines import engine_for_tests
 from tests.topics import read_all
 from tests.witness import Witness, check_segments
-from titoflow.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
+from titoflow.dev.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
 from titoflow.settings import Settings
 
 pytest_plugins = ["tests.kafka_fixtures"]

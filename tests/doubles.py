@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from ingress.service import SessionEvent
-from schemas.routing import RoutedExperts
-from titoflow.engine import GenerateParams, Generation, GenerationChunk
+from schemas.routed_experts import RoutedExperts
+from titoflow.engine.api import GenerateParams, Generation, GenerationChunk
 from titoflow.errors import EngineUnavailable, PublishFailed
 
 

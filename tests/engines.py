@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from titoflow.engine_process import start_vllm
+from titoflow.dev.engine_process import start_vllm
 from titoflow.settings import Settings
 
 

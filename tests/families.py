@@ -6,8 +6,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from titoflow.model_build import tokenizer_source_dir
-from titoflow.tokenizer import load_tokenizer
+from titoflow.dev.model_build import tokenizer_source_dir
+from titoflow.tito.tokenizer import load_tokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 

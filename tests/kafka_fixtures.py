@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from titoflow.broker import start_tansu
 from titoflow.bus import ensure_topics
+from titoflow.dev.broker import start_tansu
 from titoflow.settings import Settings
 
 

@@ -1,4 +1,5 @@
-"""Segments → padded training batch (workers/batch.py); the worked example of docs/trainer.md."""
+"""Segments → padded training batch (titoflow/client/batch.py); the worked example of
+docs/trainer.md."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 from schemas.events import SegmentFinalized, SegmentStep
+from titoflow.client.batch import group_by_instance, instance_key, pad_segments
 from titoflow.settings import PROJECT_ROOT
-from workers.batch import group_by_instance, instance_key, pad_segments
 
 PAD = 151643
 

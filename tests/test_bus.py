@@ -10,7 +10,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from titoflow.broker import start_tansu
 from titoflow.bus import (
     BrokerUnavailable,
     Publisher,
@@ -18,7 +17,8 @@ from titoflow.bus import (
     ensure_topics,
     make_consumer,
 )
-from titoflow.procs import ManagedProcess, free_port
+from titoflow.dev.broker import start_tansu
+from titoflow.dev.procs import ManagedProcess, free_port
 from titoflow.settings import Settings
 
 # Only keeps a broken test from hanging the run; no assertion depends on it.

@@ -41,6 +41,7 @@ COMPOSE_SPECIFIC_SETTINGS = {
     "ingress_host",
     "ingress_port",
     "worker_metrics_port",  # off by default outside compose, where nothing scrapes it
+    "metrics_host",  # all interfaces inside the compose network
     "implicit_sessions",  # off in compose: agent code reaches the scaffold plane there
     "driver_port",  # compose serves the driver plane on its own listener
     "public_url",  # the lb, not the driver listener the open call arrives on

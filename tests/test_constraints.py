@@ -20,10 +20,11 @@ from ingress.constraints import (
     TOOL_CALL_OPEN_ID,
     tool_call_constraint,
 )
-from ingress.render import ChatRenderer
-from ingress.turn import Message
 from tests.families import qwen3
-from titoflow.engine import GenerateParams, VLLMEngine
+from titoflow.engine.api import GenerateParams
+from titoflow.engine.vllm import VLLMEngine
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
 
 IM_END = 151645
 

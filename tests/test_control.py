@@ -21,7 +21,7 @@ from schemas.control import (
 )
 from schemas.events import VersionSpan
 from titoflow.control import control_event
-from titoflow.engine import GenerationChunk
+from titoflow.engine.api import GenerationChunk
 from titoflow.errors import Paused
 from workers.versions import mask_stale_versions
 

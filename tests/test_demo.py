@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from titoflow.demo import COMMAND, run_demo
+from cli.demo import COMMAND, run_demo
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 

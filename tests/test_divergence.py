@@ -24,8 +24,6 @@ import httpx
 import pytest
 from pydantic import TypeAdapter
 
-from ingress.render import ChatRenderer
-from ingress.turn import Message
 from schemas.events import (
     LOGPROB_SOURCE_NONE,
     LOGPROB_SOURCE_RECOMPUTED,
@@ -34,10 +32,12 @@ from schemas.events import (
 )
 from tests.families import path_tool
 from tests.topics import engine_prompt_logprobs, read_until, recorded_steps
-from titoflow.procs import free_port
+from titoflow.dev.procs import free_port
+from titoflow.dev.stack import start_ingress, start_recompute, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_recompute, start_worker
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 from workers.rebuild import common_prefix
 from workers.replay import JsonlSink, ReplayOptions, replay
 from workers.worker import assembler_for

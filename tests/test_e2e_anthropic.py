@@ -15,8 +15,8 @@ from anthropic.types import Message, MessageParam, ToolParam
 
 from schemas.events import StepRecorded
 from tests.topics import finalized_segments, recorded_steps
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 

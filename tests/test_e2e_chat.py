@@ -15,9 +15,9 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from tests.families import path_tool
 from tests.topics import finalized_segments, recorded_steps
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.engine
 

@@ -25,8 +25,8 @@ from schemas.events import StepRecorded, steps_topic_adapter
 from tests.apps import ADMIN_TOKEN as TOKEN
 from tests.apps import admin, until
 from tests.topics import finalized_segments, read_until, recorded_steps
+from titoflow.dev.stack import settings_env, start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import settings_env, start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 
@@ -223,7 +223,7 @@ async def test_one_broadcast_gates_every_replica_and_a_late_replica_starts_pause
             metrics = (await http.get(f"{second_url}/metrics")).text
             # The CLI publishes the resume; every replica applies it.
             cli = subprocess.run(
-                [sys.executable, "-m", "titoflow", "control", "resume"],
+                [sys.executable, "-m", "cli", "control", "resume"],
                 env={**settings_env(settings)},
                 capture_output=True,
                 text=True,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from cli.main import DRIVER_TOKEN_FILE, _new_driver_token
 from schemas.events import (
     SessionDiscarded,
     SessionFinalized,
@@ -25,11 +26,10 @@ from schemas.events import (
 )
 from tests.apps import until
 from tests.topics import read_all
-from titoflow.cli import DRIVER_TOKEN_FILE, _new_driver_token
-from titoflow.procs import free_port
-from titoflow.rollout import RolloutClient, SessionAlreadyEnded
+from titoflow.client.rollout import RolloutClient, SessionAlreadyEnded
+from titoflow.dev.procs import free_port
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 

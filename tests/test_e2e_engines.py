@@ -22,16 +22,16 @@ from openai import AsyncOpenAI
 from pydantic import TypeAdapter
 
 from ingress.app import create_app
-from ingress.render import ChatRenderer
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.apps import ADMIN_TOKEN, admin, serving, until
 from tests.engines import engine_for_tests
 from tests.topics import engine_generate, read_until
 from tests.witness import Witness
-from titoflow.engine_pool import EnginePool
+from titoflow.dev.stack import settings_env, start_worker
+from titoflow.engine.pool import EnginePool
 from titoflow.settings import Settings
-from titoflow.stack import settings_env, start_worker
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.engine
 
@@ -113,7 +113,7 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
                     # Removed by the CLI, added back by the admin endpoint: a new engine to the
                     # pool, with the URL (so the hash) of the old one.
                     cli = await asyncio.create_subprocess_exec(
-                        *[sys.executable, "-m", "titoflow", "control", "engine-remove", second_url],
+                        *[sys.executable, "-m", "cli", "control", "engine-remove", second_url],
                         env=settings_env(settings),
                     )
                     assert await cli.wait() == 0

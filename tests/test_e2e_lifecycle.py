@@ -15,10 +15,10 @@ from pydantic import TypeAdapter
 from schemas.events import DeadLetter, SegmentFinalized
 from tests.topics import read_until
 from titoflow.bus import Publisher
-from titoflow.procs import free_port
+from titoflow.client.consumer import SegmentConsumer
+from titoflow.dev.procs import free_port
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
-from workers.consumer import SegmentConsumer
 
 pytestmark = pytest.mark.engine
 

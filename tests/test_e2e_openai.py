@@ -17,15 +17,15 @@ import pytest
 from openai import APIStatusError, AsyncOpenAI
 
 from ingress.parsers import make_parser
-from ingress.render import ChatRenderer
-from ingress.turn import Message
 from tests.topics import engine_generate, finalized_segments, recorded_steps
-from titoflow.broker import start_tansu
 from titoflow.bus import ensure_topics
-from titoflow.procs import ManagedProcess
+from titoflow.dev.broker import start_tansu
+from titoflow.dev.procs import ManagedProcess
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.engine
 

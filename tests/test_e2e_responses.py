@@ -21,8 +21,8 @@ from openai.types.responses import Response
 
 from schemas.events import StepRecorded
 from tests.topics import finalized_segments, recorded_steps
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 

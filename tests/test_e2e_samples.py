@@ -24,9 +24,9 @@ from schemas.events import DeadLetter, StepRecorded
 from tests.families import path_tool
 from tests.topics import finalized_segments, read_all, recorded_steps
 from tests.witness import Witness, check_segments
+from titoflow.client.consumer import SegmentConsumer
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
-from workers.consumer import SegmentConsumer
 
 pytestmark = pytest.mark.engine
 

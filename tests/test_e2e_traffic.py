@@ -32,9 +32,9 @@ from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_top
 from tests.families import path_tool
 from tests.topics import read_all, read_until
 from tests.witness import Witness, check_segments
-from titoflow.procs import ManagedProcess
+from titoflow.dev.procs import ManagedProcess
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 

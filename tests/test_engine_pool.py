@@ -26,8 +26,8 @@ from schemas.control import (
     control_adapter,
 )
 from tests.doubles import ControlledStubEngine, StubEngine
-from titoflow.engine import GenerateParams
-from titoflow.engine_pool import EnginePool, EngineSpec, parse_engine_specs
+from titoflow.engine.api import GenerateParams
+from titoflow.engine.pool import EnginePool, EngineSpec, parse_engine_specs
 from titoflow.errors import EngineUnavailable
 from titoflow.settings import Settings
 

@@ -2,7 +2,7 @@
 (design §2 invariant 5; issue 4, "Never lose, never duplicate silently").
 
 What is real and what is scripted: the workers under test are real ``titoflow worker``
-processes (``titoflow.stack.start_worker``) in one consumer group on a real broker, killed with
+processes (``titoflow.dev.stack.start_worker``) in one consumer group on a real broker, killed with
 SIGKILL; the segments are read back with the trainer's own ``SegmentConsumer``. No engine and no
 ingress run: the step events are synthetic (``tests/load.py``, seeded) but schema-valid and
 chained exactly as the ingress makes them (TITO steps naming their parent with ``prefix_len`` =
@@ -42,10 +42,10 @@ from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_top
 from tests.load import ScriptedLoad, reference_segments, scripted_load, segment_summary
 from tests.topics import read_until
 from titoflow.bus import Publisher, make_consumer
-from titoflow.procs import ManagedProcess
+from titoflow.client.consumer import SegmentConsumer
+from titoflow.dev.procs import ManagedProcess
+from titoflow.dev.stack import start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_worker
-from workers.consumer import SegmentConsumer
 from workers.worker import Worker
 
 SEED = 20261121

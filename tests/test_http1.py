@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from titoflow import http1
-from titoflow.http1 import EngineConnectionError, Http1Client
+from titoflow.engine import http1
+from titoflow.engine.http1 import EngineConnectionError, Http1Client
 
 
 @dataclass

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from cli.main import main
 from schemas.events import SegmentFinalized, StepRecorded, VersionSpan
 from tests.families import qwen3
 from tests.test_assembler import step
-from titoflow.cli import main
-from titoflow.model_build import tokenizer_source_dir
+from titoflow.dev.model_build import tokenizer_source_dir
 from workers.assembler import Assembler
 from workers.inspect_view import (
     Loaded,

@@ -9,8 +9,8 @@ import pytest
 
 from ingress import anthropic_messages, openai_chat
 from ingress.known_messages import KnownMessages, Parsed
-from ingress.turn import Message
 from titoflow.errors import InvalidRequest
+from titoflow.tito.messages import Message
 
 
 class CountingParser:

@@ -15,9 +15,9 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.topics import finalized_segments
-from titoflow.procs import free_port
+from titoflow.dev.procs import free_port
+from titoflow.dev.stack import start_ingress, start_recompute, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_recompute, start_worker
 
 pytestmark = pytest.mark.engine
 

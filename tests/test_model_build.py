@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 from transformers import AutoTokenizer
 
-from titoflow.model_build import STAMP_NAME, build_agent_policy, build_tiny_model, main
+from titoflow.dev.model_build import STAMP_NAME, build_agent_policy, build_tiny_model, main
 
 
 def _digests(model_dir: Path) -> dict[str, str]:

@@ -12,8 +12,6 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter
 
-from ingress.render import ChatRenderer
-from ingress.turn import Message
 from schemas.events import (
     LOGPROB_SOURCE_RECOMPUTED,
     BuildMode,
@@ -29,8 +27,10 @@ from tests.test_assembler import step
 from tests.test_routing import block
 from tests.topics import read_until
 from titoflow.bus import Publisher
-from titoflow.engine import PromptScores
+from titoflow.engine.api import PromptScores
 from titoflow.settings import Settings
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
 from workers.assembler import Assembler, needs_recompute
 from workers.rebuild import Rebuilder
 from workers.recompute import RecomputeWorker, complete, fill

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from ingress.render import ChatRenderer
-from ingress.turn import Message, ToolCall
 from tests.families import FAMILIES, path_tool
-from titoflow.model_build import tokenizer_source_dir
-from titoflow.tokenizer import load_tokenizer, text_encoder
+from titoflow.dev.model_build import tokenizer_source_dir
+from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer, text_encoder
 
 TOOLS = (path_tool("read_file", "Read a file"),)
 

@@ -21,6 +21,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
+from cli.main import main
 from schemas.events import (
     DeadLetter,
     SegmentFinalized,
@@ -30,9 +31,8 @@ from schemas.events import (
     VersionSpan,
 )
 from titoflow.bus import Publisher, ensure_topics, make_consumer
-from titoflow.cli import main
+from titoflow.dev.stack import start_worker
 from titoflow.settings import PROJECT_ROOT, Settings
-from titoflow.stack import start_worker
 from workers.inspect_view import TokenDecoder, build_view, from_segments_topic, from_steps_topic
 from workers.replay import (
     JsonlSink,
@@ -397,7 +397,7 @@ async def test_cli_replay_in_a_subprocess_and_to_a_file(
     flags = ["--bootstrap-servers", settings.bootstrap_servers]
     flags += ["--topic-prefix", settings.topic_prefix, "--worker-group", settings.worker_group]
     done = subprocess.run(
-        [sys.executable, "-m", "titoflow", "replay", "--finalize-open", *flags],
+        [sys.executable, "-m", "cli", "replay", "--finalize-open", *flags],
         capture_output=True,
         cwd=PROJECT_ROOT,
         timeout=120,

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from ingress.render import ChatRenderer
 from tests.families import path_tool
 from tests.topics import engine_generate, recorded_steps
-from titoflow.rollout import OpenedSession, RolloutClient
+from titoflow.client.batch import group_by_instance, pad_segments
+from titoflow.client.rollout import OpenedSession, RolloutClient
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
-from titoflow.tokenizer import load_tokenizer
-from workers.batch import group_by_instance, pad_segments
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.engine
 

@@ -25,20 +25,22 @@ from aiohttp.test_utils import TestServer
 from pydantic import TypeAdapter, ValidationError
 
 from ingress.chains import ChainStore
-from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions, SessionEvent, TurnDone
-from ingress.turn import ChatTurn, Message, SamplingOptions, SessionRef
+from ingress.turn import ChatTurn, SamplingOptions, SessionRef
 from schemas.events import SegmentFinalized, StepRecorded
-from schemas.routing import RoutedExperts
+from schemas.routed_experts import RoutedExperts
 from tests.doubles import ScriptedEngine
 from tests.families import qwen3
 from tests.topics import read_until
 from titoflow.bus import Publisher
-from titoflow.engine import GenerateParams, VLLMEngine
+from titoflow.dev.stack import start_worker
+from titoflow.engine.api import GenerateParams
+from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineError
 from titoflow.settings import Settings
-from titoflow.stack import start_worker
-from workers.routing import SegmentRouting
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
+from workers.routed_experts import SegmentRouting
 
 EXPERTS = (8, 2, 2)  # the tiny MoE's experts, layers, top-k
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from titoflow.engine_process import start_vllm
-from titoflow.model_build import build_tiny_model
+from titoflow.dev.engine_process import start_vllm
+from titoflow.dev.model_build import build_tiny_model
 from titoflow.settings import Settings
 
 

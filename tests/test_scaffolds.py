@@ -4,7 +4,7 @@ Claude Code (default mode and ``--bare``), OpenCode (its OpenAI-compatible and A
 providers), Codex (Responses API) — pinned versions that ``scripts/setup-scaffolds.sh`` installs
 into ``.tools/npm`` — and the openai-agents SDK (a Python scaffold) each get a fresh session as
 their base URL and one task that names a tool and a command. The policy is the tiny agentic one
-(:mod:`titoflow.agent_policy`): it calls the tool, reads the result and ends its turn. Each run
+(:mod:`titoflow.dev.agent_policy`): it calls the tool, reads the result and ends its turn. Each run
 must:
 
 * end with the client's own success signal (exit 0, no error event);
@@ -40,11 +40,11 @@ import pytest
 
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.topics import finalized_segments, read_all
-from titoflow.procs import ManagedProcess
-from titoflow.rollout import RolloutClient
+from titoflow.client.rollout import RolloutClient
+from titoflow.dev.procs import ManagedProcess
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import PROJECT_ROOT, Settings
-from titoflow.stack import start_ingress, start_worker
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.tokenizer import load_tokenizer
 
 TOOLS_BIN = PROJECT_ROOT / ".tools" / "npm" / "bin"
 CLIENT_TIMEOUT_S = 300.0

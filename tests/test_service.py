@@ -11,13 +11,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ingress.chains import ChainStore
-from ingress.render import ChatRenderer
 from ingress.service import ChatService, ServiceOptions
-from ingress.turn import ChatTurn, Matcher, Message, SamplingOptions, SessionRef, ToolCall
+from ingress.turn import ChatTurn, SamplingOptions, SessionRef
 from schemas.events import StepRecorded
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
 from titoflow.errors import ContextOverflow, PublishFailed
+from titoflow.tito.messages import Matcher, Message, ToolCall
+from titoflow.tito.render import ChatRenderer
 
 TOOLS = (path_tool("ls", "list a directory"),)
 

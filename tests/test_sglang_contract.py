@@ -31,9 +31,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from schemas.events import VersionSpan
 from tests import sglang_reference
 from tests.apps import serving
-from titoflow.engine import GenerateParams
+from titoflow.engine.api import GenerateParams
+from titoflow.engine.sglang import SGLangEngine
 from titoflow.errors import ContextOverflow, EngineError
-from titoflow.sglang_engine import SGLangEngine
 
 VARIANTS = [
     GenerateParams(max_tokens=16, stop_token_ids=(151645,)),

@@ -17,8 +17,8 @@ from openai import AsyncOpenAI
 from tests.apps import until
 from tests.topics import finalized_segments, recorded_steps
 from titoflow.bus import make_consumer
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
 
 pytestmark = pytest.mark.engine
 

@@ -31,14 +31,14 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter
 
-from ingress.render import ChatRenderer
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.test_compose import nginx_argv, render_lb_config
 from tests.topics import engine_generate, read_until
-from titoflow.procs import ManagedProcess, free_port
+from titoflow.dev.procs import ManagedProcess, free_port
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
-from titoflow.stack import start_ingress, start_worker
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.engine
 

@@ -36,7 +36,7 @@ from schemas.events import (
     LOGPROB_SOURCE_RECOMPUTED,
     SegmentFinalized,
 )
-from titoflow.procs import free_port
+from titoflow.dev.procs import free_port
 
 GENERATE = "/inference/v1/generate"
 

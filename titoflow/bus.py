@@ -1,4 +1,4 @@
-"""The event bus: the only module that knows aiokafka.
+"""The event bus: the only module that imports aiokafka (the services use the names it exports).
 
 Every client built here is tuned for what was measured against tansu and holds for Kafka too:
 no idempotent producer and no transactions (tansu rejects InitProducerId), short group session
@@ -14,10 +14,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import ConsumerRecord as ConsumerRecord
+from aiokafka import TopicPartition as TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from aiokafka.errors import CommitFailedError as CommitFailedError
+from aiokafka.errors import KafkaError as KafkaError
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
 
 from titoflow.settings import Settings
+
+# The client types and errors the services name (imported as X as X above) are theirs to import
+# from here: this module stays the only one that imports aiokafka (tests/test_layering.py).
+Consumer = AIOKafkaConsumer
+RebalanceListener = ConsumerRebalanceListener
 
 # Kafka error code for "Topic with this name already exists" in a CreateTopics response.
 _TOPIC_ALREADY_EXISTS = 36
@@ -180,6 +191,21 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
             missing = sorted(set(names) - set(counts))
             raise TopicLayoutError(f"topics {missing} not visible in metadata after creation")
         await asyncio.sleep(0.2)
+
+
+async def existing_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """The partitions of ``topic``, none if it does not exist. All topics' metadata is asked
+    for first, because a metadata request naming a missing topic makes some brokers create it."""
+    if topic not in await consumer.topics():
+        return []
+    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+
+
+def home_partition(key: str, partitions: list[int]) -> int:
+    """The partition a producer with the default partitioner (murmur2, as Kafka's Java client
+    and aiokafka use) puts ``key`` in, among all of a topic's ``partitions``."""
+    chosen: int = DefaultPartitioner()(key.encode(), partitions, partitions)
+    return chosen
 
 
 async def pin_to_end(consumer: AIOKafkaConsumer, timeout_s: float) -> None:

@@ -1,10 +1,12 @@
-"""Generated reference docs: event JSON Schemas and the configuration table (CI checks both)."""
+"""Generated reference docs: event JSON Schemas, the AsyncAPI document of the topics and the
+configuration table (CI checks all three)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from schemas.export import render_schemas
+from titoflow.asyncapi import render_asyncapi
 from titoflow.settings import PROJECT_ROOT, Settings
 
 _CONFIG_HEAD = """\
@@ -31,6 +33,7 @@ def configuration_table() -> str:
 
 def generated_docs(docs_dir: Path) -> dict[Path, str]:
     files = {docs_dir / "schemas" / name: text for name, text in render_schemas().items()}
+    files[docs_dir / "asyncapi.json"] = render_asyncapi()
     files[docs_dir / "configuration.md"] = configuration_table()
     return files
 

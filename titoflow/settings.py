@@ -199,7 +199,11 @@ class Settings(BaseSettings):
     # --- worker -------------------------------------------------------------------------------
     worker_group: str = Field("titoflow-workers", description="Consumer group of the workers.")
     worker_metrics_port: int = Field(
-        0, description="Port of the worker's Prometheus /metrics (on ingress_host); 0: none."
+        0, description="Port of the worker's Prometheus /metrics (on metrics_host); 0: none."
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="Bind address of the worker's and the recompute stage's Prometheus /metrics.",
     )
     max_segment_tokens: int = Field(
         0,
@@ -239,7 +243,8 @@ class Settings(BaseSettings):
         4, description="Engine calls the recompute stage keeps in flight."
     )
     recompute_metrics_port: int = Field(
-        0, description="Port of the recompute stage's Prometheus /metrics; 0: none."
+        0,
+        description="Port of the recompute stage's Prometheus /metrics (on metrics_host); 0: none.",
     )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(

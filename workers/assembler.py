@@ -69,7 +69,7 @@ from schemas.events import (
 )
 from titoflow.errors import TemplateError
 from workers.rebuild import Rebuilder, relabel
-from workers.routing import SegmentRouting
+from workers.routed_experts import SegmentRouting
 from workers.versions import mask_stale_versions
 
 log = logging.getLogger("titoflow.assembler")

@@ -3,7 +3,7 @@
 Used where a segment's tokens are not (only) the ones its steps sampled: ``last-step`` segments
 (the final conversation re-rendered with the chat template) and divergences repaired by
 ``recompute`` (a rendered step's prompt becomes the segment's tokens). Pure functions over token
-arrays; the chat template is the ingress' own :class:`ingress.render.ChatRenderer`.
+arrays; the chat template is the ingress' own :class:`titoflow.tito.render.ChatRenderer`.
 
 Invariant: a token keeps its sampled logprob (and weight version) only inside the longest common
 prefix of the new tokens and the tokens the engine actually saw — there its context is identical,
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.render import ChatRenderer
-from ingress.turn import Message
 from schemas.events import LOGPROB_SOURCE_NONE, LOGPROB_SOURCE_RECOMPUTED, VersionSpan
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
 
 Span = tuple[int, int]
 # The logprob of a token waiting for the recompute stage (source 3): not a number, never a zero.

@@ -20,8 +20,6 @@ import time
 import uuid
 from typing import Protocol
 
-from aiokafka import ConsumerRecord
-from aiokafka.errors import CommitFailedError
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
@@ -31,8 +29,15 @@ from schemas.events import (
     SegmentFinalized,
     VersionSpan,
 )
-from titoflow.bus import Publisher, ensure_topics, make_consumer
-from titoflow.engine import PromptScores, VLLMEngine
+from titoflow.bus import (
+    CommitFailedError,
+    ConsumerRecord,
+    Publisher,
+    ensure_topics,
+    make_consumer,
+)
+from titoflow.engine.api import PromptScores
+from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineError, EngineUnavailable
 from titoflow.settings import Settings
 from workers import metrics
@@ -138,7 +143,7 @@ class RecomputeWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.recompute_metrics_port:
-            start_http_server(self.settings.recompute_metrics_port, addr=self.settings.ingress_host)
+            start_http_server(self.settings.recompute_metrics_port, addr=self.settings.metrics_host)
         await ensure_topics(self.settings)
         await self.publisher.start()
         self.consumer.subscribe([self.topic])

@@ -28,20 +28,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TextIO
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.events import SegmentFinalized
 from titoflow.bus import (
     BrokerUnavailable,
+    Consumer,
+    ConsumerRecord,
+    KafkaError,
     Publisher,
     TopicLayoutError,
+    TopicPartition,
     create_topics,
+    existing_partitions,
+    home_partition,
     make_consumer,
 )
-from titoflow.engine import VLLMEngine
+from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineUnavailable
 from titoflow.settings import Settings
 from workers.assembler import Assembler, StepsEvent, needs_recompute
@@ -306,7 +309,7 @@ def make_progress(
 # --- reading a topic without a group -------------------------------------------------------------
 
 
-async def start_reader(settings: Settings) -> AIOKafkaConsumer:
+async def start_reader(settings: Settings) -> Consumer:
     """A started consumer without a group (it never joins or commits anything)."""
     consumer = make_consumer(settings, group_id=None, enable_auto_commit=False)
     try:
@@ -317,17 +320,16 @@ async def start_reader(settings: Settings) -> AIOKafkaConsumer:
     return consumer
 
 
-async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    """The partitions of an existing topic (asking for all topics' metadata first, because a
-    metadata request naming a missing topic makes some brokers create it)."""
-    if topic not in await consumer.topics():
+async def topic_partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
+    """The partitions of an existing topic."""
+    partitions = await existing_partitions(consumer, topic)
+    if not partitions:
         raise ReplayError(f"topic {topic!r} does not exist on this broker")
-    partitions = consumer.partitions_for_topic(topic) or set()
-    return [TopicPartition(topic, p) for p in sorted(partitions)]
+    return partitions
 
 
 async def start_offsets(
-    consumer: AIOKafkaConsumer, tps: list[TopicPartition], options: ReplayOptions
+    consumer: Consumer, tps: list[TopicPartition], options: ReplayOptions
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """``(start, end)`` per partition: where the options say to begin, and the end offsets now."""
     beginning = await consumer.beginning_offsets(tps)
@@ -355,7 +357,7 @@ async def start_offsets(
 
 
 async def _end_offsets(
-    consumer: AIOKafkaConsumer, tps: list[TopicPartition], beginning: dict[TopicPartition, int]
+    consumer: Consumer, tps: list[TopicPartition], beginning: dict[TopicPartition, int]
 ) -> dict[TopicPartition, int]:
     """End offsets now. tansu answers ListOffsets(latest) with the base offset of the last record
     batch + 1, short of the end when that batch holds several records (the ingress publishes
@@ -376,7 +378,7 @@ async def _end_offsets(
 
 
 async def read_range(
-    consumer: AIOKafkaConsumer,
+    consumer: Consumer,
     tp: TopicPartition,
     start: int,
     end: int,
@@ -483,7 +485,7 @@ async def replay(
         if options.session is not None and options.partitions is None and tps:
             # The session's events are in the partition its key hashes to: read that one first
             # and the others only if the session is not there.
-            home = home_partition(options.session, tps)
+            home = home_partition_of(options.session, tps)
             groups = [[home], [tp for tp in tps if tp != home]]
         for index, group in enumerate(groups):
             if index > 0 and report.events > 0:
@@ -523,16 +525,14 @@ def _recomputing(sink: SegmentSink, scorer: PromptScorer | None) -> SegmentSink:
     return recomputed
 
 
-def home_partition(key: str, tps: list[TopicPartition]) -> TopicPartition:
-    """The partition a producer with the default partitioner (murmur2, as Kafka's Java client
-    and aiokafka use) puts ``key`` in; ``tps`` are all partitions of the topic."""
-    ids = [tp.partition for tp in tps]
-    chosen = DefaultPartitioner()(key.encode(), ids, ids)
+def home_partition_of(key: str, tps: list[TopicPartition]) -> TopicPartition:
+    """The partition of ``tps`` (all of a topic's) that a producer puts ``key`` in."""
+    chosen = home_partition(key, [tp.partition for tp in tps])
     return next(tp for tp in tps if tp.partition == chosen)
 
 
 async def _replay_partitions(
-    consumer: AIOKafkaConsumer,
+    consumer: Consumer,
     tps: list[TopicPartition],
     options: ReplayOptions,
     filters: _Filter,

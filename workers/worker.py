@@ -14,11 +14,8 @@ import logging
 import time
 from collections.abc import Iterable
 
-from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 from prometheus_client import start_http_server
 
-from ingress.render import ChatRenderer
 from schemas.events import (
     DeadLetter,
     RecomputeRequested,
@@ -28,9 +25,17 @@ from schemas.events import (
     SessionFinalized,
     StepRecorded,
 )
-from titoflow.bus import Publisher, ensure_topics, make_consumer
+from titoflow.bus import (
+    ConsumerRecord,
+    Publisher,
+    RebalanceListener,
+    TopicPartition,
+    ensure_topics,
+    make_consumer,
+)
 from titoflow.settings import Settings
-from titoflow.tokenizer import load_tokenizer
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 from workers import metrics
 from workers.assembler import Assembler, needs_recompute
 from workers.rebuild import Rebuilder
@@ -45,7 +50,7 @@ POLL_TIMEOUT_MS = 500
 MAX_RECORDS = 1000
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance(RebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
@@ -125,7 +130,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.worker_metrics_port:
-            start_http_server(self.settings.worker_metrics_port, addr=self.settings.ingress_host)
+            start_http_server(self.settings.worker_metrics_port, addr=self.settings.metrics_host)
         # Before any client touches a topic: a broker that auto-creates topics would otherwise
         # pick its own partition counts.
         await ensure_topics(self.settings)

@@ -134,8 +134,8 @@ def _new_driver_token(run_dir: Path) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from titoflow.demo import run_demo
-    from titoflow.stack import LocalStack
+    from cli.demo import run_demo
+    from titoflow.dev.stack import LocalStack
 
     settings = _settings(args)
     _logging(settings)
@@ -319,7 +319,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 1
     tokenizer = None
     if not args.no_decode:
-        from titoflow.tokenizer import load_tokenizer
+        from titoflow.tito.tokenizer import load_tokenizer
 
         try:
             tokenizer = load_tokenizer(settings.model_path)
@@ -474,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     docs.set_defaults(func=cmd_docs)
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["build-model"]:  # its own parser, in titoflow.model_build
-        from titoflow.model_build import main as build_main
+    if argv[:1] == ["build-model"]:  # its own parser, in titoflow.dev.model_build
+        from titoflow.dev.model_build import main as build_main
 
         return build_main(argv[1:])
     args = parser.parse_args(argv)

@@ -9,7 +9,7 @@ end (an earlier step brought none) is left out, so the run stops there and says 
 
 from __future__ import annotations
 
-from schemas.routing import RoutedExperts
+from schemas.routed_experts import RoutedExperts
 
 
 class SegmentRouting:

@@ -7,8 +7,8 @@ and await each session's segments from the segments topic. A group rollout in a 
         await rollouts.finalize(opened[i].session_id, reward=1.0)
         segments = await rollouts.segments(opened[i].session_id, timeout_s=120)
 
-Segments are read with the trainer's own :class:`~workers.consumer.SegmentConsumer` (no consumer
-group, from the end of the topic at ``__aenter__``; repeats dropped), so a client sees the
+Segments are read with the trainer's own :class:`~titoflow.client.consumer.SegmentConsumer` (no
+consumer group, from the end of the topic at ``__aenter__``; repeats dropped), so a client sees the
 sessions it opened and any other it asks about before they finish.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from schemas.events import SegmentFinalized, SessionDiscarded
+from titoflow.client.consumer import SegmentConsumer
 from titoflow.settings import Settings
-from workers.consumer import SegmentConsumer
 
 
 class RolloutError(Exception):

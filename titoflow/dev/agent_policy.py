@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from titoflow import model_build
+from titoflow.dev import model_build
 
 SEED = 20261123
 

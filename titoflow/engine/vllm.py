@@ -1,4 +1,4 @@
-"""Token-in/token-out engine clients. The ingress and workers see only :class:`Engine`.
+"""vLLM's token-in/token-out client, an :class:`~titoflow.engine.api.Engine`.
 
 vLLM: ``POST /inference/v1/generate`` (served with ``--enable-scale-out``) takes ``token_ids``
 and ``sampling_params`` and returns the sampled ``token_ids`` with per-token logprobs and the
@@ -6,7 +6,7 @@ and ``sampling_params`` and returns the sampled ``token_ids`` with per-token log
 step carrying only the new tokens. Ids come from the engine, never from re-encoding text.
 A server started with ``--enable-return-routed-experts`` (MoE) also returns ``routed_experts``
 (base64 ``.npy``, rows for positions ``[routed_experts_prompt_start, prompt + completion - 1)``,
-on the last stream event only); it becomes :class:`~schemas.routing.RoutedExperts` here.
+on the last stream event only); it becomes :class:`~schemas.routed_experts.RoutedExperts` here.
 """
 
 from __future__ import annotations
@@ -18,131 +18,24 @@ import json
 import socket
 from array import array
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import httpx
 import numpy as np
 import orjson
 
 from schemas.events import VersionSpan
-from schemas.routing import NUMPY_DTYPE, RoutedExperts
+from schemas.routed_experts import NUMPY_DTYPE, RoutedExperts
+from titoflow.engine.api import (
+    GenerateParams,
+    Generation,
+    GenerationChunk,
+    PromptScores,
+)
+from titoflow.engine.http1 import Http1Client
 from titoflow.errors import ContextOverflow, EngineError, EngineUnavailable
-from titoflow.http1 import Http1Client
 
-TopLogprobs = list[list[tuple[int, float]]]
-
-
-@dataclass(frozen=True)
-class GenerateParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    stop: tuple[str, ...] = ()
-    top_logprobs: int = 0
-    structured: dict[str, Any] | None = None  # extra sampling params of constrained decoding
-    # First prompt position whose routed experts are wanted (rows before it were recorded by
-    # earlier steps); only an engine that returns routed experts uses it.
-    routed_experts_start: int = 0
-
-
-@dataclass(frozen=True)
-class GenerationChunk:
-    """New tokens of a streamed generation; the last chunk has ``finish_reason``."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: TopLogprobs
-    finish_reason: str | None = None
-    weight_versions: list[VersionSpan] = field(default_factory=list)
-    stop_reason: int | str | None = None  # the stop string or token id that ended it
-    engine_url: str = ""  # the engine that sampled these tokens
-    routed_experts: RoutedExperts | None = None  # on the last chunk: the whole request's rows
-
-
-@dataclass(frozen=True)
-class Generation:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    request_id: str
-    engine_url: str
-    weight_versions: list[VersionSpan] = field(default_factory=list)
-    top_logprobs: TopLogprobs = field(default_factory=list)
-    stop_reason: int | str | None = None  # the stop string or token id that ended it
-    # Positions of prompt + completion; None unless the engine returns routed experts.
-    routed_experts: RoutedExperts | None = None
-
-    @classmethod
-    def whole(cls, chunk: GenerationChunk, request_id: str, engine_url: str) -> Generation:
-        """A non-streamed answer, parsed as one final chunk."""
-        return cls(
-            token_ids=chunk.token_ids,
-            logprobs=chunk.logprobs,
-            finish_reason=chunk.finish_reason or "stop",
-            request_id=request_id,
-            engine_url=engine_url,
-            weight_versions=chunk.weight_versions,
-            top_logprobs=chunk.top_logprobs,
-            stop_reason=chunk.stop_reason,
-            routed_experts=chunk.routed_experts,
-        )
-
-
-@dataclass(frozen=True)
-class PromptScores:
-    logprobs: list[float | None]  # per prompt token; None for the first (nothing precedes it)
-    weight_version: str | None  # of the weights that computed them, if the engine says
-
-
-class Engine(Protocol):
-    """One engine, or a pool of them (titoflow/engine_pool.py). ``session_id`` is the routing
-    key: a pool keeps a session on one engine (its prefix cache); SGLang passes it on as its
-    own ``routing_key``; vLLM ignores it."""
-
-    url: str
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: GenerateParams,
-        request_id: str,
-        session_id: str = "",
-    ) -> Generation: ...
-
-    def generate_stream(
-        self,
-        prompt_ids: Sequence[int],
-        params: GenerateParams,
-        request_id: str,
-        session_id: str = "",
-    ) -> AsyncIterator[GenerationChunk]: ...
-
-    async def healthy(self) -> bool: ...
-
-    async def close(self) -> None: ...
-
-
-@runtime_checkable
-class EngineControl(Protocol):
-    """What the control plane drives on each engine the ingress knows (vLLM's RL routes)."""
-
-    url: str
-
-    async def pause(self, mode: Literal["keep", "abort"]) -> None: ...
-
-    async def resume(self) -> None: ...
-
-    async def is_paused(self) -> bool: ...
-
-    async def set_weight_version(self, version: str) -> None: ...
-
-    async def weight_version(self) -> str: ...
-
-
-# What an unreachable, reset or silent engine raises (titoflow/http1.py; timeouts included).
+# What an unreachable, reset or silent engine raises (titoflow/engine/http1.py; timeouts included).
 _TRANSPORT_ERRORS = (OSError, TimeoutError)
 
 
@@ -171,7 +64,7 @@ def nodelay_transport() -> httpx.AsyncHTTPTransport:
 
 
 class VLLMEngine:
-    """vLLM over titoflow/http1.py: a call costs a quarter of httpx's CPU and under half of
+    """vLLM over titoflow/engine/http1.py: a call costs a quarter of httpx's CPU and under half of
     aiohttp's (against the engine double), and that call is most of what a proxy adds per turn.
     Keep-alive connections without a limit (the pool bounds calls)."""
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ingress.turn import Message, tools_key
 from titoflow.errors import TemplateError
-from titoflow.tokenizer import text_encoder
+from titoflow.tito.messages import Message, tools_key
+from titoflow.tito.tokenizer import text_encoder
 
 # Stands in for the assistant's content so sampled text never enters the terminator search.
 _SENTINEL = "TITO_SENTINEL_4b1d"

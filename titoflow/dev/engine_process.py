@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from titoflow.procs import ManagedProcess, free_port
+from titoflow.dev.procs import ManagedProcess, free_port
 from titoflow.settings import Settings
 
 HOST = "127.0.0.1"

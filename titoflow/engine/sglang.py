@@ -1,4 +1,4 @@
-"""SGLang's native token API as an :class:`~titoflow.engine.Engine`.
+"""SGLang's native token API as an :class:`~titoflow.engine.api.Engine`.
 
 ``POST /generate`` takes ``input_ids``, ``sampling_params`` (``max_new_tokens``,
 ``sampling_seed``, ...), ``return_logprob`` and ``rid``, and answers ``output_ids`` with
@@ -31,15 +31,9 @@ import httpx
 import numpy as np
 
 from schemas.events import VersionSpan
-from schemas.routing import RoutedExperts
-from titoflow.engine import (
-    GenerateParams,
-    Generation,
-    GenerationChunk,
-    TopLogprobs,
-    engine_failure,
-    nodelay_transport,
-)
+from schemas.routed_experts import RoutedExperts
+from titoflow.engine.api import GenerateParams, Generation, GenerationChunk, TopLogprobs
+from titoflow.engine.vllm import engine_failure, nodelay_transport
 from titoflow.errors import EngineError, EngineUnavailable
 
 

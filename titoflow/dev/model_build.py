@@ -1,5 +1,5 @@
 """Build the tiny Qwen3-architecture models: the agentic policy the local stack serves
-(:mod:`titoflow.agent_policy`: it calls tools and ends its turns), the random-weight model the
+(:mod:`titoflow.dev.agent_policy`: it calls tools and ends its turns), the random-weight model the
 pipeline tests serve (``--random``: it never stops on its own), and a random Qwen3-MoE sibling
 (``--moe``) that exercises routing replay (routed expert ids per token).
 
@@ -235,9 +235,9 @@ def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
 
 
 def build_agent_policy(out_dir: Path) -> Path:
-    """Write the tiny agentic policy (:mod:`titoflow.agent_policy`) at ``out_dir``
+    """Write the tiny agentic policy (:mod:`titoflow.dev.agent_policy`) at ``out_dir``
     (idempotent) and return it."""
-    from titoflow import agent_policy  # the tokenizers library, only when building it
+    from titoflow.dev import agent_policy  # the tokenizers library, only when building it
 
     src = tokenizer_source_dir()
     recipe = recipe_hash(agent_policy.SEED, src, agent_policy.CONFIG | agent_policy.RECIPE)

@@ -1,0 +1,86 @@
+"""The package layering, checked on the import statements of every module (an AST pass, so an
+import inside a function counts as much as one at the top):
+
+    schemas/   the event contract: imports nothing of ours
+    titoflow/  the library (tito, engine clients, bus, trainer client, dev stack, settings,
+               errors): imports schemas only, never a service
+    ingress/   one deployable: schemas and titoflow, never workers
+    workers/   the other: schemas and titoflow, never ingress
+    cli/       the thin dispatcher on top: anything
+
+and aiokafka is imported by ``titoflow/bus.py`` alone. The second half shows the check finds a
+planted violation, so it cannot pass by reading nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from titoflow.settings import PROJECT_ROOT
+
+PACKAGES = ("schemas", "titoflow", "ingress", "workers", "cli")
+MAY_IMPORT = {
+    "schemas": {"schemas"},
+    "titoflow": {"schemas", "titoflow"},
+    "ingress": {"schemas", "titoflow", "ingress"},
+    "workers": {"schemas", "titoflow", "workers"},
+    "cli": set(PACKAGES),
+}
+KAFKA_CLIENT_HOME = Path("titoflow/bus.py")
+
+
+def imported(source: str) -> Iterator[tuple[int, str]]:
+    """(line, module) of every absolute import in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root)
+            for line, module in imported(path.read_text()):
+                top = module.split(".")[0]
+                if top in PACKAGES and top not in MAY_IMPORT[package]:
+                    found.append(f"{relative}:{line} imports {module}")
+                if top == "aiokafka" and relative != KAFKA_CLIENT_HOME:
+                    found.append(f"{relative}:{line} imports {module} (only {KAFKA_CLIENT_HOME})")
+    return found
+
+
+def test_every_package_imports_only_what_lies_below_it() -> None:
+    for package in PACKAGES:
+        assert any((PROJECT_ROOT / package).rglob("*.py")), f"{package}/ has no modules"
+    assert violations(PROJECT_ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("workers/x.py", "from ingress.service import ChatService\n", "imports ingress.service"),
+        ("ingress/x.py", "def f():\n    import workers.worker\n", "imports workers.worker"),
+        ("titoflow/x.py", "from ingress import app\n", "imports ingress"),
+        ("titoflow/tito/x.py", "from cli.main import main\n", "imports cli.main"),
+        ("schemas/x.py", "from titoflow.settings import Settings\n", "imports titoflow.settings"),
+        ("workers/x.py", "from aiokafka import TopicPartition\n", "(only titoflow/bus.py)"),
+    ],
+)
+def test_a_planted_violation_is_found(
+    tmp_path: Path, module: str, source: str, expected: str
+) -> None:
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / module).write_text(source)
+    [found] = violations(tmp_path)
+    assert found.startswith(module) and expected in found

@@ -1,3 +1,0 @@
-from titoflow.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""What the ingress and workers see of an engine, whatever serves it: the token-in/token-out
+calls (:class:`Engine`), the control plane's calls (:class:`EngineControl`) and their values.
+Ids always come from the engine, never from re-encoding text; clients live beside this module
+(:mod:`titoflow.engine.vllm`, :mod:`titoflow.engine.sglang`, :mod:`titoflow.engine.pool`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from schemas.events import VersionSpan
+from schemas.routed_experts import RoutedExperts
+
+TopLogprobs = list[list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    structured: dict[str, Any] | None = None  # extra sampling params of constrained decoding
+    # First prompt position whose routed experts are wanted (rows before it were recorded by
+    # earlier steps); only an engine that returns routed experts uses it.
+    routed_experts_start: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """New tokens of a streamed generation; the last chunk has ``finish_reason``."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: TopLogprobs
+    finish_reason: str | None = None
+    weight_versions: list[VersionSpan] = field(default_factory=list)
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
+    engine_url: str = ""  # the engine that sampled these tokens
+    routed_experts: RoutedExperts | None = None  # on the last chunk: the whole request's rows
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    request_id: str
+    engine_url: str
+    weight_versions: list[VersionSpan] = field(default_factory=list)
+    top_logprobs: TopLogprobs = field(default_factory=list)
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
+    # Positions of prompt + completion; None unless the engine returns routed experts.
+    routed_experts: RoutedExperts | None = None
+
+    @classmethod
+    def whole(cls, chunk: GenerationChunk, request_id: str, engine_url: str) -> Generation:
+        """A non-streamed answer, parsed as one final chunk."""
+        return cls(
+            token_ids=chunk.token_ids,
+            logprobs=chunk.logprobs,
+            finish_reason=chunk.finish_reason or "stop",
+            request_id=request_id,
+            engine_url=engine_url,
+            weight_versions=chunk.weight_versions,
+            top_logprobs=chunk.top_logprobs,
+            stop_reason=chunk.stop_reason,
+            routed_experts=chunk.routed_experts,
+        )
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    logprobs: list[float | None]  # per prompt token; None for the first (nothing precedes it)
+    weight_version: str | None  # of the weights that computed them, if the engine says
+
+
+class Engine(Protocol):
+    """One engine, or a pool of them (titoflow/engine/pool.py). ``session_id`` is the routing
+    key: a pool keeps a session on one engine (its prefix cache); SGLang passes it on as its
+    own ``routing_key``; vLLM ignores it."""
+
+    url: str
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
+    ) -> Generation: ...
+
+    def generate_stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        session_id: str = "",
+    ) -> AsyncIterator[GenerationChunk]: ...
+
+    async def healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EngineControl(Protocol):
+    """What the control plane drives on each engine the ingress knows (vLLM's RL routes)."""
+
+    url: str
+
+    async def pause(self, mode: Literal["keep", "abort"]) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def is_paused(self) -> bool: ...
+
+    async def set_weight_version(self, version: str) -> None: ...
+
+    async def weight_version(self) -> str: ...
