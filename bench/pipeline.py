@@ -1,7 +1,8 @@
 """Steps/s from publish to consumed segments with 1 and 2 workers, finalize→segment latency, and
 broker bytes per token, on a real tansu broker and real worker processes.
 
-    .venv/bin/python bench/pipeline.py [--workers 1 2] [--tokens 1000 16000] [--steps 8000 800]
+    .venv/bin/python bench/pipeline.py [--workers 1 2] [--tokens 1000 16000] [--steps 8000 800] \
+        [--against PATH [--rounds N]]
 
 Per (step size, worker count): ``--steps`` StepRecorded events (sessions of ``--steps-per-session``
 TITO-chained steps, each adding ``tokens`` tokens: 80 % prompt tail, 20 % completion, packed
@@ -9,7 +10,9 @@ as the ingress packs them) and one SessionFinalized per session are encoded firs
 published by as many concurrent per-session publishers as there are sessions in flight (like an
 ingress serving them), while this process counts segments arriving on ``<prefix>.segments``.
 Steps/s = steps / (last segment consumed − first publish). Worker CPU per step is the workers'
-CPU time over the steps, the capacity a core gives whatever else the machine runs.
+CPU time over the steps, the capacity a core gives whatever else the machine runs. With
+``--against`` another checkout's workers (e.g. the previous main, ``git worktree add``) are
+measured too, each configuration just before this checkout's, and the ratios printed.
 
 Finalize→segment is measured apart, before the burst and unsaturated: sessions published one at
 a time, the clock running from the broker's ack of the SessionFinalized to its segment arriving
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import tempfile
 import time
 import uuid
@@ -190,6 +194,7 @@ def measure(
     tokens: int,
     steps: int,
     per_session: int,
+    code: Path | None = None,
 ) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
     settings = Settings(
@@ -199,7 +204,7 @@ def measure(
         idle_finalize_s=3600,
     )
     asyncio.run(ensure_topics(settings))
-    procs = [start_worker(settings, log_dir, f"worker-{run_id}-{i}") for i in range(workers)]
+    procs = [start_worker(settings, log_dir, f"worker-{run_id}-{i}", code) for i in range(workers)]
     try:
         asyncio.run(wait_assigned(procs, settings.steps_partitions, 120))
         warm, _ = encode_load(f"warm-{run_id}", 16, 1, 100)
@@ -222,6 +227,7 @@ def measure(
     done = sessions * per_session
     finalize = summary_ms(list(latency.values()))
     return {
+        "code": "against" if code else "this",
         "tokens_per_step": tokens,
         "workers": workers,
         "steps": done,
@@ -240,20 +246,41 @@ def measure(
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'tok/step':>8} {'workers':>7} {'steps':>6} {'steps/s':>8} {'tokens/s':>10} "
+        f"{'code':>7} {'tok/step':>8} {'workers':>7} {'steps':>6} {'steps/s':>8} {'tokens/s':>10} "
         f"{'wcpu ms/step':>12} {'broker cpu':>10} {'load cpu':>8} {'fin→seg p50':>11} "
         f"{'p99 ms':>7} {'B/tok packed':>12} "
         f"{'B/tok lists':>11}"
     ]
     for r in rows:
         lines.append(
-            f"{r['tokens_per_step']:>8} {r['workers']:>7} {r['steps']:>6} {r['steps_per_s']:>8} "
+            f"{r['code']:>7} {r['tokens_per_step']:>8} {r['workers']:>7} {r['steps']:>6} "
+            f"{r['steps_per_s']:>8} "
             f"{r['tokens_per_s']:>10} {r['worker_cpu_ms_per_step']:>12} "
             f"{r['broker_cpu_ms_per_step']:>10} {r['load_cpu_ms_per_step']:>8} "
             f"{r['finalize_to_segment_p50_ms']:>11} {r['finalize_to_segment_p99_ms']:>7} "
             f"{r['step_bytes_per_token_packed']:>12} {r['step_bytes_per_token_json_lists']:>11}"
         )
     return "\n".join(lines)
+
+
+def ratios(rows: list[dict[str, Any]]) -> str:
+    """This checkout's steps/s and worker CPU per step over the other's, per configuration
+    (medians over rounds)."""
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    out = ["tok/step workers  steps/s this/against  wcpu/step this/against"]
+    for tokens, workers in dict.fromkeys((r["tokens_per_step"], r["workers"]) for r in rows):
+        mine = [r for r in rows if (r["tokens_per_step"], r["workers"]) == (tokens, workers)]
+
+        def of(code: str, key: str, mine: list[dict[str, Any]] = mine) -> float:
+            return median([r[key] for r in mine if r["code"] == code])
+
+        speed = of("this", "steps_per_s") / of("against", "steps_per_s")
+        cpu = of("this", "worker_cpu_ms_per_step") / of("against", "worker_cpu_ms_per_step")
+        out.append(f"{tokens:>8} {workers:>7}  {speed:>20.3f}  {cpu:>22.3f}")
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -265,28 +292,44 @@ def main() -> None:
     )
     parser.add_argument("--steps-per-session", type=int, default=8)
     parser.add_argument("--name", default="pipeline")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="another checkout (e.g. the previous main): its workers are measured alike, each "
+        "configuration right before this checkout's, and the ratio printed",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="measurements per configuration")
     args = parser.parse_args()
     rows = []
+    codes: list[Path | None] = [args.against, None] if args.against else [None]
     with tempfile.TemporaryDirectory(prefix="titoflow-bench-") as tmp:
         broker, bootstrap = start_tansu(Path(tmp))
         try:
             for tokens, steps in zip(args.tokens, args.steps, strict=True):
                 for workers in args.workers:
-                    rows.append(
-                        measure(
-                            broker,
-                            bootstrap,
-                            Path(tmp),
-                            workers,
-                            tokens,
-                            steps,
-                            args.steps_per_session,
-                        )
-                    )
-                    print(rows[-1], flush=True)
+                    for _ in range(args.rounds):
+                        for code in codes:
+                            rows.append(
+                                measure(
+                                    broker,
+                                    bootstrap,
+                                    Path(tmp),
+                                    workers,
+                                    tokens,
+                                    steps,
+                                    args.steps_per_session,
+                                    code,
+                                )
+                            )
+                            print(rows[-1], flush=True)
         finally:
             broker.stop()
-    write_results(args.name, command_line(), {"rows": rows}, table(rows))
+    text = table(rows)
+    if args.against:
+        text += "\n\n" + ratios(rows)
+        print(ratios(rows))
+    write_results(args.name, command_line(), {"rows": rows}, text)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ from schemas.events import SegmentFinalized
 from titoflow.client.consumer import SegmentConsumer
 from titoflow.settings import Settings
 from titoflow.tito.tokenizer import load_tokenizer
-from workers.inspect_view import Loaded, TokenDecoder, build_view, render_text
+from workers.inspect.ansi import render_text
+from workers.inspect.decode import TokenDecoder
+from workers.inspect.view import Loaded, build_view
 
 COMMAND = "echo hello from titoflow"
 TASK = f"Use the bash tool to run: {COMMAND}"

@@ -230,15 +230,11 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from workers.replay import (
-        ReplayError,
-        ReplayOptions,
-        format_summary,
-        make_progress,
-        parse_from_offsets,
-        parse_time,
-        replay_to,
-    )
+    from workers.replay.errors import ReplayError
+    from workers.replay.options import ReplayOptions, parse_from_offsets, parse_time
+    from workers.replay.progress import make_progress
+    from workers.replay.report import format_summary
+    from workers.replay.sinks import replay_to
 
     settings = _settings(args)
     setup_logging(args.setting_log_level or "WARNING", settings.log_format)
@@ -277,18 +273,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from workers.inspect_view import (
-        FromSteps,
-        TokenDecoder,
-        build_view,
-        from_segments_topic,
-        from_steps_topic,
-        load_jsonl,
-        render_html,
-        render_table,
-        render_text,
-    )
-    from workers.replay import ReplayError, format_summary, make_progress
+    from workers.inspect.ansi import render_text
+    from workers.inspect.decode import TokenDecoder
+    from workers.inspect.html import render_html
+    from workers.inspect.load import load_jsonl
+    from workers.inspect.scan import FromSteps, from_segments_topic, from_steps_topic
+    from workers.inspect.table import render_table
+    from workers.inspect.view import build_view
+    from workers.replay.errors import ReplayError
+    from workers.replay.progress import make_progress
+    from workers.replay.report import format_summary
 
     settings = _settings(args)
     setup_logging(args.setting_log_level or "WARNING", settings.log_format)
@@ -467,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build-model", help="write the tiny deterministic model (--out, --seed)")
 
     docs = sub.add_parser(
-        "docs", help="write (or --check) event JSON Schemas and the configuration reference"
+        "docs",
+        help="write (or --check) event JSON Schemas, the AsyncAPI contract and the configuration "
+        "reference",
     )
     docs.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs")
     docs.add_argument("--check", action="store_true")

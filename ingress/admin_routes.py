@@ -1,5 +1,9 @@
 """Operator routes, never under a per-session base URL: the control endpoint (authenticated
-with ``admin_token``; disabled without one), the pause state and the engine pool's state."""
+with ``admin_token``; disabled without one), the pause state and the engine pool's state.
+
+Invariant: a control command is answered 200 only once the broker acknowledged it (else 503)
+and, unless that takes longer than ``publish_timeout_s``, once this replica applied it, so the
+caller's next request to this replica sees the new state."""
 
 from __future__ import annotations
 
@@ -10,12 +14,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ingress import http, openai_chat
+from ingress import errors, http
 from ingress.control_state import PauseGate
 from titoflow.bus import BrokerUnavailable, Publisher
 from titoflow.control import control_event, publish_control
 from titoflow.engine.pool import EnginePool
-from titoflow.errors import IngressError, InvalidRequest, NotFound, PublishFailed, Unauthorized
+from titoflow.errors import InvalidRequest, NotFound, PublishFailed, TitoflowError, Unauthorized
 
 APPLIED_POLL_S = 0.02
 
@@ -38,7 +42,7 @@ def _check_token(request: Request) -> None:
         raise Unauthorized("a valid admin token is required (Authorization: Bearer <token>)")
 
 
-async def _control(request: Request) -> Response:
+async def control(request: Request) -> Response:
     try:
         _check_token(request)
         body = await http.read_json(request)
@@ -62,8 +66,8 @@ async def _control(request: Request) -> Response:
                     await asyncio.sleep(APPLIED_POLL_S)
         except TimeoutError:
             pass  # recorded; this replica applies it when its follower catches up
-    except IngressError as exc:
-        return openai_chat.error_response(exc)
+    except TitoflowError as exc:
+        return errors.OPENAI.response(exc)
     result: dict[str, Any] = {
         "offset": offset,
         "event": event.model_dump(),
@@ -75,10 +79,7 @@ async def _control(request: Request) -> Response:
 
 def router() -> APIRouter:
     routes = APIRouter()
-
-    @routes.post("/admin/control")
-    async def control(request: Request) -> Response:
-        return await _control(request)
+    routes.add_api_route("/admin/control", control, methods=["POST"])
 
     @routes.get("/v1/rollout/pause_state")
     async def pause_state(request: Request) -> dict[str, Any]:

@@ -4,33 +4,33 @@ Authentication is not checked: ``x-api-key`` and ``Authorization: Bearer`` are b
 with any value (Claude Code sends the first, the SDKs the second), and so is any
 ``anthropic-version`` and ``anthropic-beta``. The ingress is meant to sit inside a trusted
 training network; scaffolds only need *some* key to start.
+
+Invariant: a stream keeps one content block open at a time, in the order the model wrote
+them: a block opens when the kind of output changes and closes before the next opens (a tool
+call opens and closes its own), indexes counting up from 0; ``message_stop`` follows only a
+durable step.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from itertools import chain
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
-from ingress import http
+from ingress import errors, http, sse
+from ingress.adapter import TurnApi, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions, SessionRef
-from titoflow.errors import ContextOverflow, IngressError, InvalidRequest
+from titoflow.errors import InvalidRequest, TitoflowError
 from titoflow.tito.messages import Message, ToolCall
 
 API = "anthropic.messages"
-
-
-class _Lenient(BaseModel):
-    # Clients send many fields we do not use (cache_control, citations, metadata, ...).
-    model_config = ConfigDict(extra="ignore")
 
 
 def _as_blocks(value: Any) -> Any:
@@ -38,40 +38,40 @@ def _as_blocks(value: Any) -> Any:
     return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
-class _Text(_Lenient):
+class _Text(http.Lenient):
     type: Literal["text"]
     text: str
 
 
-class _Unsupported(_Lenient):
+class _Unsupported(http.Lenient):
     """Blocks a text-only policy cannot take; named so the client gets a clear 400."""
 
     type: Literal["image", "document"]
 
 
-class _ToolUse(_Lenient):
+class _ToolUse(http.Lenient):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
 
 
-class _ToolResult(_Lenient):
+class _ToolResult(http.Lenient):
     type: Literal["tool_result"]
     tool_use_id: str
     content: Annotated[
         list[Annotated[_Text | _Unsupported, Field(discriminator="type")]],
         BeforeValidator(_as_blocks),
-    ] = []
+    ] = Field(default_factory=list)
     is_error: bool = False  # accepted; the result's text is what the model reads
 
 
-class _Thinking(_Lenient):
+class _Thinking(http.Lenient):
     type: Literal["thinking"]
     thinking: str
 
 
-class _RedactedThinking(_Lenient):
+class _RedactedThinking(http.Lenient):
     type: Literal["redacted_thinking"]
 
 
@@ -81,33 +81,33 @@ _Block = Annotated[
 ]
 
 
-class _Message(_Lenient):
+class _Message(http.Lenient):
     role: Literal["user", "assistant", "system"]  # system: Claude Code's mid-conversation one
     content: Annotated[list[_Block], BeforeValidator(_as_blocks)]
 
 
-class _Tool(_Lenient):
+class _Tool(http.Lenient):
     type: str | None = None
     name: str
     description: str | None = None
     input_schema: dict[str, Any] | None = None
 
 
-class _ToolChoice(_Lenient):
+class _ToolChoice(http.Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
 
 
-class _ThinkingOption(_Lenient):
+class _ThinkingOption(http.Lenient):
     type: Literal["enabled", "adaptive", "disabled"]
 
 
-class CountTokensRequest(_Lenient):
+class CountTokensRequest(http.Lenient):
     model: str
     # Each validated on its own as a _Message, once per replica (see ingress.known_messages).
     messages: list[Any] = Field(min_length=1)
-    system: Annotated[list[_Text], BeforeValidator(_as_blocks)] = []
-    tools: list[_Tool] = []
+    system: Annotated[list[_Text], BeforeValidator(_as_blocks)] = Field(default_factory=list)
+    tools: list[_Tool] = Field(default_factory=list)
     tool_choice: _ToolChoice | None = None
     thinking: _ThinkingOption | None = None
 
@@ -116,7 +116,7 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)  # required by Anthropic, so required here too
     temperature: float = Field(1.0, ge=0.0, le=1.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    stop_sequences: list[str] = []
+    stop_sequences: list[str] = Field(default_factory=list)
     stream: bool = False
 
 
@@ -313,149 +313,103 @@ def message_response(result: TurnResult, model: str) -> dict[str, Any]:
         {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments_value()}
         for call in parsed.tool_calls
     ]
-    usage = {"input_tokens": result.prompt_len, "output_tokens": len(result.generation.token_ids)}
+    prompt, generated = token_counts(result)
+    usage = {"input_tokens": prompt, "output_tokens": generated}
     return _message(result.step.step_id, model, content, _stop(result), usage)
 
 
-def _sse(payload: dict[str, Any]) -> str:
-    return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _whole(
+    request: Request, turn: ChatTurn, raw: MessagesRequest, result: TurnResult
+) -> dict[str, Any]:
+    return message_response(result, turn.model)
 
 
-class _Blocks:
-    """Content block bookkeeping of one streamed message: a block opens when the kind of
-    output changes and closes before the next one opens."""
+class _Events:
+    """One streamed message's events; ``index`` and ``open_kind`` are the open content block."""
 
-    def __init__(self) -> None:
+    def __init__(self, turn: ChatTurn, started: TurnStarted) -> None:
+        self.turn = turn
+        self.started = started
         self.index = -1
         self.open_kind: str | None = None
 
-    def start(self, block: dict[str, Any]) -> list[str]:
-        events = self.stop()
+    def opening(self) -> tuple[dict[str, Any], ...]:
+        usage = {"input_tokens": self.started.prompt_len, "output_tokens": 0}
+        opening = _message(self.started.step_id, self.turn.model, [], (None, None), usage)
+        return ({"type": "message_start", "message": opening},)
+
+    def _start(self, block: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._stop()
         self.index += 1
         self.open_kind = block["type"]
-        start = {"type": "content_block_start", "index": self.index, "content_block": block}
-        return [*events, _sse(start)]
+        return [
+            *events,
+            {"type": "content_block_start", "index": self.index, "content_block": block},
+        ]
 
-    def delta(self, delta: dict[str, Any]) -> str:
-        return _sse({"type": "content_block_delta", "index": self.index, "delta": delta})
+    def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self.index, "delta": delta}
 
-    def stop(self) -> list[str]:
+    def _stop(self) -> list[dict[str, Any]]:
         if self.open_kind is None:
             return []
         self.open_kind = None
-        return [_sse({"type": "content_block_stop", "index": self.index})]
+        return [{"type": "content_block_stop", "index": self.index}]
+
+    def _continue(self, kind: str, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        """``delta`` in the open block, opening a block of ``kind`` first if it is not open."""
+        if self.open_kind == kind:
+            return [self._delta(delta)]
+        block = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
+        return [*self._start(block), self._delta(delta)]
+
+    def render(self, event: TurnEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningDelta):
+            return self._continue("thinking", {"type": "thinking_delta", "thinking": event.text})
+        if isinstance(event, TextDelta):
+            return self._continue("text", {"type": "text_delta", "text": event.text})
+        if isinstance(event, ToolCallDone):
+            call = event.call
+            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": call.arguments}
+            return [*self._start(block), self._delta(delta), *self._stop()]
+        if isinstance(event, TurnDone):  # the step is durable: now the message may end
+            stop = dict(zip(("stop_reason", "stop_sequence"), _stop(event.result), strict=True))
+            usage = {"output_tokens": token_counts(event.result)[1]}
+            return [
+                *self._stop(),
+                {"type": "message_delta", "delta": stop, "usage": usage},
+                {"type": "message_stop"},
+            ]
+        return []
 
 
-async def _stream_events(
-    turn: ChatTurn, started: TurnStarted, events: AsyncIterator[TurnEvent]
-) -> AsyncIterator[str]:
-    usage = {"input_tokens": started.prompt_len, "output_tokens": 0}
-    opening = _message(started.step_id, turn.model, [], (None, None), usage)
-    yield _sse({"type": "message_start", "message": opening})
-    blocks = _Blocks()
-    try:
-        async for event in events:
-            if isinstance(event, ReasoningDelta):
-                if blocks.open_kind != "thinking":
-                    for line in blocks.start({"type": "thinking", "thinking": "", "signature": ""}):
-                        yield line
-                yield blocks.delta({"type": "thinking_delta", "thinking": event.text})
-            elif isinstance(event, TextDelta):
-                if blocks.open_kind != "text":
-                    for line in blocks.start({"type": "text", "text": ""}):
-                        yield line
-                yield blocks.delta({"type": "text_delta", "text": event.text})
-            elif isinstance(event, ToolCallDone):
-                call = event.call
-                block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-                for line in blocks.start(block):
-                    yield line
-                yield blocks.delta({"type": "input_json_delta", "partial_json": call.arguments})
-                for line in blocks.stop():
-                    yield line
-            elif isinstance(event, TurnDone):  # the step is durable: now the message may end
-                for line in blocks.stop():
-                    yield line
-                result = event.result
-                yield _sse(
-                    {
-                        "type": "message_delta",
-                        "delta": dict(
-                            zip(("stop_reason", "stop_sequence"), _stop(result), strict=True)
-                        ),
-                        "usage": {"output_tokens": len(result.generation.token_ids)},
-                    }
-                )
-                yield _sse({"type": "message_stop"})
-    except IngressError as exc:  # the status line is gone: report in the stream, as Anthropic does
-        yield _sse(error_body(exc))
+def _streamed(
+    request: Request, turn: ChatTurn, raw: MessagesRequest, started: TurnStarted
+) -> _Events:
+    return _Events(turn, started)
 
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-}
+_API = TurnApi(parse_request, _whole, _streamed, errors.ANTHROPIC, sse.ANTHROPIC)
 
 
-def _status_and_type(error: IngressError) -> tuple[int, str]:
-    if error.retryable:  # 529 is what Claude Code and the SDKs retry with backoff
-        return 529, "overloaded_error"
-    if error.status in _ERROR_TYPES:
-        return error.status, _ERROR_TYPES[error.status]
-    return 500, "api_error"
-
-
-def error_body(error: IngressError) -> dict[str, Any]:
-    _, kind = _status_and_type(error)
-    message = error.message
-    if isinstance(error, ContextOverflow):  # Claude Code recognises this wording (offers /compact)
-        message = f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def error_response(error: IngressError) -> JSONResponse:
-    status, _ = _status_and_type(error)
-    headers = {"retry-after": "1"} if error.retryable else None
-    return JSONResponse(error_body(error), status_code=status, headers=headers)
-
-
-async def _messages_call(request: Request, session: str | None) -> Response:
-    try:
-        body = await http.read_json(request)
-        turn, raw = parse_request(body, session, http.lower_headers(request))
-        http.check_session_key(request, turn.session.session_id, body)
-        http.check_model(request, turn.model)
-        if raw.stream:
-            started, events = await http.service(request).open_stream(turn)
-            return http.sse_response(_stream_events(turn, started, events))
-        result = await http.service(request).complete(turn)
-        return http.json_response(message_response(result, turn.model))
-    except IngressError as exc:
-        return error_response(exc)
-
-
-async def _count_tokens(request: Request) -> Response:
+async def count_tokens(request: Request) -> Response:
     try:
         turn = parse_count_request(await http.read_json(request))
         http.check_model(request, turn.model)
         return JSONResponse({"input_tokens": http.service(request).count_prompt_tokens(turn)})
-    except IngressError as exc:
-        return error_response(exc)
+    except TitoflowError as exc:
+        return errors.ANTHROPIC.response(exc)
 
 
 def router() -> APIRouter:
     routes = APIRouter()
-
     # Any query string (Claude Code adds ?beta=true) is accepted: FastAPI ignores unknown ones.
-    http.post_both_ways(routes, "/v1/messages", _messages_call)
-
-    @routes.post("/sess/{session}/v1/messages/count_tokens")
-    @routes.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request) -> Response:
-        return await _count_tokens(request)
-
+    http.post_both_ways(routes, "/v1/messages", _API.serve)
+    for path in ("/v1/messages/count_tokens", "/sess/{session}/v1/messages/count_tokens"):
+        routes.add_api_route(path, count_tokens, methods=["POST"])
     return routes

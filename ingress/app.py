@@ -1,5 +1,10 @@
 """The ingress HTTP service: transport only. Each wire adapter brings its router; this module
-wires the service, the session operations, discovery and health routes."""
+wires the service, the session operations, discovery and health routes.
+
+Invariants: every request is answered in its API's shape (a route's own errors by the route;
+an unknown route, the wrong plane or a bug by :mod:`ingress.errors`), and every session event
+is published keyed by its session: its end (``session_ended``) to the ended topic, all others
+to the steps topic."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from ingress.chains import ChainStore
 from ingress.control_state import ControlState, PauseGate
 from ingress.ended_sessions import EndedSessions
 from ingress.engine_driver import EngineDriver
+from ingress.errors import unexpected_error_response, unknown_route_response
 from ingress.log_follower import control_follower, ended_follower
 from ingress.pausable_engine import PausableEngine
 from ingress.planes import PlaneSplit
@@ -36,34 +42,12 @@ from ingress.tracing import CallTracer
 from schemas.events import SessionEnded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine.pool import EnginePool
-from titoflow.errors import IngressError, InvalidRequest, NotFound, PayloadTooLarge, PublishFailed
+from titoflow.errors import PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
 log = logging.getLogger("titoflow.ingress")
-
-
-def _error_in_path_shape(request: Request, error: IngressError) -> Response:
-    """An error in the shape of the API the path belongs to (Anthropic or OpenAI)."""
-    if "/v1/messages" in request.url.path:
-        return anthropic_messages.error_response(error)
-    return openai_chat.error_response(error)
-
-
-async def unknown_route_response(request: Request, exc: Exception) -> Response:
-    """Unknown paths and methods answer in the error shape of the API the path belongs to."""
-    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 404
-    error: IngressError = NotFound(f"no such operation: {request.method} {request.url.path}")
-    if status == 405:
-        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}")
-    return _error_in_path_shape(request, error)
-
-
-async def unexpected_error_response(request: Request, exc: Exception) -> Response:
-    """A bug still answers in the API's own error shape (a 500), never as plain text."""
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return _error_in_path_shape(request, IngressError(f"internal error: {type(exc).__name__}"))
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -156,7 +140,6 @@ def create_app(settings: Settings) -> FastAPI:
             PlaneSplit,
             driver_routes=[route for routes in driver_routers for route in routes.routes],
             driver_port=settings.driver_port,
-            refuse=_error_in_path_shape,
         )
 
     app.add_exception_handler(StarletteHTTPException, unknown_route_response)

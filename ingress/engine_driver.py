@@ -22,7 +22,7 @@ from ingress import metrics
 from ingress.control_state import ControlState
 from schemas.control import AnyControl, PauseMode
 from titoflow.engine.api import EngineControl
-from titoflow.errors import IngressError
+from titoflow.errors import TitoflowError
 
 log = logging.getLogger("titoflow.control")
 
@@ -54,7 +54,7 @@ class EngineDriver:
                     continue  # removed while others were driven
                 try:
                     await self.reconcile(engine)
-                except IngressError as exc:
+                except TitoflowError as exc:
                     metrics.ENGINE_CONTROL_FAILURES.inc()
                     log.warning("driving engine %s failed, retrying: %s", engine.url, exc.message)
                     asyncio.get_running_loop().call_later(RETRY_S, self._dirty.set)

@@ -1,22 +1,27 @@
-"""What every wire adapter's routes share: the two addresses of a call, the service, bounded
-JSON bodies, session refs, model checks and SSE responses. Adapters own their routes and error
-shapes."""
+"""What the ingress' routes share (chat adapters, token API, session and admin routes): the two
+addresses of a call, the service, bounded JSON bodies and their lenient models, session refs and
+keys, the admission checks and JSON answers.
+
+Invariants: a body is read within ``max_request_bytes`` whether or not it declares its length,
+and holds only values JSON can carry back unchanged; a session call is admitted (its session's
+key, then its model) before the service sees it. Statuses and error bodies are
+``ingress/errors.py``'s, streams ``ingress/sse.py``'s."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ingress.service import ChatService
-from ingress.turn import SessionRef
+from ingress.turn import ChatTurn, SessionRef, TokenCall
 from titoflow.errors import (
     Forbidden,
     InvalidRequest,
@@ -44,6 +49,13 @@ def post_both_ways(routes: APIRouter, path: str, call: SessionCall) -> None:
 
     routes.add_route(f"/sess/{{session}}{path}", in_session, methods=["POST"])
     routes.add_route(path, by_header, methods=["POST"])
+
+
+class Lenient(BaseModel):
+    """A body model that ignores fields it does not name: clients send many we do not use
+    (stream_options, cache_control, store, ...), and a new one must not break them."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 def validated(model: type[_Model], data: Any, at: str = "") -> _Model:
@@ -183,6 +195,12 @@ def session_ref(
     )
 
 
+def admit(request: Request, call: ChatTurn | TokenCall, body: Any) -> None:
+    """The checks a parsed session call passes before the service sees it."""
+    check_session_key(request, call.session.session_id, body)
+    check_model(request, call.model)
+
+
 def check_model(request: Request, model: str) -> None:
     accepted = settings(request).accepted_models
     if accepted != "*" and model not in {m.strip() for m in accepted.split(",")}:
@@ -198,11 +216,3 @@ def json_response(payload: Any) -> Response:
         return Response(orjson.dumps(payload), media_type="application/json")
     except TypeError:
         return JSONResponse(payload)
-
-
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-    )

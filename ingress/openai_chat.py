@@ -1,65 +1,58 @@
-"""OpenAI ``/v1/chat/completions`` ⇄ the internal turn model. Wire shapes end here."""
+"""OpenAI ``/v1/chat/completions`` ⇄ the internal turn model. Wire shapes end here.
+
+Invariant: a streamed completion and a whole one of the same turn are the same message (text,
+reasoning, tool calls, finish reason); logprob entries reach a stream with the first chunk
+after their tokens were sampled, so they never run ahead of the text they belong to.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from itertools import chain
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from ingress import http
+from ingress import errors, http, sse
+from ingress.adapter import TextPart, TurnApi, text_of, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
-from ingress.service import TokensSampled, TurnDone, TurnEvent, TurnResult, TurnStarted
+from ingress.service import TokensSampled, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
-from titoflow.errors import IngressError, InvalidRequest
 from titoflow.tito.messages import Message, messages_from_fields
 
 
-class _Lenient(BaseModel):
-    # Clients send many fields we do not use (stream_options, reasoning_effort, ...): ignore them.
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Function(_Lenient):
+class _Function(http.Lenient):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class _ToolCall(_Lenient):
+class _ToolCall(http.Lenient):
     id: str
     type: Literal["function"] = "function"
     function: _Function
 
 
-class _TextPart(_Lenient):
-    type: str
-    text: str = ""
-
-
-class _Message(_Lenient):
+class _Message(http.Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart] | None = None
+    content: str | list[TextPart] | None = None
     reasoning_content: str | None = None
     tool_calls: list[_ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
 
-class _NamedChoice(_Lenient):
+class _NamedChoice(http.Lenient):
     type: Literal["function"] = "function"
     function: dict[str, str]
 
 
-class _StreamOptions(_Lenient):
+class _StreamOptions(http.Lenient):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Lenient):
+class ChatCompletionRequest(http.Lenient):
     model: str
     # Each validated on its own as a _Message, once per replica (see ingress.known_messages).
     messages: list[Any] = Field(min_length=1)
@@ -79,21 +72,13 @@ class ChatCompletionRequest(_Lenient):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-def _text(content: str | list[_TextPart] | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    unsupported = sorted({part.type for part in content} - {"text", "input_text"})
-    if unsupported:
-        raise InvalidRequest(f"unsupported content part types: {unsupported}", "messages")
-    return "".join(part.text for part in content)
+_TEXT_PARTS = frozenset({"text", "input_text"})
 
 
 def _message_fields(raw: _Message) -> dict[str, Any]:
     return {
         "role": "system" if raw.role == "developer" else raw.role,
-        "content": _text(raw.content),
+        "content": text_of(raw.content, _TEXT_PARTS, "messages"),
         "reasoning": raw.reasoning_content,
         "tool_calls": [
             {
@@ -156,11 +141,11 @@ def _finish_reason(result: TurnResult) -> str:
 
 
 def _usage(result: TurnResult) -> dict[str, int]:
-    completion = len(result.generation.token_ids)
+    prompt, completion = token_counts(result)
     return {
-        "prompt_tokens": result.prompt_len,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": result.prompt_len + completion,
+        "total_tokens": prompt + completion,
     }
 
 
@@ -190,6 +175,10 @@ class _Logprobs:
             ]
             entries.append(entry)
         return entries
+
+
+def _logprobs(request: Request, turn: ChatTurn, raw: ChatCompletionRequest) -> _Logprobs | None:
+    return _Logprobs(request, turn.sampling.logprobs or 0) if raw.logprobs else None
 
 
 def completion_response(
@@ -228,102 +217,75 @@ def completion_response(
     }
 
 
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _whole(
+    request: Request, turn: ChatTurn, raw: ChatCompletionRequest, result: TurnResult
+) -> dict[str, Any]:
+    return completion_response(result, turn.model, _logprobs(request, turn, raw))
 
 
-async def _stream_chunks(
-    turn: ChatTurn,
-    started: TurnStarted,
-    events: AsyncIterator[TurnEvent],
-    include_usage: bool,
-    logprobs: _Logprobs | None,
-) -> AsyncIterator[str]:
-    base: dict[str, Any] = {
-        "id": f"chatcmpl-{started.step_id}",
-        "object": "chat.completion.chunk",
-        "created": int(started.created),
-        "model": turn.model,
-    }
-    pending: list[dict[str, Any]] = []  # logprob entries not yet attached to a chunk
+class _Chunks:
+    """One streamed completion's chunks. Logprob entries wait for the next chunk: tokens are
+    sampled before their text is known (a detokenizer or parser may hold it back)."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-        if logprobs is not None:
-            choice["logprobs"] = {"content": pending.copy()} if pending else None
-            pending.clear()
-        return _sse({**base, "choices": [choice]})
-
-    yield chunk({"role": "assistant", "content": ""})
-    try:
-        async for event in events:
-            if isinstance(event, TokensSampled):
-                if logprobs is not None:
-                    pending.extend(
-                        logprobs.content(event.token_ids, event.logprobs, event.top_logprobs)
-                    )
-            elif isinstance(event, TextDelta):
-                yield chunk({"content": event.text})
-            elif isinstance(event, ReasoningDelta):
-                yield chunk({"reasoning_content": event.text})
-            elif isinstance(event, ToolCallDone):
-                call = event.call.function_call(parsed_arguments=False)
-                yield chunk({"tool_calls": [{"index": event.index, **call}]})
-            elif isinstance(event, TurnDone):
-                yield chunk({}, _finish_reason(event.result))
-                if include_usage:
-                    yield _sse({**base, "choices": [], "usage": _usage(event.result)})
-    except IngressError as exc:  # the status line is gone: report in the stream, as OpenAI does
-        yield _sse(error_body(exc))
-        return
-    yield "data: [DONE]\n\n"
-
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    503: "service_unavailable",
-}
-
-
-def error_body(error: IngressError) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": _ERROR_TYPES.get(error.status, "server_error"),
-            "param": error.param,
-            "code": error.code,
-            **error.details(),
+    def __init__(
+        self,
+        turn: ChatTurn,
+        started: TurnStarted,
+        include_usage: bool,
+        logprobs: _Logprobs | None,
+    ) -> None:
+        self.base: dict[str, Any] = {
+            "id": f"chatcmpl-{started.step_id}",
+            "object": "chat.completion.chunk",
+            "created": int(started.created),
+            "model": turn.model,
         }
-    }
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.pending: list[dict[str, Any]] = []  # logprob entries not yet attached to a chunk
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if self.logprobs is not None:
+            choice["logprobs"] = {"content": self.pending.copy()} if self.pending else None
+            self.pending.clear()
+        return {**self.base, "choices": [choice]}
+
+    def opening(self) -> tuple[dict[str, Any], ...]:
+        return (self._chunk({"role": "assistant", "content": ""}),)
+
+    def render(self, event: TurnEvent) -> tuple[dict[str, Any], ...]:
+        if isinstance(event, TokensSampled):
+            if self.logprobs is not None:
+                self.pending.extend(
+                    self.logprobs.content(event.token_ids, event.logprobs, event.top_logprobs)
+                )
+            return ()
+        if isinstance(event, TextDelta):
+            return (self._chunk({"content": event.text}),)
+        if isinstance(event, ReasoningDelta):
+            return (self._chunk({"reasoning_content": event.text}),)
+        if isinstance(event, ToolCallDone):
+            call = event.call.function_call(parsed_arguments=False)
+            return (self._chunk({"tool_calls": [{"index": event.index, **call}]}),)
+        # TurnDone: the step is durable, so the completion may end.
+        finish = self._chunk({}, _finish_reason(event.result))
+        if self.include_usage:
+            return finish, {**self.base, "choices": [], "usage": _usage(event.result)}
+        return (finish,)
 
 
-def error_response(error: IngressError) -> JSONResponse:
-    headers = {"retry-after": "1"} if error.retryable else None
-    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
+def _streamed(
+    request: Request, turn: ChatTurn, raw: ChatCompletionRequest, started: TurnStarted
+) -> _Chunks:
+    include_usage = bool(raw.stream_options and raw.stream_options.include_usage)
+    return _Chunks(turn, started, include_usage, _logprobs(request, turn, raw))
 
 
-async def _chat(request: Request, session: str | None) -> Response:
-    try:
-        body = await http.read_json(request)
-        turn, raw = parse_request(body, session, http.lower_headers(request))
-        http.check_session_key(request, turn.session.session_id, body)
-        http.check_model(request, turn.model)
-        logprobs = _Logprobs(request, turn.sampling.logprobs or 0) if raw.logprobs else None
-        if raw.stream:
-            include_usage = bool(raw.stream_options and raw.stream_options.include_usage)
-            started, events = await http.service(request).open_stream(turn)
-            return http.sse_response(_stream_chunks(turn, started, events, include_usage, logprobs))
-        result = await http.service(request).complete(turn)
-        return http.json_response(completion_response(result, turn.model, logprobs))
-    except IngressError as exc:
-        return error_response(exc)
+_API = TurnApi(parse_request, _whole, _streamed, errors.OPENAI, sse.OPENAI_CHAT)
 
 
 def router() -> APIRouter:
     routes = APIRouter()
-    http.post_both_ways(routes, "/v1/chat/completions", _chat)
+    http.post_both_ways(routes, "/v1/chat/completions", _API.serve)
     return routes

@@ -8,43 +8,41 @@ the full conversation in ``input`` (what Codex sends anyway, with ``store: false
 One response's output items (reasoning, message, function calls) are one assistant turn of the
 policy; when a client echoes them back as input items they are folded into that one assistant
 message again, so the echo matches the recorded step and the next call extends its chain (TITO).
+
+Invariant: a whole response and a streamed one of the same turn hold the same output items
+with the same ids, because both are built by feeding the turn's deltas, in order, to one
+:class:`_OutputItems`; ``response.completed`` (or ``response.incomplete``) follows only a
+durable step.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from ingress import http
-from ingress.openai_chat import error_response
+from ingress import errors, http, sse
+from ingress.adapter import TextPart, TurnApi, text_of, token_counts
 from ingress.output import OutputDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
-from titoflow.errors import IngressError, InvalidRequest
+from titoflow.errors import InvalidRequest
 from titoflow.tito.messages import Message, ToolCall
 
 API = "openai.responses"
 
-# Pydantic ignores unknown fields by default: clients send many we do not use (include, store,
-# reasoning, text, prompt_cache_key, client_metadata, ...).
 
-
-class _NamedChoice(BaseModel):
+class _NamedChoice(http.Lenient):
     type: Literal["function"]
     name: str
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(http.Lenient):
     model: str
     input: str | list[Any]
     instructions: str | None = None
-    tools: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: Literal["auto", "none", "required"] | _NamedChoice = "auto"
     parallel_tool_calls: bool = True  # echoed; the parser takes every call the model writes
     max_output_tokens: int | None = Field(None, ge=1)
@@ -55,49 +53,35 @@ class ResponsesRequest(BaseModel):
     conversation: str | dict[str, Any] | None = None
 
 
-class _TextPart(BaseModel):
-    type: str
-    text: str = ""
-
-
-class _InputMessage(BaseModel):
+class _InputMessage(http.Lenient):
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[_TextPart]
+    content: str | list[TextPart]
 
 
-class _FunctionCall(BaseModel):
+class _FunctionCall(http.Lenient):
     call_id: str
     name: str
     arguments: str
 
 
-class _FunctionCallOutput(BaseModel):
+class _FunctionCallOutput(http.Lenient):
     call_id: str
-    output: str | list[_TextPart]
+    output: str | list[TextPart]
 
 
-class _Reasoning(BaseModel):
-    summary: list[_TextPart] = []
+class _Reasoning(http.Lenient):
+    summary: list[TextPart] = Field(default_factory=list)
     # Raw reasoning, when a client sends it; encrypted_content is opaque and dropped.
-    content: list[_TextPart] | None = None
+    content: list[TextPart] | None = None
 
 
-class _FunctionTool(BaseModel):
+class _FunctionTool(http.Lenient):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
-
-
-def _text(content: str | list[_TextPart], param: str) -> str:
-    if isinstance(content, str):
-        return content
-    unsupported = sorted({part.type for part in content} - _TEXT_PARTS)
-    if unsupported:  # images and files: the policy is text-only
-        raise InvalidRequest(f"{param}: unsupported content part types: {unsupported}", param)
-    return "".join(part.text for part in content)
 
 
 # Records of hosted tools the client ran itself; their findings reach the model as message text.
@@ -152,7 +136,7 @@ class _Transcript:
             return
         if kind == "message":
             message = http.validated(_InputMessage, raw, at)
-            text = _text(message.content, f"{at}.content")
+            text = text_of(message.content, _TEXT_PARTS, f"{at}.content", param_in_message=True)
             if message.role == "assistant":
                 self._assistant("message", content=text)
             else:
@@ -166,7 +150,7 @@ class _Transcript:
             )
         elif kind == "function_call_output":
             output = http.validated(_FunctionCallOutput, raw, at)
-            text = _text(output.output, f"{at}.output")
+            text = text_of(output.output, _TEXT_PARTS, f"{at}.output", param_in_message=True)
             self._other(Message(role="tool", content=text, tool_call_id=output.call_id))
         elif kind == "reasoning":
             item = http.validated(_Reasoning, raw, at)
@@ -261,13 +245,13 @@ def _response(
         status = "completed"
         if result.generation.finish_reason == "length":
             status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-        generated = len(result.generation.token_ids)
+        prompt, generated = token_counts(result)
         usage = {
-            "input_tokens": result.prompt_len,
+            "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": generated,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": result.prompt_len + generated,
+            "total_tokens": prompt + generated,
         }
     return {
         "id": f"resp_{step_id}",
@@ -417,55 +401,55 @@ def response_object(result: TurnResult, echo: dict[str, Any]) -> dict[str, Any]:
     return _response(result.step.step_id, result.step.event_time, echo, items.items, result)
 
 
-async def _stream_events(
-    echo: dict[str, Any], started: TurnStarted, events: AsyncIterator[TurnEvent]
-) -> AsyncIterator[str]:
-    sequence = itertools.count()
-
-    def sse(event: dict[str, Any]) -> str:
-        payload = {**event, "sequence_number": next(sequence)}
-        return f"event: {event['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-    opening = _response(started.step_id, started.created, echo, [], None)
-    yield sse({"type": "response.created", "response": opening})
-    yield sse({"type": "response.in_progress", "response": opening})
-    items = _OutputItems(started.step_id)
-    try:
-        async for event in events:
-            if isinstance(event, TurnDone):  # the step is durable: now the response may end
-                for item_event in items.finish():
-                    yield sse(item_event)
-                final = _response(started.step_id, started.created, echo, items.items, event.result)
-                # As OpenAI does, a truncated response ends with response.incomplete.
-                ending = (
-                    "response.completed"
-                    if final["status"] == "completed"
-                    else "response.incomplete"
-                )
-                yield sse({"type": ending, "response": final})
-            elif isinstance(event, TextDelta | ReasoningDelta | ToolCallDone):
-                for item_event in items.feed(event):
-                    yield sse(item_event)
-    except IngressError as exc:  # the status line is gone: the SDK's ResponseErrorEvent shape
-        yield sse({"type": "error", "code": exc.code, "message": exc.message, "param": exc.param})
+def _whole(
+    request: Request, turn: ChatTurn, raw: ResponsesRequest, result: TurnResult
+) -> dict[str, Any]:
+    return response_object(result, _echo(raw))
 
 
-async def _responses_call(request: Request, session: str | None) -> Response:
-    try:
-        body = await http.read_json(request)
-        turn, raw = parse_request(body, session, http.lower_headers(request))
-        http.check_session_key(request, turn.session.session_id, body)
-        http.check_model(request, turn.model)
-        if raw.stream:
-            started, events = await http.service(request).open_stream(turn)
-            return http.sse_response(_stream_events(_echo(raw), started, events))
-        result = await http.service(request).complete(turn)
-        return http.json_response(response_object(result, _echo(raw)))
-    except IngressError as exc:
-        return error_response(exc)
+class _Events:
+    """One streamed response's events: opened in progress, its items as they stream, then
+    the final response object."""
+
+    def __init__(self, echo: dict[str, Any], started: TurnStarted) -> None:
+        self.echo = echo
+        self.started = started
+        self.items = _OutputItems(started.step_id)
+
+    def opening(self) -> tuple[dict[str, Any], ...]:
+        opening = _response(self.started.step_id, self.started.created, self.echo, [], None)
+        return (
+            {"type": "response.created", "response": opening},
+            {"type": "response.in_progress", "response": opening},
+        )
+
+    def render(self, event: TurnEvent) -> list[dict[str, Any]]:
+        if isinstance(event, TurnDone):  # the step is durable: now the response may end
+            events = self.items.finish()
+            started = self.started
+            final = _response(
+                started.step_id, started.created, self.echo, self.items.items, event.result
+            )
+            # As OpenAI does, a truncated response ends with response.incomplete.
+            ending = (
+                "response.completed" if final["status"] == "completed" else "response.incomplete"
+            )
+            return [*events, {"type": ending, "response": final}]
+        if isinstance(event, TextDelta | ReasoningDelta | ToolCallDone):
+            return self.items.feed(event)
+        return []
+
+
+def _streamed(
+    request: Request, turn: ChatTurn, raw: ResponsesRequest, started: TurnStarted
+) -> _Events:
+    return _Events(_echo(raw), started)
+
+
+_API = TurnApi(parse_request, _whole, _streamed, errors.RESPONSES, sse.RESPONSES)
 
 
 def router() -> APIRouter:
     routes = APIRouter()
-    http.post_both_ways(routes, "/v1/responses", _responses_call)
+    http.post_both_ways(routes, "/v1/responses", _API.serve)
     return routes

@@ -11,32 +11,27 @@ never from a second list of paths that could drift from the routes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from fastapi import Request
-from fastapi.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from titoflow.errors import IngressError, NotFound
+from ingress.errors import in_path_shape
+from titoflow.errors import NotFound
 
 # Served on every listener: probes and metrics carry no session and no reward.
 EVERYWHERE = frozenset({"/health", "/ready", "/metrics"})
 
-Refusal = Callable[[Request, IngressError], Response]
-
 
 class PlaneSplit:
     """ASGI middleware: ``driver_routes`` only on ``driver_port``, everything else only on the
-    other listener(s); a request on the wrong one gets ``refuse``'s 404 in its API's shape."""
+    other listener(s); a request on the wrong one gets a 404 in its API's shape."""
 
-    def __init__(
-        self, app: ASGIApp, driver_routes: Sequence[BaseRoute], driver_port: int, refuse: Refusal
-    ) -> None:
+    def __init__(self, app: ASGIApp, driver_routes: Sequence[BaseRoute], driver_port: int) -> None:
         self.app = app
         self.driver_routes = tuple(driver_routes)
         self.driver_port = driver_port
-        self.refuse = refuse
 
     def is_driver(self, scope: Scope) -> bool:
         # PARTIAL: the path is a driver route's with another method; still not the scaffold's.
@@ -53,6 +48,6 @@ class PlaneSplit:
                     f"no such operation on this listener: {request.method} {request.url.path} "
                     f"(the {plane} plane is served elsewhere)"
                 )
-                await self.refuse(request, error)(scope, receive, send)
+                await in_path_shape(request, error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

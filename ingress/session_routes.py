@@ -16,12 +16,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from ingress import http, openai_chat
+from ingress import errors, http
 from ingress.turn import SessionRef
 from schemas.events import SessionOptions
-from titoflow.errors import IngressError, InvalidRequest, Unauthorized
+from titoflow.errors import InvalidRequest, TitoflowError, Unauthorized
 
 # Ids go into URL paths (/sess/<id>/v1): keep them to characters no client escapes.
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -36,9 +36,7 @@ class _Options(SessionOptions):
     model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt option is an error
 
 
-class OpenSessionBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class OpenSessionBody(http.Lenient):
     session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
     instance_id: str | None = None
     channel: str | None = None
@@ -46,11 +44,9 @@ class OpenSessionBody(BaseModel):
     options: _Options = Field(default_factory=_Options)
 
 
-class CloseSessionBody(BaseModel):
+class CloseSessionBody(http.Lenient):
     """Finalize and discard: a reward (finalize only: a number, or named numbers) and
     metadata that the session's segments (or its discard notice) carry."""
-
-    model_config = ConfigDict(extra="ignore")
 
     reward: float | dict[str, float] | None = None
     metadata: dict[str, Any] | None = None
@@ -86,7 +82,7 @@ def check_driver(request: Request) -> None:
         )
 
 
-async def _open(request: Request) -> Response:
+async def open_session(request: Request) -> Response:
     try:
         check_driver(request)
         raw = await http.read_json(request, allow_empty=True)
@@ -105,8 +101,8 @@ async def _open(request: Request) -> Response:
         event = await http.service(request).open_session(
             ref, body.channel, body.metadata or {}, body.options
         )
-    except IngressError as exc:
-        return openai_chat.error_response(exc)
+    except TitoflowError as exc:
+        return errors.OPENAI.response(exc)
     secret = http.settings(request).driver_token
     return JSONResponse(
         {
@@ -137,26 +133,23 @@ async def _close(request: Request, session: str | None, discard: bool) -> Respon
         scalar = body.reward if not isinstance(body.reward, dict) else None
         components = body.reward if isinstance(body.reward, dict) else {}
         await svc.finalize(ref, body.metadata or {}, scalar, components)
-    except IngressError as exc:
-        return openai_chat.error_response(exc)
+    except TitoflowError as exc:
+        return errors.OPENAI.response(exc)
     return JSONResponse({"session_id": ref.session_id, "finalized": True})
 
 
 def driver_router() -> APIRouter:
     """The driver plane: what opens, ends or reads sessions (ingress/planes.py)."""
     routes = APIRouter()
-
-    @routes.post("/v1/sessions")
-    async def open_session(request: Request) -> Response:
-        return await _open(request)
+    routes.add_api_route("/v1/sessions", open_session, methods=["POST"])
 
     @routes.get("/v1/sessions/{session}")
     async def session_state(request: Request, session: str) -> Response:
         try:
             check_driver(request)
             ended = http.service(request).ended.get(session)
-        except IngressError as exc:
-            return openai_chat.error_response(exc)
+        except TitoflowError as exc:
+            return errors.OPENAI.response(exc)
         how = {"how": ended.how, "at": ended.event_time} if ended else None
         return JSONResponse({"session_id": session, "ended": how})
 

@@ -1,7 +1,11 @@
 """The white-box token API: ``POST /sess/<id>/generate`` (or ``/generate`` with the session in
 a header or the body) for agents that own their tokenization. Token ids in, the engine's token
 ids, logprobs and weight versions out; recorded as a step like any chat call (``api:
-generate``). Errors are in OpenAI's shape."""
+generate``). Errors are in OpenAI's shape.
+
+Invariant: what the engine sees is the caller's ids as sent, each checked to be an id of the
+model's vocabulary, and only the sampling parameters named here: any other is a 400, since one
+silently ignored would change what is sampled without saying so."""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from ingress import http, openai_chat
+from ingress import errors, http
 from ingress.service import TokensResult
 from ingress.turn import TokenCall
-from titoflow.errors import IngressError, InvalidRequest
+from titoflow.errors import InvalidRequest, TitoflowError
 
 
 class SamplingParams(BaseModel):
@@ -31,9 +35,7 @@ class SamplingParams(BaseModel):
     logprobs: int = Field(0, ge=0, le=20, description="Top alternatives per token (0: none).")
 
 
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class GenerateRequest(http.Lenient):
     input_ids: list[int] = Field(
         min_length=1, validation_alias=AliasChoices("input_ids", "token_ids")
     )
@@ -98,11 +100,10 @@ async def _generate(request: Request, session: str | None) -> Response:
             svc.options.vocab_size,
             http.settings(request).served_model_name,
         )
-        http.check_session_key(request, call.session.session_id, body)
-        http.check_model(request, call.model)
+        http.admit(request, call, body)
         result = await svc.generate_tokens(call)
-    except IngressError as exc:
-        return openai_chat.error_response(exc)
+    except TitoflowError as exc:
+        return errors.OPENAI.response(exc)
     return JSONResponse(response_body(result))
 
 

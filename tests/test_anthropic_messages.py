@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ingress import anthropic_messages
 from ingress.anthropic_messages import parse_count_request, parse_request
-from ingress.app import unknown_route_response
+from ingress.errors import unknown_route_response
 from schemas.events import StepRecorded
 from tests.apps import asgi_client, scripted_app
 from tests.doubles import RecordingPublisher, ScriptedEngine

@@ -39,7 +39,9 @@ from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 from workers.rebuild import common_prefix
-from workers.replay import JsonlSink, ReplayOptions, replay
+from workers.replay.driver import replay
+from workers.replay.options import ReplayOptions
+from workers.replay.sinks import JsonlSink
 from workers.worker import assembler_for
 
 pytestmark = pytest.mark.engine

@@ -17,17 +17,12 @@ from tests.families import qwen3
 from tests.test_assembler import step
 from titoflow.dev.model_build import tokenizer_source_dir
 from workers.assembler import Assembler
-from workers.inspect_view import (
-    Loaded,
-    SegmentView,
-    TokenDecoder,
-    build_view,
-    load_jsonl,
-    render_html,
-    render_table,
-    render_text,
-    source_names,
-)
+from workers.inspect.ansi import render_text
+from workers.inspect.decode import TokenDecoder
+from workers.inspect.html import render_html
+from workers.inspect.load import load_jsonl
+from workers.inspect.table import render_table
+from workers.inspect.view import Loaded, SegmentView, build_view, source_names
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SAMPLED_FG, CONTEXT_FG, ANOMALY_FG, UNKNOWN_FG = "38;5;114", "38;5;245", "38;5;203", "38;5;177"

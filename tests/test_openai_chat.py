@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from ingress.openai_chat import error_body, parse_request
-from titoflow.errors import InvalidRequest, PublishFailed
+from ingress.errors import OPENAI, status_of
+from ingress.openai_chat import parse_request
+from titoflow.errors import (
+    EngineError,
+    InvalidRequest,
+    MissingSession,
+    Paused,
+    PublishFailed,
+    SessionAlreadyEnded,
+    TemplateError,
+    TitoflowError,
+)
 
 
 def body(**extra: object) -> dict[str, object]:
@@ -85,14 +95,14 @@ def test_shapes_scaffolds_send() -> None:
 def test_invalid_requests_are_typed_400s(bad: object, param: str) -> None:
     with pytest.raises(InvalidRequest) as failure:
         parse_request(bad, "s", {})
-    assert failure.value.status == 400
+    assert status_of(failure.value) == 400
     assert (failure.value.param or "").startswith(param)
-    shape = error_body(failure.value)["error"]
+    shape = OPENAI.body(failure.value)["error"]
     assert shape["type"] == "invalid_request_error" and shape["message"]
 
 
 def test_unavailable_maps_to_a_retryable_openai_error() -> None:
-    shape = error_body(PublishFailed("broker down"))
+    shape = OPENAI.body(PublishFailed("broker down"))
     assert shape == {
         "error": {
             "message": "broker down",
@@ -101,3 +111,18 @@ def test_unavailable_maps_to_a_retryable_openai_error() -> None:
             "code": "broker_unavailable",
         }
     }
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (TemplateError("t"), 400),
+        (MissingSession("m"), 400),
+        (Paused("p"), 503),
+        (SessionAlreadyEnded("s", "finalized", 1.0), 409),
+        (EngineError("e"), 502),
+        (TitoflowError("x"), 500),
+    ],
+)
+def test_a_subclass_has_its_nearest_mapped_status(error: TitoflowError, status: int) -> None:
+    assert status_of(error) == status

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from ingress import openai_chat, session_routes
-from ingress.app import unknown_route_response
+from ingress.errors import unknown_route_response
 from ingress.service import ServiceOptions
 from schemas.events import StepRecorded
 from tests.apps import asgi_client, scripted_app

@@ -31,7 +31,8 @@ from titoflow.engine.api import PromptScores
 from titoflow.settings import Settings
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
-from workers.assembler import Assembler, needs_recompute
+from workers.assembler import Assembler
+from workers.assembly.pending import needs_recompute
 from workers.rebuild import Rebuilder
 from workers.recompute import RecomputeWorker, complete, fill
 from workers.worker import Worker

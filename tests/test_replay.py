@@ -33,16 +33,13 @@ from schemas.events import (
 from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.dev.stack import start_worker
 from titoflow.settings import PROJECT_ROOT, Settings
-from workers.inspect_view import TokenDecoder, build_view, from_segments_topic, from_steps_topic
-from workers.replay import (
-    JsonlSink,
-    ReplayOptions,
-    ReplayReport,
-    format_summary,
-    parse_time,
-    replay,
-    replay_to,
-)
+from workers.inspect.decode import TokenDecoder
+from workers.inspect.scan import from_segments_topic, from_steps_topic
+from workers.inspect.view import build_view
+from workers.replay.driver import replay
+from workers.replay.options import ReplayOptions, parse_time
+from workers.replay.report import ReplayReport, format_summary
+from workers.replay.sinks import JsonlSink, replay_to
 from workers.worker import assembler_for
 
 IDLE_S = 2.0  # the live worker closes the never-finalized session after this long

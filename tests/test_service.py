@@ -1,5 +1,6 @@
 """The ingress core (ChatService) on a scripted engine double: chain reuse, step ids, parsing,
-and the durability rule (nothing cached unless published)."""
+the durability rule (nothing cached unless published), white-box calls on the chat turns' step
+path, and admission refusals."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from ingress.admission import Control
 from ingress.chains import ChainStore
 from ingress.service import ChatService, ServiceOptions
-from ingress.turn import ChatTurn, SamplingOptions, SessionRef
+from ingress.turn import ChatTurn, SamplingOptions, SessionRef, TokenCall
 from schemas.events import StepRecorded
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
-from titoflow.errors import ContextOverflow, PublishFailed
+from titoflow.errors import (
+    ContextOverflow,
+    PublishFailed,
+    SessionStepLimit,
+    TrajectoryVersionChanged,
+)
 from titoflow.tito.messages import Matcher, Message, ToolCall
 from titoflow.tito.render import ChatRenderer
 
@@ -24,7 +31,11 @@ TOOLS = (path_tool("ls", "list a directory"),)
 
 
 def make_service(
-    replies: list[str], max_model_len: int = 4096, matcher: Matcher = "strict"
+    replies: list[str],
+    max_model_len: int = 4096,
+    matcher: Matcher = "strict",
+    control: Control | None = None,
+    **limits: Any,
 ) -> tuple[ChatService, ScriptedEngine, RecordingPublisher]:
     tokenizer = qwen3()
     engine = ScriptedEngine(tokenizer, replies)
@@ -35,7 +46,10 @@ def make_service(
         engine=engine,
         publish=publisher,
         chains=ChainStore(100),
-        options=ServiceOptions(max_model_len=max_model_len, default_max_tokens=64, matcher=matcher),
+        options=ServiceOptions(
+            max_model_len=max_model_len, default_max_tokens=64, matcher=matcher, **limits
+        ),
+        control=control,
     )
     return service, engine, publisher
 
@@ -234,3 +248,102 @@ async def test_two_samples_of_one_prompt_each_continue_the_one_the_client_echoes
     )
     again = await service.complete(turn(then("B")))
     assert again.step.parent_step_id == b.step.step_id  # a second sample after b, by TITO
+
+
+def token_call(prompt_ids: list[int], session: str = "s1") -> TokenCall:
+    return TokenCall(
+        session=SessionRef(session_id=session), model="m", prompt_ids=tuple(prompt_ids)
+    )
+
+
+async def test_white_box_calls_record_their_steps_on_the_chat_path() -> None:
+    replies = ["Hello<|im_end|>", "one", "two", "after<|im_end|>"]
+    service, engine, publisher = make_service(replies, matcher="tool_call_id")
+    history = [Message(role="user", content="hi")]
+    chat = await service.complete(turn(history, tools=TOOLS))
+    held = [*engine.prompts[0], *chat.step.completion_ids]
+
+    first = await service.generate_tokens(token_call([*held, 11]))
+    step = first.step
+    assert (step.api, step.prefix, step.prefix_len, step.prompt_tail_ids) == (
+        "generate",
+        "tito",
+        len(held),
+        [11],
+    )
+    assert (step.parent_step_id, step.chain_id) == (chat.step.step_id, chat.step.chain_id)
+    # No conversation of its own: no messages or tools, matched token for token, under the
+    # tools of the chain it extends.
+    assert (step.new_messages, step.response_message, step.tools, step.matcher) == (
+        [],
+        {},
+        [],
+        "strict",
+    )
+    assert step.tools_hash == chat.step.tools_hash and step.stream is False
+
+    extended = [*held, 11, *step.completion_ids, 12]
+    second = await service.generate_tokens(token_call(extended))
+    assert second.step.parent_step_id == step.step_id and second.step.prompt_tail_ids == [12]
+    assert engine.prompts[2] == extended
+
+    # A chat turn that echoes the chat answer continues the chat step, not the white-box ones.
+    history += [Message(role="assistant", content="Hello"), Message(role="user", content="more")]
+    after = await service.complete(turn(history, tools=TOOLS))
+    assert (after.step.prefix, after.step.parent_step_id) == ("tito", chat.step.step_id)
+    assert [e.api for e in publisher.events if isinstance(e, StepRecorded)] == [
+        "openai.chat",
+        "generate",
+        "generate",
+        "openai.chat",
+    ]
+
+
+async def test_a_white_box_prompt_no_chain_holds_starts_a_chain_of_its_own() -> None:
+    service, _, _ = make_service(["one"])
+    result = await service.generate_tokens(token_call([1, 2, 3], session="fresh"))
+    step = result.step
+    assert (step.prefix, step.prefix_len, step.parent_step_id) == ("rendered", 0, None)
+    assert (step.prompt_tail_ids, step.chain_id, step.tools_hash) == ([1, 2, 3], step.step_id, "")
+    assert (result.prompt_len, result.generation.token_ids) == (3, step.completion_ids)
+
+
+class Weights:
+    """The control plane as the service sees it, never paused: the current weight version."""
+
+    def __init__(self, version: str) -> None:
+        self.version: str | None = version
+
+    async def admit(self) -> None:
+        return None
+
+
+async def test_refused_calls_publish_nothing_and_keep_the_chain() -> None:
+    weights = Weights("v1")
+    replies = ["a<|im_end|>", "fresh<|im_end|>", "b<|im_end|>"]
+    service, engine, publisher = make_service(replies, control=weights, partial_rollout=False)
+    history = [Message(role="user", content="x")]
+    first = await service.complete(turn(history))
+    held = [*engine.prompts[0], *first.step.completion_ids]
+    history += [Message(role="assistant", content="a"), Message(role="user", content="y")]
+
+    weights.version = "v2"  # partial rollout off: the chain stays on the weights it started on
+    with pytest.raises(TrajectoryVersionChanged):
+        await service.complete(turn(history))
+    with pytest.raises(TrajectoryVersionChanged):
+        await service.generate_tokens(token_call([*held, 7]))
+    fresh = await service.complete(turn(history[:1], session="s2"))  # a new chain may start
+    assert fresh.step.prefix == "rendered"
+
+    weights.version = "v1"
+    after = await service.complete(turn(history))
+    assert (after.step.prefix, after.step.parent_step_id) == ("tito", first.step.step_id)
+    assert len(publisher.events) == 3 and len(engine.prompts) == 3
+
+
+async def test_the_step_limit_holds_for_white_box_calls_too() -> None:
+    service, engine, publisher = make_service(["a<|im_end|>"], max_steps_per_session=1)
+    first = await service.complete(turn([Message(role="user", content="x")]))
+    with pytest.raises(SessionStepLimit):
+        await service.generate_tokens(token_call([*engine.prompts[0], *first.step.completion_ids]))
+    assert len(publisher.events) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from aiokafka.errors import CommitFailedError as CommitFailedError
 from aiokafka.errors import KafkaError as KafkaError
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
+from faststream.kafka import KafkaBroker
 
 from titoflow.settings import Settings
 
@@ -347,24 +349,46 @@ class Publisher:
             await producer.stop()
 
 
-def make_consumer(
-    settings: Settings, *topics: str, group_id: str | None, **overrides: Any
-) -> AIOKafkaConsumer:
-    """An unstarted consumer with the timeouts proven against tansu.
+def consumer_options(settings: Settings) -> dict[str, Any]:
+    """The consumer settings proven against tansu, for aiokafka and FastStream subscribers alike.
 
     Offsets are committed explicitly (a worker commits only below its oldest open session), and
     a group without committed offsets starts from the beginning of the log.
     """
-    options: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers,
-        "group_id": group_id,
+    return {
         "session_timeout_ms": SESSION_TIMEOUT_MS,
         "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
-        "enable_auto_commit": False,
         "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": settings.max_event_bytes,
         "fetch_max_bytes": max(settings.max_event_bytes, 50 * 1024 * 1024),
     }
+
+
+def make_consumer(
+    settings: Settings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    """An unstarted consumer with :func:`consumer_options`, committing only when told to."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        **consumer_options(settings),
+    }
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
+
+
+def subscriber_broker(settings: Settings, logger: logging.Logger) -> KafkaBroker:
+    """A FastStream broker for a service's subscribers: consumer-only (services publish through
+    :class:`Publisher`, whose acks, limits and error types the ingress shares), topics never
+    auto-created (``ensure_topics`` owns their layout), and per-message lines at DEBUG."""
+    return KafkaBroker(
+        settings.bootstrap_servers,
+        consumer_only=True,
+        allow_auto_create_topics=False,
+        logger=logger,
+        log_level=logging.DEBUG,
+        # A handler runs at most one batch; stopping waits for it, as the services' commits do.
+        graceful_timeout=settings.publish_timeout_s * 2,
+    )

@@ -1,12 +1,19 @@
-"""titoflow's one error hierarchy. Wire adapters map each to their API's status and body."""
+"""titoflow's one error hierarchy: what went wrong, in domain terms, for the library, the
+workers and the ingress alike.
+
+Invariant: an error says what failed (``code``, machine-readable), which input it concerns
+(``param``), whether trying again may help (``retryable``) and any further facts
+(:meth:`TitoflowError.details`), and nothing about transport: no class carries an HTTP status.
+The ingress maps classes to statuses and error bodies in ``ingress/errors.py``, so an engine or
+template error raised in a worker means the same thing there as in a request.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class IngressError(Exception):
-    status = 500
+class TitoflowError(Exception):
     code = "internal_error"
     retryable = False
 
@@ -20,8 +27,7 @@ class IngressError(Exception):
         return {}
 
 
-class InvalidRequest(IngressError):
-    status = 400
+class InvalidRequest(TitoflowError):
     code = "invalid_request"
 
 
@@ -46,32 +52,27 @@ class SessionStepLimit(InvalidRequest):
     code = "session_step_limit"
 
 
-class UnknownModel(IngressError):
-    status = 404
+class UnknownModel(TitoflowError):
     code = "model_not_found"
 
 
-class PayloadTooLarge(IngressError):
-    status = 413
+class PayloadTooLarge(TitoflowError):
     code = "request_too_large"
 
 
-class NotFound(IngressError):
-    status = 404
+class NotFound(TitoflowError):
     code = "not_found"
 
 
-class EngineError(IngressError):
+class EngineError(TitoflowError):
     """The engine answered, but not with a generation (a bug or a config mismatch)."""
 
-    status = 502
     code = "engine_error"
 
 
-class Unavailable(IngressError):
+class Unavailable(TitoflowError):
     """A dependency is down: the client should retry."""
 
-    status = 503
     code = "unavailable"
     retryable = True
 
@@ -84,11 +85,10 @@ class PublishFailed(Unavailable):
     code = "broker_unavailable"
 
 
-class TrajectoryVersionChanged(IngressError):
+class TrajectoryVersionChanged(TitoflowError):
     """Partial rollout is off and the weights changed since the session's first step: its next
     step would mix versions in one trajectory. Not retryable: start a new session."""
 
-    status = 409
     code = "trajectory_version_changed"
 
     def __init__(self, message: str, first_version: str, current_version: str) -> None:
@@ -97,10 +97,9 @@ class TrajectoryVersionChanged(IngressError):
         self.current_version = current_version
 
 
-class SessionAlreadyEnded(IngressError):
+class SessionAlreadyEnded(TitoflowError):
     """A finalize or discard of a session that already ended: the first end stands."""
 
-    status = 409
     code = "session_ended"
 
     def __init__(self, message: str, how: str, ended_at: float) -> None:
@@ -118,13 +117,11 @@ class Paused(Unavailable):
     code = "paused"
 
 
-class Unauthorized(IngressError):
-    status = 401
+class Unauthorized(TitoflowError):
     code = "unauthorized"
 
 
-class Forbidden(IngressError):
+class Forbidden(TitoflowError):
     """A valid credential used beyond what it covers (another session's routes)."""
 
-    status = 403
     code = "forbidden"

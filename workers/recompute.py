@@ -10,6 +10,9 @@ redeliveries stay byte-identical while the weights are), to ``<prefix>.segments`
 
 Kill switch (``recompute_disabled``): no engine call; those tokens get loss mask 0 and source 0
 (``none``). So does a token the engine refuses to score: never a silent zero.
+
+It is a FastStream batch subscriber (:mod:`workers.subscription`): a batch is acknowledged (its
+offsets committed) once every segment it held is published.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Protocol
+from typing import Any, Protocol
 
+from faststream.kafka.annotations import KafkaMessage
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
@@ -29,25 +33,19 @@ from schemas.events import (
     SegmentFinalized,
     VersionSpan,
 )
-from titoflow.bus import (
-    CommitFailedError,
-    ConsumerRecord,
-    Publisher,
-    ensure_topics,
-    make_consumer,
-)
+from titoflow.bus import CommitFailedError, ConsumerRecord, Publisher, ensure_topics
 from titoflow.engine.api import PromptScores
 from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineError, EngineUnavailable
 from titoflow.settings import Settings
 from workers import metrics
-from workers.assembler import pending_positions
+from workers.assembly.pending import pending_positions
 from workers.rebuild import runs
+from workers.subscription import BatchSubscription, Records
 from workers.worker import publish_dead_letter
 
 log = logging.getLogger("titoflow.recompute")
 
-POLL_TIMEOUT_MS = 500
 RETRY_BACKOFF_S = (0.5, 30.0)
 
 
@@ -77,13 +75,8 @@ def fill(segment: SegmentFinalized, scores: PromptScores) -> SegmentFinalized:
             for a, b in runs(scored, 0, len(scored))
         ]
     metrics.RECOMPUTE_TOKENS.labels("recomputed").inc(sum(scored))
-    return segment.model_copy(
-        update={
-            "logprobs": logprobs,
-            "loss_mask": mask,
-            "logprob_source": source,
-            "weight_versions": sorted(versions, key=lambda v: v.start),
-        }
+    return _with_labels(
+        segment, logprobs, mask, source, weight_versions=sorted(versions, key=lambda v: v.start)
     )
 
 
@@ -97,13 +90,19 @@ def mask_pending(segment: SegmentFinalized, reason: str) -> SegmentFinalized:
     diagnostics = dict(segment.diagnostics)
     diagnostics[f"recompute_masked_{reason}"] = len(where)
     metrics.RECOMPUTE_TOKENS.labels("masked").inc(len(where))
+    return _with_labels(segment, logprobs, mask, source, diagnostics=diagnostics)
+
+
+def _with_labels(
+    segment: SegmentFinalized,
+    logprobs: list[float],
+    mask: list[int],
+    source: list[int],
+    **more: Any,
+) -> SegmentFinalized:
+    """``segment`` with new per-token logprobs, loss mask and logprob sources (and ``more``)."""
     return segment.model_copy(
-        update={
-            "loss_mask": mask,
-            "logprob_source": source,
-            "logprobs": logprobs,
-            "diagnostics": diagnostics,
-        }
+        update={"logprobs": logprobs, "loss_mask": mask, "logprob_source": source, **more}
     )
 
 
@@ -134,51 +133,54 @@ class RecomputeWorker:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.topic = settings.topic("recompute")
-        self.consumer = make_consumer(settings, group_id=settings.recompute_group)
+        self.requests = BatchSubscription(
+            settings,
+            settings.topic("recompute"),
+            settings.recompute_group,
+            self._apply,
+            log,
+            max_records=4 * settings.recompute_concurrency,
+        )
         self.publisher = Publisher(settings)
         self.engine = VLLMEngine(settings.engine_url, settings.engine_timeout_s)
         self.limit = asyncio.Semaphore(max(1, settings.recompute_concurrency))
         self.in_flight = 0
+        self.stop = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.recompute_metrics_port:
             start_http_server(self.settings.recompute_metrics_port, addr=self.settings.metrics_host)
         await ensure_topics(self.settings)
         await self.publisher.start()
-        self.consumer.subscribe([self.topic])
-        await self.consumer.start()
+        self.stop = stop
         try:
-            while not stop.is_set():
-                batch = await self.consumer.getmany(
-                    timeout_ms=POLL_TIMEOUT_MS, max_records=4 * self.settings.recompute_concurrency
-                )
-                records = [r for part in batch.values() for r in part]
-                self.in_flight = len(records)
-                await self._observe()
-                # Engine calls run concurrently; results are published in the order read, so
-                # a session's segments keep their order (its last one last).
-                finished = await asyncio.gather(*(self._finish(r, stop) for r in records))
-                for record, result in zip(records, finished, strict=True):
-                    await self._publish(record, result)
-                self.in_flight = 0
-                if records:
-                    try:  # everything fetched is published: its offsets may go
-                        await self.consumer.commit()
-                    except CommitFailedError:  # rebalanced meanwhile: the next owner redoes it
-                        log.info("commit lost to a rebalance; segments will be republished")
-                await self._observe()
+            await self.requests.run(stop, tick=self._observe)
         finally:
-            await self.consumer.stop()
             await self.publisher.stop()
             await self.engine.close()
 
+    async def _apply(self, message: KafkaMessage, records: Records) -> None:
+        self.in_flight = len(records)
+        await self._observe()
+        # Engine calls run concurrently; results are published in the order read, so a
+        # session's segments keep their order (its last one last).
+        finished = await asyncio.gather(*(self._finish(r, self.stop) for r in records))
+        for record, result in zip(records, finished, strict=True):
+            await self._publish(record, result)
+        self.in_flight = 0
+        try:  # everything fetched is published: its offsets may go
+            await message.ack()
+        except CommitFailedError:  # rebalanced meanwhile: the next owner redoes it
+            log.info("commit lost to a rebalance; segments will be republished")
+        await self._observe()
+
     async def _observe(self) -> None:
+        consumer = self.requests.consumer
         unread = 0
-        for tp in self.consumer.assignment():
-            highwater = self.consumer.highwater(tp)
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
             if highwater is not None:
-                unread += max(highwater - await self.consumer.position(tp), 0)
+                unread += max(highwater - await consumer.position(tp), 0)
         metrics.RECOMPUTE_QUEUE.set(unread + self.in_flight)
 
     async def _finish(self, record: ConsumerRecord, stop: asyncio.Event) -> SegmentFinalized | str:

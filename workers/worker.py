@@ -1,4 +1,5 @@
-"""The assembly worker: a consumer-group member on ``<prefix>.steps`` publishing segments.
+"""The assembly worker: a consumer-group member on ``<prefix>.steps`` publishing segments, as a
+FastStream batch subscriber with manual acknowledgement (:mod:`workers.subscription`).
 
 Crash safety (at-least-once, deterministic output): segments are published (acked) before
 offsets are committed, and a partition's committed offset never passes the first event of a
@@ -14,6 +15,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from faststream.kafka.annotations import KafkaMessage
 from prometheus_client import start_http_server
 
 from schemas.events import (
@@ -31,14 +33,15 @@ from titoflow.bus import (
     RebalanceListener,
     TopicPartition,
     ensure_topics,
-    make_consumer,
 )
 from titoflow.settings import Settings
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 from workers import metrics
-from workers.assembler import Assembler, needs_recompute
+from workers.assembler import Assembler
+from workers.assembly.pending import needs_recompute
 from workers.rebuild import Rebuilder
+from workers.subscription import BatchSubscription, Records
 
 log = logging.getLogger("titoflow.worker")
 
@@ -46,7 +49,6 @@ log = logging.getLogger("titoflow.worker")
 # the ends of sessions this worker closed itself (idle) to <prefix>.ended.
 Output = SegmentFinalized | SessionDiscarded | SessionEnded
 
-POLL_TIMEOUT_MS = 500
 MAX_RECORDS = 1000
 
 
@@ -58,8 +60,9 @@ class _Rebalance(RebalanceListener):  # type: ignore[misc]
         # aiokafka calls this from its own task. A batch in hand may hold segments not yet
         # published, so commit only between batches: skipping a commit is always safe (the next
         # owner re-reads a little more), and a rebalance never waits on a slow publish.
-        if not self.worker.batch_lock.locked():
-            async with self.worker.batch_lock:
+        lock = self.worker.steps.lock
+        if not lock.locked():
+            async with lock:
                 await self.worker.commit()
         self.worker.forget(revoked)
 
@@ -118,15 +121,21 @@ class Worker:
         self.settings = settings
         self.assembler = assembler_for(settings)
         self.publisher = Publisher(settings)
-        self.steps_topic = settings.topic("steps")
-        self.consumer = make_consumer(settings, group_id=settings.worker_group)
+        self.steps = BatchSubscription(
+            settings,
+            settings.topic("steps"),
+            settings.worker_group,
+            self._apply,
+            log,
+            MAX_RECORDS,
+            listener=_Rebalance(self),
+        )
         self._next_offset: dict[TopicPartition, int] = {}
         self._last_seen: dict[str, float] = {}
         self._divergences_seen: dict[str, int] = {}
         # Sessions with a segment on <prefix>.recompute: their later segments follow it there,
         # so none overtakes it on the way to <prefix>.segments (last_of_session comes last).
         self._via_recompute: set[str] = set()
-        self.batch_lock = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.worker_metrics_port:
@@ -135,33 +144,32 @@ class Worker:
         # pick its own partition counts.
         await ensure_topics(self.settings)
         await self.publisher.start()
-        self.consumer.subscribe([self.steps_topic], listener=_Rebalance(self))
-        await self.consumer.start()
         try:
-            while not stop.is_set():
-                batch = await self.consumer.getmany(
-                    timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS
-                )
-                async with self.batch_lock:
-                    segments: list[Output] = []
-                    for tp, records in batch.items():
-                        if tp not in self.consumer.assignment():
-                            continue  # revoked while this batch waited for the lock
-                        for record in records:
-                            segments += await self._handle(record)
-                            self._next_offset[tp] = record.offset + 1
-                    segments += self._finalize_idle()
-                    await self._publish_segments(segments)
-                    await self.commit()
-                    # A revoke during the batch forgot its partitions, but the batch went on
-                    # applying their records: forget them again, after the batch.
-                    assigned = self.consumer.assignment()
-                    self.forget([tp for tp in list(self._next_offset) if tp not in assigned])
-                self._observe()
+            # Sessions go idle while no steps arrive, and no batch comes then: the tick closes
+            # them.
+            await self.steps.run(stop, tick=lambda: self._apply(None, ()), last=self.commit)
         finally:
-            await self.commit()
-            await self.consumer.stop()
             await self.publisher.stop()
+
+    async def _apply(self, _message: KafkaMessage | None, records: Records) -> None:
+        consumer = self.steps.consumer
+        assigned = consumer.assignment()
+        segments: list[Output] = []
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            if tp not in assigned:
+                continue  # revoked while this batch waited for the lock
+            segments += await self._handle(record)
+            self._next_offset[tp] = record.offset + 1
+        segments += self._finalize_idle()
+        if records or segments:
+            await self._publish_segments(segments)
+            await self.commit()
+            # A revoke during the batch forgot its partitions, but the batch went on applying
+            # their records: forget them again, after the batch.
+            assigned = consumer.assignment()
+            self.forget([tp for tp in list(self._next_offset) if tp not in assigned])
+        self._observe()
 
     async def _handle(self, record: ConsumerRecord) -> list[Output]:
         applied = self.assembler.apply(record.value, record.partition, record.offset)
@@ -182,8 +190,9 @@ class Worker:
         return [*applied.segments, *([applied.notice] if applied.notice else [])]
 
     def _observe(self) -> None:
-        for tp in self.consumer.assignment():
-            highwater = self.consumer.highwater(tp)
+        consumer = self.steps.consumer
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
             if highwater is not None:
                 lag = highwater - self._next_offset.get(tp, highwater)
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(lag, 0))
@@ -288,7 +297,7 @@ class Worker:
             tp: self.assembler.commit_offset(tp.partition, next_offset)
             for tp, next_offset in self._next_offset.items()
         }
-        assigned = self.consumer.assignment()
+        assigned = self.steps.consumer.assignment()
         offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
         if offsets:
-            await self.consumer.commit(offsets)
+            await self.steps.consumer.commit(offsets)

@@ -29,6 +29,17 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
+def _command(command: str, code: Path | None) -> list[str]:
+    """``titoflow <command>`` as a module run: of this checkout, or of ``code`` (another one, in
+    this environment; checkouts from before the cli package have it under titoflow)."""
+    package = "titoflow" if code and not (code / "cli").is_dir() else "cli"
+    return [sys.executable, "-m", package, command]
+
+
+def _code_env(code: Path | None) -> dict[str, str]:
+    return {"PYTHONPATH": str(code)} if code else {}
+
+
 def start_ingress(
     settings: Settings, log_dir: Path, name: str = "ingress", code: Path | None = None
 ) -> tuple[ManagedProcess, str]:
@@ -38,9 +49,9 @@ def start_ingress(
     child = settings.model_copy(update={"ingress_port": port})
     proc = ManagedProcess(
         name,
-        [sys.executable, "-m", "cli", "ingress"],
+        _command("ingress", code),
         log_dir / f"{name}.log",
-        {**settings_env(child), **({"PYTHONPATH": str(code)} if code else {})},
+        {**settings_env(child), **_code_env(code)},
         cwd=code,
     )
     url = f"http://{settings.ingress_host}:{port}"
@@ -55,20 +66,26 @@ def start_ingress(
     return proc, url
 
 
-def start_worker(settings: Settings, log_dir: Path, name: str = "worker") -> ManagedProcess:
-    return _start_command("worker", settings, log_dir, name)
+def start_worker(
+    settings: Settings, log_dir: Path, name: str = "worker", code: Path | None = None
+) -> ManagedProcess:
+    """A worker process; ``code`` as for :func:`start_ingress`."""
+    return _start_command("worker", settings, log_dir, name, code)
 
 
 def start_recompute(settings: Settings, log_dir: Path, name: str = "recompute") -> ManagedProcess:
     return _start_command("recompute", settings, log_dir, name)
 
 
-def _start_command(command: str, settings: Settings, log_dir: Path, name: str) -> ManagedProcess:
+def _start_command(
+    command: str, settings: Settings, log_dir: Path, name: str, code: Path | None = None
+) -> ManagedProcess:
     return ManagedProcess(
         name,
-        [sys.executable, "-m", "cli", command],
+        _command(command, code),
         log_dir / f"{name}.log",
-        settings_env(settings),
+        {**settings_env(settings), **_code_env(code)},
+        cwd=code,
     )
 
 

@@ -1,0 +1,92 @@
+"""What the three chat adapters (OpenAI chat, Anthropic messages, OpenAI responses) share: the
+route every one of them serves, text parts and token counts. Each adapter is then only its wire
+shapes: a parser to :class:`~ingress.turn.ChatTurn` and renderers of the service's answer.
+
+Invariant: every chat API answers a request in the same order — a bounded body, parsed into a
+turn, admitted (session key, model), then the service: a whole answer once the step is durable,
+or a stream once the turn is prepared (:meth:`~ingress.service.ChatService.open_stream` refuses
+before the status line). Every error up to the status line is answered in the API's own shape
+(:mod:`ingress.errors`), every later one inside the stream (:mod:`ingress.sse`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ingress import http, sse
+from ingress.errors import ErrorShape
+from ingress.service import TurnResult, TurnStarted
+from ingress.turn import ChatTurn
+from titoflow.errors import InvalidRequest, TitoflowError
+
+
+class _Streamable(Protocol):
+    @property
+    def stream(self) -> bool: ...
+
+
+Raw = TypeVar("Raw", bound=_Streamable)
+
+
+@dataclass(frozen=True)
+class TurnApi(Generic[Raw]):
+    """One chat API: ``parse`` turns a body into the turn and the validated request (``Raw``);
+    ``whole`` renders a durable result, ``streamed`` a stream's events; ``errors`` and
+    ``framing`` are the API's error shape and SSE framing. :meth:`serve` is its route."""
+
+    parse: Callable[[Any, str | None, dict[str, str]], tuple[ChatTurn, Raw]]
+    whole: Callable[[Request, ChatTurn, Raw, TurnResult], dict[str, Any]]
+    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer]
+    errors: ErrorShape
+    framing: sse.Framing
+
+    async def serve(self, request: Request, session: str | None) -> Response:
+        try:
+            body = await http.read_json(request)
+            turn, raw = self.parse(body, session, http.lower_headers(request))
+            http.admit(request, turn, body)
+            service = http.service(request)
+            if raw.stream:
+                started, events = await service.open_stream(turn)
+                renderer = self.streamed(request, turn, raw, started)
+                return sse.response(sse.write(self.framing, renderer, events, self.errors.event))
+            result = await service.complete(turn)
+            return http.json_response(self.whole(request, turn, raw, result))
+        except TitoflowError as exc:
+            return self.errors.response(exc)
+
+
+class TextPart(http.Lenient):
+    """A content part of OpenAI's message content (chat and responses)."""
+
+    type: str
+    text: str = ""
+
+
+def text_of(
+    content: str | Sequence[TextPart] | None,
+    accepted: frozenset[str],
+    param: str,
+    param_in_message: bool = False,
+) -> str:
+    """A message content's text: a string as it is, ``accepted`` parts joined. Any other part
+    (an image, a file) is a 400 naming ``param``: the policy reads text only."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    unsupported = sorted({part.type for part in content} - accepted)
+    if unsupported:
+        message = f"unsupported content part types: {unsupported}"
+        raise InvalidRequest(f"{param}: {message}" if param_in_message else message, param)
+    return "".join(part.text for part in content)
+
+
+def token_counts(result: TurnResult) -> tuple[int, int]:
+    """A turn's prompt and generated tokens: what every API's usage reports, in its own names."""
+    return result.prompt_len, len(result.generation.token_ids)

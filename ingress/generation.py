@@ -1,0 +1,173 @@
+"""Running a prepared call on the engine, whole or streamed, and what the caller gets back.
+
+Invariants:
+- The step records the engine's tokens as they came; a chat client's text, reasoning and tool
+  calls are decoded and parsed from exactly those tokens (stop strings trimmed), the same
+  whether streamed or not.
+- A result exists only once its step is recorded: :class:`TurnResult` and :class:`TokensResult`
+  are returned, and a stream yields :class:`TurnDone`, only after the step was published.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ingress.detokenize import Decoder, IncrementalDecoder, StopTrimmer
+from ingress.output import OutputDelta, OutputParser, ParsedOutput
+from ingress.parsers import make_parser
+from ingress.prompts import AnyCall, PreparedCall
+from ingress.recording import StepRecorder
+from ingress.tracing import CallSpan
+from ingress.turn import ChatTurn, TokenCall
+from schemas.events import StepRecorded
+from schemas.routed_experts import RoutedExperts
+from titoflow.engine.api import Engine, Generation
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    step: StepRecorded
+    parsed: ParsedOutput
+    generation: Generation
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class TokensResult:
+    """A white-box call's answer: the step as recorded and the engine's generation."""
+
+    step: StepRecorded
+    generation: Generation
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    """What an adapter's opening stream event needs, known before any token is sampled."""
+
+    step_id: str
+    prompt_len: int
+    created: float
+
+
+@dataclass(frozen=True)
+class TokensSampled:
+    """Tokens as they arrive, before their text: for adapters that return logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    result: TurnResult
+
+
+TurnEvent = OutputDelta | TokensSampled | TurnDone
+
+_ID_PREFIX = {"anthropic.messages": "toolu_"}
+
+
+@dataclass(frozen=True)
+class CallRunner:
+    engine: Engine
+    tokenizer: Decoder
+    tool_parser: str
+    recorder: StepRecorder
+
+    async def complete(
+        self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
+    ) -> TurnResult:
+        """A chat turn answered at once: its text decoded and parsed when the engine is done."""
+        generation, engine_ms = await self._generate(call)
+        parser = self._parser(call)
+        trimmer = StopTrimmer(call.request.sampling.stop)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        parser.feed(trimmer.push(text) + trimmer.flush())
+        _, parsed = parser.finish()
+        step = await self.recorder.record(call, version, generation, engine_ms, span, parsed)
+        return TurnResult(step, parsed, generation, len(call.prompt))
+
+    async def tokens(
+        self, call: PreparedCall[TokenCall], version: str | None, span: CallSpan
+    ) -> TokensResult:
+        """A white-box call: token ids in and out, nothing decoded."""
+        generation, engine_ms = await self._generate(call)
+        step = await self.recorder.record(call, version, generation, engine_ms, span)
+        return TokensResult(step, generation, len(call.prompt))
+
+    async def stream(
+        self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
+    ) -> AsyncIterator[TurnEvent]:
+        """Deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
+        turn = call.request
+        started = time.perf_counter()
+        parser = self._parser(call)
+        decoder = IncrementalDecoder(self.tokenizer)
+        trimmer = StopTrimmer(turn.sampling.stop)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        top: list[list[tuple[int, float]]] = []
+        finish_reason, versions, stop_reason, engine_url = "stop", [], None, self.engine.url
+        routed: RoutedExperts | None = None
+        async for chunk in self.engine.generate_stream(
+            call.prompt,
+            call.params,
+            call.request_id,
+            session_id=turn.session.session_id,
+        ):
+            engine_url = chunk.engine_url
+            ids += chunk.token_ids
+            logprobs += chunk.logprobs
+            top += chunk.top_logprobs
+            if chunk.token_ids:
+                yield TokensSampled(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
+                for delta in parser.feed(trimmer.push(decoder.push(chunk.token_ids))):
+                    yield delta
+            if chunk.finish_reason is not None:
+                finish_reason, versions = chunk.finish_reason, chunk.weight_versions
+                stop_reason, routed = chunk.stop_reason, chunk.routed_experts
+        engine_ms = (time.perf_counter() - started) * 1000
+        for delta in parser.feed(trimmer.push(decoder.flush()) + trimmer.flush()):
+            yield delta
+        last, parsed = parser.finish()
+        for delta in last:
+            yield delta
+        generation = Generation(
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            request_id=call.request_id,
+            engine_url=engine_url,
+            weight_versions=versions,
+            top_logprobs=top,
+            stop_reason=stop_reason,
+            routed_experts=routed,
+        )
+        step = await self.recorder.record(
+            call, version, generation, engine_ms, span, parsed, stream=True
+        )
+        yield TurnDone(TurnResult(step, parsed, generation, len(call.prompt)))
+
+    async def _generate(self, call: AnyCall) -> tuple[Generation, float]:
+        """The whole generation, and the milliseconds the engine took."""
+        started = time.perf_counter()
+        generation = await self.engine.generate(
+            call.prompt, call.params, call.request_id, session_id=call.request.session.session_id
+        )
+        return generation, (time.perf_counter() - started) * 1000
+
+    def _parser(self, call: PreparedCall[ChatTurn]) -> OutputParser:
+        turn = call.request
+        prompt_end = self.tokenizer.decode(call.prompt[-4:].tolist(), skip_special_tokens=False)
+        return make_parser(
+            self.tool_parser,
+            call.step_id,
+            id_prefix=_ID_PREFIX.get(turn.api, "call_"),
+            tools=turn.tools,
+            parse_tools=bool(turn.tools) and turn.tool_choice != "none",
+            reasoning_open=prompt_end.rstrip("\n").endswith("<think>"),
+        )

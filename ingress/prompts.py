@@ -1,0 +1,181 @@
+"""A call's prompt, built from the session's cached chains, ready for the engine.
+
+Invariants:
+- Exact tokens: where a cached chain holds the start of the call, the prompt is that chain's
+  tokens, untouched, plus a tail (TITO): for a chat turn the template's continuation of the
+  messages the chain does not hold, for a white-box call the caller's ids past the chain.
+  Otherwise the tail is the whole prompt: the conversation rendered in full, or the caller's
+  ids as sent.
+- One step id per engine call: drawn here for every prepared call, so two calls never share one,
+  even for the same prompt (a client retry, best-of-n).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from array import array
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ingress.admission import Admission
+from ingress.chains import Chain, ChainStore
+from ingress.constraints import tool_call_constraint
+from ingress.service_options import ServiceOptions
+from ingress.turn import ChatTurn, TokenCall
+from titoflow.engine.api import GenerateParams
+from titoflow.errors import InvalidRequest
+from titoflow.tito.messages import Matcher
+from titoflow.tito.render import ChatRenderer
+
+Request = TypeVar("Request", ChatTurn, TokenCall)
+
+
+@dataclass(frozen=True)
+class PreparedCall(Generic[Request]):
+    """One engine call, ready to run: a chat turn's or a white-box call's alike."""
+
+    request: Request
+    parent: Chain | None  # the cached chain the prompt extends; None: the tail is the prompt
+    covered: int  # the chat turn's messages the parent holds (0 for a white-box call)
+    tail: array[int]
+    prompt: array[int]
+    step_id: str
+    request_id: str  # unique per engine call (vLLM aborts by request id); starts with step_id
+    params: GenerateParams
+    matcher: Matcher  # how the prompt was matched to its chain (white-box: token for token)
+    started: float  # perf_counter when the call arrived
+    render_ms: float
+
+
+AnyCall = PreparedCall[ChatTurn] | PreparedCall[TokenCall]
+
+
+def step_id_for(
+    session_id: str, parent_step_id: str | None, prompt_tail: array[int], sample: str
+) -> str:
+    """One id per sample: two engine calls never share one, even for the same prompt (a client
+    retry, best-of-n), so neither do their tool-call ids. ``sample`` is drawn once per engine
+    call; the event carries the id, so re-sends of the event and replays keep it."""
+    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0{sample}\0".encode())
+    digest.update(prompt_tail.tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _first_new_row(prefix_len: int) -> int:
+    """The first position whose routed experts no earlier step of the chain recorded: the
+    parent's last token, which is first fed to the model by this step's request."""
+    return max(prefix_len - 1, 0)
+
+
+def _ready(
+    request: Request,
+    parent: Chain | None,
+    covered: int,
+    tail: array[int],
+    prompt: array[int],
+    params: GenerateParams,
+    matcher: Matcher,
+    started: float,
+    render_ms: float,
+) -> PreparedCall[Request]:
+    """The call with its own sample drawn: the step id, and the engine request id that starts
+    with it."""
+    sample = uuid.uuid4().hex
+    parent_step_id = parent.head_step_id if parent else None
+    step_id = step_id_for(request.session.session_id, parent_step_id, tail, sample)
+    request_id = f"{step_id}-{sample[:8]}"
+    return PreparedCall(
+        request,
+        parent,
+        covered,
+        tail,
+        prompt,
+        step_id,
+        request_id,
+        params,
+        matcher,
+        started,
+        render_ms,
+    )
+
+
+@dataclass(frozen=True)
+class PromptBuilder:
+    renderer: ChatRenderer
+    chains: ChainStore
+    admission: Admission
+    options: ServiceOptions
+
+    def for_turn(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
+        """The longest cached chain the turn's messages extend, plus the template's continuation
+        of the rest; on a miss, the whole conversation rendered."""
+        started = time.perf_counter()
+        session_id = turn.session.session_id
+        matcher = self.options.matcher
+        found = self.chains.find(session_id, turn.messages, turn.tools_key, matcher)
+        if found:
+            parent, covered = found
+            self.admission.check_step_limit(session_id, parent)
+            continuation = self.renderer.continuation(
+                turn.messages,
+                covered,
+                parent.ends_with_terminator,
+                turn.tools,
+                turn.template_kwargs,
+            )
+            tail = array("i", continuation)
+            prompt = parent.tokens + tail
+        else:
+            parent, covered = None, 0
+            tail = array(
+                "i", self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs)
+            )
+            prompt = tail
+        params = self._turn_params(turn, len(prompt), len(parent.tokens) if parent else 0)
+        render_ms = (time.perf_counter() - started) * 1000
+        return _ready(turn, parent, covered, tail, prompt, params, matcher, started, render_ms)
+
+    def for_tokens(self, call: TokenCall) -> PreparedCall[TokenCall]:
+        """The caller's ids as they are: a prompt that starts with a cached chain's tokens
+        extends that chain (the rest is the tail); otherwise the whole prompt is the tail of a
+        new chain, which workers place as they place any cache miss."""
+        started = time.perf_counter()
+        prompt = array("i", call.prompt_ids)
+        parent = self.chains.find_tokens(call.session.session_id, prompt)
+        if parent is not None:
+            self.admission.check_step_limit(call.session.session_id, parent)
+        prefix_len = len(parent.tokens) if parent else 0
+        params = GenerateParams(
+            max_tokens=self.admission.max_tokens(call.max_tokens, len(prompt)),
+            routed_experts_start=_first_new_row(prefix_len),
+            temperature=call.temperature,
+            top_p=call.top_p,
+            seed=call.seed,
+            stop_token_ids=call.stop_token_ids,
+            top_logprobs=call.top_logprobs,
+        )
+        tail = prompt[prefix_len:]
+        # No messages (none covered), matched token for token, nothing rendered.
+        return _ready(call, parent, 0, tail, prompt, params, "strict", started, 0.0)
+
+    def _turn_params(self, turn: ChatTurn, prompt_len: int, prefix_len: int) -> GenerateParams:
+        max_tokens = self.admission.max_tokens(turn.sampling.max_tokens, prompt_len)
+        try:
+            structured = tool_call_constraint(
+                turn.tools, turn.tool_choice, turn.tool_choice_name, self.options.tool_parser
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), "tool_choice") from exc
+        return GenerateParams(
+            max_tokens=max_tokens,
+            temperature=turn.sampling.temperature,
+            top_p=turn.sampling.top_p,
+            seed=turn.sampling.seed,
+            stop_token_ids=(self.renderer.terminator_id,),
+            stop=turn.sampling.stop,
+            top_logprobs=turn.sampling.logprobs or 0,
+            structured=structured,
+            routed_experts_start=_first_new_row(prefix_len),
+        )

@@ -1,0 +1,77 @@
+"""Recording an engine call's step: published, observed, then cached.
+
+Invariant: a chain advances only after its step was published (the broker acknowledged it), so
+a call that fails anywhere before leaves the cache as it was, and a retry extends the same chain
+as a new sample. Metrics and the log line wait for nothing: they are counted on the loop's next
+turn, once the answer is on its way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from ingress import metrics
+from ingress.chains import ChainStore
+from ingress.output import ParsedOutput
+from ingress.prompts import AnyCall
+from ingress.session_log import Publish
+from ingress.steps import advance_chain, answer_message, step_event
+from ingress.tracing import CallSpan
+from schemas.events import StepRecorded
+from titoflow.engine.api import Generation
+
+log = logging.getLogger("titoflow.ingress")
+
+
+@dataclass(frozen=True)
+class StepRecorder:
+    publish: Publish
+    chains: ChainStore
+    terminator_id: int  # the template's end-of-turn token: does a head end its turn?
+
+    async def record(
+        self,
+        call: AnyCall,
+        version: str | None,
+        generation: Generation,
+        engine_ms: float,
+        span: CallSpan,
+        parsed: ParsedOutput | None = None,
+        stream: bool = False,
+    ) -> StepRecorded:
+        """The step of ``call``, durable; ``parsed`` is a chat turn's output (None: white-box),
+        ``version`` the weight version the call was admitted under."""
+        answer = answer_message(parsed) if parsed is not None else None
+        step = step_event(call, generation, engine_ms, stream, parsed, answer)
+        await self.publish(step)
+        span.recorded(step, len(call.prompt))
+        # Counted on the next loop iteration: the answer leaves 0.1 ms sooner.
+        asyncio.get_running_loop().call_soon(_count, step, len(call.prompt), call.started)
+        advance_chain(self.chains, call, step, answer, self.terminator_id, version)
+        return step
+
+
+def _count(step: StepRecorded, prompt_len: int, started: float) -> None:
+    """Metrics and the log line of a recorded step, whose call ends now."""
+    metrics.STEPS.labels(step.api, step.prefix).inc()
+    if step.tool_parse_error:
+        metrics.TOOL_PARSE_ERRORS.labels(step.api).inc()
+    metrics.TOKENS.labels("prompt").inc(prompt_len)
+    metrics.TOKENS.labels("completion").inc(len(step.completion_ids))
+    turn_seconds = time.perf_counter() - started
+    metrics.TURN_SECONDS.labels(step.api).observe(turn_seconds)
+    metrics.OVERHEAD_SECONDS.labels(step.api).observe(turn_seconds - step.engine_ms / 1000)
+    log.info(
+        "step recorded",
+        extra={
+            "session_id": step.session_id,
+            "step_id": step.step_id,
+            "prefix": step.prefix,
+            "prompt_tokens": prompt_len,
+            "completion_tokens": len(step.completion_ids),
+            "tool_parse_error": step.tool_parse_error,
+        },
+    )

@@ -1,0 +1,26 @@
+"""What the turn logic reads of the settings: limits, the tool parser and the chain matcher.
+
+Plain values, fixed for the service's life (``app.py`` builds them from
+:class:`~titoflow.settings.Settings`; tests and benchmarks build them directly), so every turn
+is judged by the same rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from titoflow.tito.messages import Matcher
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    max_model_len: int
+    default_max_tokens: int
+    max_tokens_cap: int = 0  # 0: no cap beyond the context window
+    context_policy: Literal["clamp", "refuse"] = "clamp"
+    max_steps_per_session: int = 0  # 0: no limit
+    tool_parser: str = "qwen3"
+    matcher: Matcher = "strict"
+    vocab_size: int = 1 << 31  # token ids a white-box call may send: [0, vocab_size)
+    partial_rollout: bool = True  # False: refuse a step on newer weights than its chain's first

@@ -1,0 +1,21 @@
+"""The session's log as the turn logic sees it: the events it holds and how they get there.
+
+Invariant: :data:`Publish` returns only once the broker acknowledged the event (``app.py``
+publishes with acks=all, keyed by the session, so a session's events keep their order) and
+raises otherwise; callers change no state that depends on an event before it returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from schemas.events import (
+    SessionDiscarded,
+    SessionEnded,
+    SessionFinalized,
+    SessionOpened,
+    StepRecorded,
+)
+
+SessionEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded | SessionEnded
+Publish = Callable[[SessionEvent], Awaitable[None]]

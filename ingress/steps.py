@@ -1,0 +1,137 @@
+"""An engine call's step event and the chain head it leaves: one path for chat turns and
+white-box calls.
+
+Invariants:
+- The step holds exactly what the engine saw and made: its prompt is
+  ``tokens(parent)[:prefix_len] + prompt_tail_ids`` (all of it in the tail on a ``rendered``
+  step), its completion the engine's ids and logprobs; the head holds that prompt + completion,
+  so the next call that extends the chain sends the very tokens the step records.
+- A white-box call differs from a chat turn only in knowing no conversation: its step has no
+  messages and no tools of its own (workers place it by tokens alone), and its head is recorded
+  with ``ChainStore.advance_tokens``, which keeps the parent's messages so no chat request
+  matches it.
+- A chain's tools and template switches are on its rendered step only; its TITO steps share them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from array import array
+
+from ingress.chains import Chain, ChainStore
+from ingress.output import ParsedOutput
+from ingress.prompts import AnyCall
+from ingress.turn import ChatTurn
+from schemas.events import StepRecorded
+from schemas.routed_experts import RoutedExperts
+from titoflow.engine.api import Generation
+from titoflow.tito.messages import Message
+
+
+def answer_message(parsed: ParsedOutput) -> Message:
+    """The assistant message a chat client got."""
+    return Message(
+        role="assistant",
+        content=parsed.content,
+        reasoning=parsed.reasoning,
+        tool_calls=tuple(parsed.tool_calls),
+    )
+
+
+def step_event(
+    call: AnyCall,
+    generation: Generation,
+    engine_ms: float,
+    stream: bool,
+    parsed: ParsedOutput | None,
+    answer: Message | None,
+) -> StepRecorded:
+    """The step of ``call``; ``parsed`` and ``answer`` are a chat turn's (None: white-box)."""
+    parent, request = call.parent, call.request
+    turn = request if isinstance(request, ChatTurn) else None
+    return StepRecorded(
+        session_id=request.session.session_id,
+        event_time=time.time(),
+        step_id=call.step_id,
+        chain_id=parent.chain_id if parent else call.step_id,
+        parent_step_id=parent.head_step_id if parent else None,
+        prefix="tito" if parent else "rendered",
+        prefix_len=len(parent.tokens) if parent else 0,
+        prompt_tail_ids=call.tail.tolist(),
+        completion_ids=generation.token_ids,
+        completion_logprobs=generation.logprobs,
+        weight_versions=generation.weight_versions,
+        finish_reason=generation.finish_reason,
+        instance_id=request.session.instance_id,
+        turn_id=request.session.turn_id,
+        api=turn.api if turn else "generate",
+        stream=stream,
+        matcher=call.matcher,
+        model=request.model,
+        engine_url=generation.engine_url,
+        engine_request_id=generation.request_id,
+        new_messages=[m.template_dict() for m in turn.messages[call.covered :]] if turn else [],
+        response_message=answer.template_dict() if answer else {},
+        tool_parse_error=parsed.parse_error if parsed else None,
+        tools_hash=_tools_hash(_tools_key(turn, parent)),
+        # What a worker needs to re-render the chain; its TITO steps share them.
+        tools=list(turn.tools) if turn and parent is None else [],
+        template_kwargs=dict(turn.template_kwargs) if turn and parent is None else {},
+        constrained=call.params.structured is not None,
+        routed_experts=_new_rows(generation, call.params.routed_experts_start),
+        render_ms=call.render_ms,
+        engine_ms=engine_ms,
+    )
+
+
+def advance_chain(
+    chains: ChainStore,
+    call: AnyCall,
+    step: StepRecorded,
+    answer: Message | None,
+    terminator_id: int,
+    version: str | None,
+) -> None:
+    """Record the head ``step`` leaves as the tip of its chain. ``version``: the control log's
+    weight version when the call was admitted, the chain's first if it starts one."""
+    parent, request = call.parent, call.request
+    turn = request if isinstance(request, ChatTurn) else None
+    completion = array("i", step.completion_ids)
+    # Clients rarely echo reasoning (and no matcher compares it): kept without it, the echo
+    # matches field for field, the cheap way (see ChainStore.find). A white-box head gets its
+    # parent's messages from advance_tokens.
+    messages = (
+        (*turn.messages, answer.model_copy(update={"reasoning": None})) if turn and answer else ()
+    )
+    head = Chain(
+        chain_id=step.chain_id,
+        tools_key=_tools_key(turn, parent) or "",
+        messages=messages,
+        tokens=call.prompt + completion,
+        head_step_id=step.step_id,
+        ends_with_terminator=bool(completion) and completion[-1] == terminator_id,
+        depth=parent.depth + 1 if parent else 1,
+        first_version=parent.first_version if parent else version,
+        prior=parent.summary() if parent and turn else None,
+    )
+    if turn:
+        chains.advance(request.session.session_id, parent, head)
+    else:
+        chains.advance_tokens(request.session.session_id, parent, head)
+
+
+def _tools_key(turn: ChatTurn | None, parent: Chain | None) -> str | None:
+    """The tools and template switches the prompt was made under: the turn's, else (white-box)
+    its chain's; None for a white-box prompt no chain holds."""
+    return turn.tools_key if turn else parent.tools_key if parent else None
+
+
+def _tools_hash(tools_key: str | None) -> str:
+    return hashlib.sha256(tools_key.encode()).hexdigest()[:16] if tools_key is not None else ""
+
+
+def _new_rows(generation: Generation, first: int) -> RoutedExperts | None:
+    """Only this step's rows, also from an engine that ignored ``routed_experts_start``."""
+    rows = generation.routed_experts
+    return rows.between(first, rows.end) if rows else None

@@ -1,0 +1,88 @@
+"""A session's segment as the ``segment_finalized`` event it is emitted as.
+
+Invariants:
+- A segment's id is derived from its session and its last step (a step ends at most one
+  segment), so a worker that re-reads a session rebuilds the ids it emitted before, and
+  consumers drop the repeats.
+- The event is a function of the session's events alone (times come from the log), so the
+  same events give the same bytes.
+- The build mode is the session's own, else the worker's; a ``last-step`` segment that cannot
+  be re-rendered stays concat and says so (``rebuild_fallback``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.events import BuildMode, SegmentFinalized
+from workers.assembly.rebuilt import SegmentRebuilder
+from workers.assembly.segment import OpenSegment
+from workers.assembly.session import Session
+from workers.versions import mask_stale_versions
+
+FinalizeReason = Literal["finalized", "idle", "size"]
+
+
+@dataclass(frozen=True)
+class SegmentEmitter:
+    """``build_mode``: the worker's; ``mask_stale_versions``: loss mask 0 on tokens of other
+    versions than the latest."""
+
+    build_mode: BuildMode
+    rebuilds: SegmentRebuilder
+    mask_stale_versions: bool
+
+    def emit(
+        self,
+        session_id: str,
+        session: Session,
+        segment: OpenSegment,
+        reason: FinalizeReason,
+        last: bool = False,
+        unused: bool = False,
+    ) -> SegmentFinalized:
+        """The segment as its session's build mode makes it (tokens with logprob source 3
+        wait for the recompute stage: see :mod:`workers.assembly.pending`)."""
+        mode = session.build_mode or self.build_mode
+        built = self.rebuilds.last_step(segment) if mode == "last-step" else segment
+        if built is None:
+            session.diagnostics["rebuild_fallback"] += 1
+            built, mode = segment, "concat"
+        # A step ends at most one segment, so (session, last step) names a segment. A worker
+        # that re-reads a finished session from mid-way (its start was below the committed
+        # offset) rebuilds a tail of a segment already emitted: same last step, same id,
+        # dropped downstream.
+        last_step_id = built.steps[-1].step_id
+        segment_id = hashlib.sha256(f"{session_id}\0{last_step_id}".encode()).hexdigest()[:32]
+        loss_mask = built.loss_mask.tolist()
+        # Built from values already validated (events) or made here with the right types, so
+        # validating again would only re-check every array element (a third of emitting one).
+        return SegmentFinalized.model_construct(
+            session_id=session_id,
+            event_time=built.last_event_time,
+            segment_id=segment_id,
+            chain_id=built.chain_id,
+            instance_id=session.instance_id,
+            rollout_id=str(session.metadata.get("rollout_id") or session_id),
+            token_ids=built.tokens.tolist(),
+            loss_mask=mask_stale_versions(loss_mask, built.versions)
+            if self.mask_stale_versions
+            else loss_mask,
+            logprobs=built.logprobs.tolist(),
+            logprob_source=built.source.tolist(),
+            weight_versions=list(built.versions),
+            routed_experts=built.routing.block(),
+            steps=list(built.steps),
+            finalize_reason=reason,
+            split_reason=built.split_reason,
+            build_mode=mode,
+            diagnostics=dict(sorted(session.diagnostics.items())),
+            metadata=dict(session.metadata),
+            channel=session.channel,
+            reward=session.reward,
+            reward_components=dict(session.reward_components),
+            last_of_session=last,
+            unused_sample=unused,
+        )

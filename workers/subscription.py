@@ -1,0 +1,126 @@
+"""A FastStream batch subscriber run as a service, for the consumer groups whose offsets matter
+(the assembly worker on ``<prefix>.steps``, the recompute stage on ``<prefix>.recompute``).
+
+Invariant: an offset is committed only by the service's own code, after what its records
+produced was acknowledged. Acknowledgement is manual, and a batch that raises stops the service
+uncommitted: FastStream would log the error and hand over the next batch, whose commit would
+pass the failed one's records. One batch runs at a time, under ``lock``, which a rebalance
+listener takes too. Stopping waits for the batch in hand; cancelling is a death (as SIGKILL):
+the batch in hand is abandoned and nothing more is published or committed by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from faststream import AckPolicy
+from faststream.kafka.annotations import KafkaMessage
+
+from titoflow.bus import (
+    Consumer,
+    ConsumerRecord,
+    RebalanceListener,
+    consumer_options,
+    subscriber_broker,
+)
+from titoflow.settings import Settings
+
+Records = tuple[ConsumerRecord, ...]
+
+# How long a batch fetch waits for records, and how often ``tick`` runs without any.
+POLL_TIMEOUT_MS = 500
+
+
+class BatchSubscription:
+    def __init__(
+        self,
+        settings: Settings,
+        topic: str,
+        group_id: str,
+        handle: Callable[[KafkaMessage, Records], Awaitable[None]],
+        logger: logging.Logger,
+        max_records: int,
+        listener: RebalanceListener | None = None,
+    ) -> None:
+        self.handle = handle
+        self.log = logger
+        self.broker = subscriber_broker(settings, logger)
+        self.subscriber = self.broker.subscriber(
+            topic,
+            batch=True,
+            group_id=group_id,
+            ack_policy=AckPolicy.MANUAL,
+            listener=listener,
+            max_records=max_records,
+            batch_timeout_ms=POLL_TIMEOUT_MS,
+            **consumer_options(settings),
+        )
+        self.subscriber(self._on_batch)
+        self.lock = asyncio.Lock()
+        self.closing = False
+        self._failed: BaseException | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def consumer(self) -> Consumer:
+        consumer: Consumer | None = self.subscriber.consumer
+        assert consumer is not None, "the subscription is not running"
+        return consumer
+
+    async def run(
+        self,
+        stop: asyncio.Event,
+        tick: Callable[[], Awaitable[None]] | None = None,
+        last: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Consume until ``stop``; ``tick`` (under the lock) every poll interval, batches or
+        not; ``last`` (under the lock, unless a batch is in hand or one failed) before the
+        consumer leaves its group. Raises what a batch raised."""
+        await self.broker.start()
+        relay = asyncio.create_task(self._stop_on(stop))
+        try:
+            while not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), POLL_TIMEOUT_MS / 1000)
+                if tick is not None:
+                    await self._guarded(tick)
+        except asyncio.CancelledError:
+            self.closing = True
+            for task in self.subscriber.tasks:
+                task.cancel()
+            raise
+        finally:
+            relay.cancel()
+            self.closing = True  # a batch fetched from now on is left for the next owner
+            if last is not None and self._failed is None and not self.lock.locked():
+                async with self.lock:
+                    await last()
+            await self.broker.stop()  # waits for a batch in hand, then stops consuming
+        if self._failed is not None:
+            raise self._failed
+
+    async def _stop_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._stop.set()
+
+    async def _on_batch(self, message: KafkaMessage) -> None:
+        records = message.raw_message
+        batch = records if isinstance(records, tuple) else (records,)
+        await self._guarded(lambda: self.handle(message, batch))
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
+        async with self.lock:
+            if self.closing:
+                return
+            try:
+                await work()
+            except asyncio.CancelledError:
+                self.closing = True  # abandoned (a death, or stopping past the grace period)
+                raise
+            except Exception as exc:
+                self.closing, self._failed = True, exc
+                self._stop.set()
+                self.log.exception("batch failed; stopping uncommitted")
