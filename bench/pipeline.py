@@ -264,21 +264,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def ratios(rows: list[dict[str, Any]]) -> str:
-    """This checkout's steps/s and worker CPU per step over the other's, per configuration
-    (medians over rounds)."""
-
-    def median(values: list[float]) -> float:
-        return statistics.median(values) if values else float("nan")
-
+    """This checkout's steps/s and worker CPU per step over the other's, per configuration: the
+    median over rounds of each round's ratio (the two runs of a round are adjacent, so a drift
+    in the machine's load cancels out)."""
     out = ["tok/step workers  steps/s this/against  wcpu/step this/against"]
     for tokens, workers in dict.fromkeys((r["tokens_per_step"], r["workers"]) for r in rows):
         mine = [r for r in rows if (r["tokens_per_step"], r["workers"]) == (tokens, workers)]
-
-        def of(code: str, key: str, mine: list[dict[str, Any]] = mine) -> float:
-            return median([r[key] for r in mine if r["code"] == code])
-
-        speed = of("this", "steps_per_s") / of("against", "steps_per_s")
-        cpu = of("this", "worker_cpu_ms_per_step") / of("against", "worker_cpu_ms_per_step")
+        pairs = list(zip(mine[0::2], mine[1::2], strict=True))  # (against, this) per round
+        speed = statistics.median(b["steps_per_s"] / a["steps_per_s"] for a, b in pairs)
+        cpu = statistics.median(
+            b["worker_cpu_ms_per_step"] / a["worker_cpu_ms_per_step"] for a, b in pairs
+        )
         out.append(f"{tokens:>8} {workers:>7}  {speed:>20.3f}  {cpu:>22.3f}")
     return "\n".join(out)
 

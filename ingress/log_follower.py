@@ -1,11 +1,12 @@
-"""Follows a broadcast log on every ingress replica: the whole topic, no consumer group.
+"""Follows a broadcast log on every ingress replica: the whole topic, no consumer group, as a
+FastStream batch subscriber assigned every partition and never committing.
 
-At start it reads every partition from the beginning up to the end offsets it finds (so a
+At start it applies every partition from the beginning up to the end offsets it finds (so a
 replica started during a pause is paused, and knows which sessions ended, before it serves),
-then follows. Each event goes to every subscriber in log order (per partition); a subscriber is
-a plain callable that must not block (start a task for slow work). Records it cannot decode (an
-unknown type or schema version) are logged and skipped: events from newer titoflows must not
-stop older replicas.
+then follows; FastStream's consume loop waits out broker outages. Each event goes to every
+subscriber in log order (per partition); a subscriber is a plain callable that must not block
+(start a task for slow work). Records it cannot decode (an unknown type or schema version) are
+logged and skipped: events from newer titoflows must not stop older replicas.
 """
 
 from __future__ import annotations
@@ -13,19 +14,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker
+from faststream.kafka import TopicPartition as Assigned  # FastStream's, for its subscriber
+from faststream.kafka.annotations import KafkaMessage
+from faststream.kafka.subscriber.usecase import LogicSubscriber
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.control import AnyControl, control_adapter
 from schemas.events import SessionEnded, ended_adapter
-from titoflow.bus import Consumer, KafkaError, TopicPartition, existing_partitions, make_consumer
+from titoflow.bus import (
+    BATCH_WAIT_MS,
+    Consumer,
+    KafkaError,
+    TopicPartition,
+    consumer_options,
+    existing_partitions,
+    make_consumer,
+    subscriber_broker,
+    undecoded,
+)
 from titoflow.settings import Settings
 
 log = logging.getLogger("titoflow.follow")
 
 E = TypeVar("E")
-POLL_MS = 500
+APPLIED_POLL_S = 0.01
+RETRY_S = 1.0
 
 
 class LogFollower(Generic[E]):
@@ -34,8 +51,10 @@ class LogFollower(Generic[E]):
         self.topic = topic
         self._adapter = adapter
         self._subscribers: list[Callable[[E, int], None]] = []  # (event, offset)
+        self._broker: KafkaBroker | None = None  # made in the event loop, on start
         self._partitions: list[TopicPartition] = []
-        self._consumer: Consumer | None = None  # made in the event loop, on start
+        self._applied: dict[int, int] = {}  # partition -> offset after the last record applied
+        self._subscriber: LogicSubscriber[Any] | None = None
 
     def subscribe(self, subscriber: Callable[[E, int], None]) -> None:
         self._subscribers.append(subscriber)
@@ -45,57 +64,79 @@ class LogFollower(Generic[E]):
         not, :meth:`run` keeps trying and the replica serves meanwhile, as without a broker)."""
         try:
             async with asyncio.timeout(timeout_s):
-                consumer = await self._connect()
-                ends = await consumer.end_offsets(self._partitions)
-                while any([await consumer.position(p) < end for p, end in ends.items()]):
-                    await self._poll()
-        except (TimeoutError, KafkaError) as exc:
+                ends = await self._connect()
+                while any(self._applied.get(tp.partition, 0) < end for tp, end in ends.items()):
+                    await asyncio.sleep(APPLIED_POLL_S)
+        except (TimeoutError, KafkaError, OSError) as exc:
             log.warning("%s not read at start: %r", self.topic, exc)
             return False
         return True
 
     async def run(self) -> None:
-        """Follow the log until cancelled; broker outages are waited out."""
-        while True:
+        """Follow the log until cancelled: connect (retrying while the broker is away), then
+        FastStream's subscriber follows."""
+        while self._broker is None:
             try:
-                await self._poll()
-            except KafkaError as exc:
+                await self._connect()
+            except (KafkaError, OSError) as exc:
                 log.warning("%s unreadable, retrying: %r", self.topic, exc)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(RETRY_S)
+        await asyncio.Event().wait()
 
-    async def _connect(self) -> Consumer:
-        if self._consumer is not None:
-            return self._consumer
-        # Every replica reads everything: no group, nothing committed, always from offset 0.
-        consumer = make_consumer(self.settings, group_id=None)
-        try:
-            await consumer.start()
-            partitions = await existing_partitions(consumer, self.topic)
-        except BaseException:
-            await consumer.stop()  # one that failed (or was cancelled) half-way is not reused
-            raise
-        self._partitions = partitions or [TopicPartition(self.topic, 0)]
-        consumer.assign(self._partitions)
-        await consumer.seek_to_beginning(*self._partitions)
-        self._consumer = consumer
-        return consumer
+    async def _connect(self) -> dict[TopicPartition, int]:
+        """Start following (once); the partitions' end offsets now."""
+        if self._broker is None:
+            # Every replica reads everything: no group, nothing committed, always from offset 0
+            # of each partition the topic has now.
+            probe = make_consumer(self.settings, group_id=None)
+            try:
+                await probe.start()
+                partitions = await existing_partitions(probe, self.topic)
+            finally:
+                await probe.stop()
+            broker = self.declare(partitions or [TopicPartition(self.topic, 0)])
+            try:
+                await broker.start()
+            except BaseException:
+                await broker.stop()  # one that failed (or was cancelled) half-way is not reused
+                raise
+            self._broker = broker
+        consumer: Consumer | None = self._subscriber.consumer if self._subscriber else None
+        assert consumer is not None
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(self._partitions)
+        return ends
 
-    async def _poll(self) -> None:
-        consumer = await self._connect()
-        batch = await consumer.getmany(*self._partitions, timeout_ms=POLL_MS)
-        for records in batch.values():
-            for record in records:
-                try:
-                    event = self._adapter.validate_json(record.value or b"")
-                except ValidationError as exc:
-                    log.warning("skipping %s record @%d: %s", self.topic, record.offset, exc)
-                    continue
-                for subscriber in self._subscribers:
-                    subscriber(event, record.offset)
+    def declare(self, partitions: list[TopicPartition]) -> KafkaBroker:
+        """The FastStream broker whose subscriber follows ``partitions`` (not started; a test
+        drives it with FastStream's in-memory ``TestKafkaBroker``)."""
+        self._partitions = partitions
+        broker = subscriber_broker(self.settings, log)
+        self._subscriber = broker.subscriber(
+            partitions=[Assigned(tp.topic, tp.partition, declare=False) for tp in partitions],
+            batch=True,
+            ack_policy=AckPolicy.MANUAL,  # a group-less reader commits nothing
+            batch_timeout_ms=BATCH_WAIT_MS,
+            decoder=undecoded,  # each record is validated once, by the topic's adapter
+            **consumer_options(self.settings),
+        )
+        self._subscriber(self._apply)
+        return broker
+
+    async def _apply(self, message: KafkaMessage) -> None:
+        records = message.raw_message
+        for record in tuple(records) if isinstance(records, tuple | list) else (records,):
+            self._applied[record.partition] = record.offset + 1
+            try:
+                event = self._adapter.validate_json(record.value or b"")
+            except ValidationError as exc:
+                log.warning("skipping %s record @%d: %s", self.topic, record.offset, exc)
+                continue
+            for subscriber in self._subscribers:
+                subscriber(event, record.offset)
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._broker is not None:
+            await self._broker.stop()
 
 
 def control_follower(settings: Settings) -> LogFollower[AnyControl]:

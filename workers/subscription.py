@@ -20,17 +20,19 @@ from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
 from titoflow.bus import (
+    BATCH_WAIT_MS,
     Consumer,
     ConsumerRecord,
     RebalanceListener,
     consumer_options,
     subscriber_broker,
+    undecoded,
 )
 from titoflow.settings import Settings
 
 Records = tuple[ConsumerRecord, ...]
 
-# How long a batch fetch waits for records, and how often ``tick`` runs without any.
+# How often ``tick`` runs, batches or not.
 POLL_TIMEOUT_MS = 500
 
 
@@ -55,7 +57,8 @@ class BatchSubscription:
             ack_policy=AckPolicy.MANUAL,
             listener=listener,
             max_records=max_records,
-            batch_timeout_ms=POLL_TIMEOUT_MS,
+            batch_timeout_ms=BATCH_WAIT_MS,
+            decoder=undecoded,  # handlers read the records themselves
             **consumer_options(settings),
         )
         self.subscriber(self._on_batch)
@@ -108,7 +111,7 @@ class BatchSubscription:
 
     async def _on_batch(self, message: KafkaMessage) -> None:
         records = message.raw_message
-        batch = records if isinstance(records, tuple) else (records,)
+        batch = tuple(records) if isinstance(records, tuple | list) else (records,)
         await self._guarded(lambda: self.handle(message, batch))
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
