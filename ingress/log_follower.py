@@ -33,7 +33,7 @@ from titoflow.bus import (
     consumer_options,
     existing_partitions,
     make_consumer,
-    subscriber_broker,
+    service_broker,
     undecoded,
 )
 from titoflow.settings import Settings
@@ -110,7 +110,7 @@ class LogFollower(Generic[E]):
         """The FastStream broker whose subscriber follows ``partitions`` (not started; a test
         drives it with FastStream's in-memory ``TestKafkaBroker``)."""
         self._partitions = partitions
-        broker = subscriber_broker(self.settings, log)
+        broker = service_broker(self.settings, log, publishes=False)
         self._subscriber = broker.subscriber(
             partitions=[Assigned(tp.topic, tp.partition, declare=False) for tp in partitions],
             batch=True,

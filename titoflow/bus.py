@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import ConsumerRecord as ConsumerRecord
@@ -225,6 +225,28 @@ async def pin_to_end(consumer: AIOKafkaConsumer, timeout_s: float) -> None:
         await consumer.position(tp)
 
 
+@contextlib.contextmanager
+def translated_errors(settings: Settings, topic: str, size: int) -> Iterator[None]:
+    """aiokafka's failures to publish as BrokerUnavailable (retryable) or EventTooLarge (not)."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise BrokerUnavailable(
+            f"no ack from {settings.bootstrap_servers} for {topic!r} "
+            f"within {settings.publish_timeout_s}s"
+        ) from exc
+    except MessageSizeTooLargeError as exc:
+        raise EventTooLarge(
+            f"{size} bytes exceed max_event_bytes={settings.max_event_bytes}"
+        ) from exc
+    except KafkaError as exc:
+        raise BrokerUnavailable(f"publishing to {topic!r} failed: {exc!r}") from exc
+
+
+def _topics(records: list[tuple[str, str, bytes]]) -> str:
+    return ", ".join(sorted({topic for topic, _, _ in records}))
+
+
 class Publisher:
     """Publishes events and reports success only once the broker acknowledged them (acks=all).
 
@@ -287,7 +309,7 @@ class Publisher:
     ) -> tuple[int, int]:
         """Append one record; return (partition, offset) once the broker acknowledged it."""
         kafka_headers = [(k, v.encode()) for k, v in (headers or {}).items()]
-        with self._translated_errors(topic, len(value)):
+        with translated_errors(self._settings, topic, len(value)):
             async with asyncio.timeout(self._timeout_s):
                 producer = await self._ensure_producer()
                 metadata = await producer.send_and_wait(
@@ -306,7 +328,7 @@ class Publisher:
         if not records:
             return
         largest = max(len(value) for _, _, value in records)
-        with self._translated_errors(", ".join(sorted({t for t, _, _ in records})), largest):
+        with translated_errors(self._settings, _topics(records), largest):
             async with asyncio.timeout(self._timeout_s):
                 producer = await self._ensure_producer()
                 acks = [
@@ -314,23 +336,6 @@ class Publisher:
                     for topic, key, value in records
                 ]
                 await asyncio.gather(*acks)
-
-    @contextlib.contextmanager
-    def _translated_errors(self, topic: str, size: int) -> Iterator[None]:
-        """aiokafka's failures as BrokerUnavailable (retryable) or EventTooLarge (not)."""
-        try:
-            yield
-        except TimeoutError as exc:
-            raise BrokerUnavailable(
-                f"no ack from {self._settings.bootstrap_servers} for {topic!r} "
-                f"within {self._timeout_s}s"
-            ) from exc
-        except MessageSizeTooLargeError as exc:
-            raise EventTooLarge(
-                f"{size} bytes exceed max_event_bytes={self._settings.max_event_bytes}"
-            ) from exc
-        except KafkaError as exc:
-            raise BrokerUnavailable(f"publishing to {topic!r} failed: {exc!r}") from exc
 
     async def healthy(self) -> bool:
         """Whether a broker answers a metadata request now (bounded by ``HEALTH_TIMEOUT_S``)."""
@@ -393,16 +398,78 @@ async def undecoded(message: StreamMessage[Any]) -> Any:
     return message.body
 
 
-def subscriber_broker(settings: Settings, logger: logging.Logger) -> KafkaBroker:
-    """A FastStream broker for a service's subscribers: consumer-only (services publish through
-    :class:`Publisher`, whose acks, limits and error types the ingress shares), topics never
-    auto-created (``ensure_topics`` owns their layout), and per-message lines at DEBUG."""
+def service_broker(
+    settings: Settings, logger: logging.Logger, publishes: bool = True
+) -> KafkaBroker:
+    """A FastStream broker for a Kafka service: its subscribers take :func:`consumer_options`,
+    its producer the settings :class:`Publisher` uses (acks=all, no idempotence, no linger, the
+    event size limit); topics are never
+    auto-created (``ensure_topics`` owns their layout), and per-message lines are at DEBUG.
+    ``publishes=False``: no producer at all."""
     return KafkaBroker(
         settings.bootstrap_servers,
-        consumer_only=True,
+        consumer_only=not publishes,
+        acks="all",
+        enable_idempotence=False,
+        linger_ms=LINGER_MS,
+        max_batch_size=MAX_BATCH_BYTES,
+        max_request_size=settings.max_event_bytes,
+        # No request_timeout_ms: the broker's clients share it, and a consumer's JoinGroup waits
+        # for the whole rebalance (shorter, it times out and never joins). A publish that gets
+        # no ack in publish_timeout_s fails its batch, whose service then stops: a record that
+        # lands later is a duplicate, which consumers drop by id.
         allow_auto_create_topics=False,
         logger=logger,
         log_level=logging.DEBUG,
         # A handler runs at most one batch; stopping waits for it, as the services' commits do.
         graceful_timeout=settings.publish_timeout_s * 2,
     )
+
+
+class RecordPublisher(Protocol):
+    """What publishes a service's records: :class:`Publisher` (the ingress) or
+    :class:`StreamPublisher` (the FastStream services)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def publish(self, topic: str, key: str, value: bytes) -> tuple[int, int]: ...
+
+    async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None: ...
+
+
+class StreamPublisher:
+    """:class:`Publisher`'s contract on a FastStream broker's producer (started and stopped with
+    the broker, i.e. the service's FastStream application): ``publish_many`` hands records over
+    in order, all in flight at once, and returns once the broker acknowledged every one, within
+    ``publish_timeout_s``, or raises BrokerUnavailable / EventTooLarge. FastStream adds its
+    ``content-type`` and ``correlation_id`` headers; values are exactly the events' bytes."""
+
+    def __init__(self, broker: KafkaBroker, settings: Settings) -> None:
+        self._broker = broker
+        self._settings = settings
+
+    async def start(self) -> None:
+        """Nothing: the producer starts with the broker."""
+
+    async def stop(self) -> None:
+        """Nothing: the producer stops with the broker, after its last handler."""
+
+    async def publish(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
+        with translated_errors(self._settings, topic, len(value)):
+            async with asyncio.timeout(self._settings.publish_timeout_s):
+                metadata = await self._broker.publish(value, topic, key=key.encode())
+        return int(metadata.partition), int(metadata.offset)
+
+    async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None:
+        if not records:
+            return
+        largest = max(len(value) for _, _, value in records)
+        with translated_errors(self._settings, _topics(records), largest):
+            async with asyncio.timeout(self._settings.publish_timeout_s):
+                acks = [
+                    await self._broker.publish(value, topic, key=key.encode(), no_confirm=True)
+                    for topic, key, value in records
+                ]
+                await asyncio.gather(*acks)

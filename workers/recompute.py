@@ -33,7 +33,13 @@ from schemas.events import (
     SegmentFinalized,
     VersionSpan,
 )
-from titoflow.bus import CommitFailedError, ConsumerRecord, Publisher, ensure_topics
+from titoflow.bus import (
+    CommitFailedError,
+    ConsumerRecord,
+    RecordPublisher,
+    StreamPublisher,
+    ensure_topics,
+)
 from titoflow.engine.api import PromptScores
 from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineError, EngineUnavailable
@@ -141,7 +147,7 @@ class RecomputeWorker:
             log,
             max_records=4 * settings.recompute_concurrency,
         )
-        self.publisher = Publisher(settings)
+        self.publisher: RecordPublisher = StreamPublisher(self.requests.broker, settings)
         self.engine = VLLMEngine(settings.engine_url, settings.engine_timeout_s)
         self.limit = asyncio.Semaphore(max(1, settings.recompute_concurrency))
         self.in_flight = 0
@@ -150,14 +156,17 @@ class RecomputeWorker:
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.recompute_metrics_port:
             start_http_server(self.settings.recompute_metrics_port, addr=self.settings.metrics_host)
+        self.stop = stop
+        await self.requests.run(
+            stop,
+            starting=[self._start],
+            tick=self._observe,
+            stopped=[self.publisher.stop, self.engine.close],
+        )
+
+    async def _start(self) -> None:
         await ensure_topics(self.settings)
         await self.publisher.start()
-        self.stop = stop
-        try:
-            await self.requests.run(stop, tick=self._observe)
-        finally:
-            await self.publisher.stop()
-            await self.engine.close()
 
     async def _apply(self, message: KafkaMessage, records: Records) -> None:
         self.in_flight = len(records)

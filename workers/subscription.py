@@ -6,7 +6,9 @@ produced was acknowledged. Acknowledgement is manual, and a batch that raises st
 uncommitted: FastStream would log the error and hand over the next batch, whose commit would
 pass the failed one's records. One batch runs at a time, under ``lock``, which a rebalance
 listener takes too. Stopping waits for the batch in hand; cancelling is a death (as SIGKILL):
-the batch in hand is abandoned and nothing more is published or committed by it.
+the batch in hand is abandoned and nothing more is published or committed by it. The service's
+own start and stop (topics, publisher, engine client) are the FastStream application's hooks
+around its broker.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
-from faststream import AckPolicy
+from faststream import AckPolicy, FastStream
 from faststream.kafka.annotations import KafkaMessage
 
 from titoflow.bus import (
@@ -25,12 +27,14 @@ from titoflow.bus import (
     ConsumerRecord,
     RebalanceListener,
     consumer_options,
-    subscriber_broker,
+    service_broker,
     undecoded,
 )
 from titoflow.settings import Settings
 
 Records = tuple[ConsumerRecord, ...]
+
+Hook = Callable[[], Awaitable[None]]
 
 # How often ``tick`` runs, batches or not.
 POLL_TIMEOUT_MS = 500
@@ -49,7 +53,7 @@ class BatchSubscription:
     ) -> None:
         self.handle = handle
         self.log = logger
-        self.broker = subscriber_broker(settings, logger)
+        self.broker = service_broker(settings, logger)
         self.subscriber = self.broker.subscriber(
             topic,
             batch=True,
@@ -76,13 +80,32 @@ class BatchSubscription:
     async def run(
         self,
         stop: asyncio.Event,
-        tick: Callable[[], Awaitable[None]] | None = None,
-        last: Callable[[], Awaitable[None]] | None = None,
+        *,
+        starting: Sequence[Hook] = (),
+        tick: Hook | None = None,
+        last: Hook | None = None,
+        stopped: Sequence[Hook] = (),
     ) -> None:
-        """Consume until ``stop``; ``tick`` (under the lock) every poll interval, batches or
-        not; ``last`` (under the lock, unless a batch is in hand or one failed) before the
-        consumer leaves its group. Raises what a batch raised."""
-        await self.broker.start()
+        """Consume until ``stop``, as a FastStream application: its startup hooks ``starting``
+        (before the broker starts: topics, publishers), then ``tick`` (under the lock) every
+        poll interval, batches or not; at shutdown ``last`` (under the lock, unless a batch is
+        in hand or one failed) before the consumer leaves its group, the broker's graceful stop
+        (it waits for a batch in hand), then ``stopped``. Raises what a batch raised."""
+
+        async def final() -> None:
+            self.closing = True  # a batch fetched from now on is left for the next owner
+            if last is not None and self._failed is None and not self.lock.locked():
+                async with self.lock:
+                    await last()
+
+        app = FastStream(
+            self.broker,
+            logger=self.log,
+            on_startup=starting,
+            on_shutdown=[final],
+            after_shutdown=stopped,
+        )
+        await app.start()
         relay = asyncio.create_task(self._stop_on(stop))
         try:
             while not self._stop.is_set():
@@ -97,11 +120,7 @@ class BatchSubscription:
             raise
         finally:
             relay.cancel()
-            self.closing = True  # a batch fetched from now on is left for the next owner
-            if last is not None and self._failed is None and not self.lock.locked():
-                async with self.lock:
-                    await last()
-            await self.broker.stop()  # waits for a batch in hand, then stops consuming
+            await app.stop()
         if self._failed is not None:
             raise self._failed
 

@@ -29,8 +29,9 @@ from schemas.events import (
 )
 from titoflow.bus import (
     ConsumerRecord,
-    Publisher,
     RebalanceListener,
+    RecordPublisher,
+    StreamPublisher,
     TopicPartition,
     ensure_topics,
 )
@@ -71,7 +72,7 @@ class _Rebalance(RebalanceListener):  # type: ignore[misc]
 
 
 async def publish_dead_letter(
-    publisher: Publisher, settings: Settings, record: ConsumerRecord, reason: str
+    publisher: RecordPublisher, settings: Settings, record: ConsumerRecord, reason: str
 ) -> None:
     """Send ``record`` to the DLQ: its bytes, where it came from, and why."""
     log.warning("dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
@@ -120,7 +121,6 @@ class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.assembler = assembler_for(settings)
-        self.publisher = Publisher(settings)
         self.steps = BatchSubscription(
             settings,
             settings.topic("steps"),
@@ -130,6 +130,7 @@ class Worker:
             MAX_RECORDS,
             listener=_Rebalance(self),
         )
+        self.publisher: RecordPublisher = StreamPublisher(self.steps.broker, settings)
         self._next_offset: dict[TopicPartition, int] = {}
         self._last_seen: dict[str, float] = {}
         self._divergences_seen: dict[str, int] = {}
@@ -140,16 +141,20 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         if self.settings.worker_metrics_port:
             start_http_server(self.settings.worker_metrics_port, addr=self.settings.metrics_host)
+        # Sessions go idle while no steps arrive, and no batch comes then: the tick closes them.
+        await self.steps.run(
+            stop,
+            starting=[self._start],
+            tick=lambda: self._apply(None, ()),
+            last=self.commit,
+            stopped=[self.publisher.stop],
+        )
+
+    async def _start(self) -> None:
         # Before any client touches a topic: a broker that auto-creates topics would otherwise
         # pick its own partition counts.
         await ensure_topics(self.settings)
         await self.publisher.start()
-        try:
-            # Sessions go idle while no steps arrive, and no batch comes then: the tick closes
-            # them.
-            await self.steps.run(stop, tick=lambda: self._apply(None, ()), last=self.commit)
-        finally:
-            await self.publisher.stop()
 
     async def _apply(self, _message: KafkaMessage | None, records: Records) -> None:
         consumer = self.steps.consumer
