@@ -402,3 +402,18 @@ def test_the_driver_plane_is_published_apart_from_the_scaffolds() -> None:
     scaffolds, driver = published[int(lb["LB_LISTEN"])], published[int(lb["LB_DRIVER_LISTEN"])]
     assert driver["host_ip"] == "127.0.0.1" and scaffolds["host_ip"] == "0.0.0.0"
     assert ingress["TITOFLOW_PUBLIC_URL"].endswith(f":{scaffolds['published']}")
+
+
+def test_the_image_holds_every_package_the_distribution_installs() -> None:
+    """The console script is ``cli.main:main``: a package missing from the image's build
+    context or COPY lines installs a ``titoflow`` that cannot start (no Docker here to build)."""
+    pyproject = (PROJECT_ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include = \[(.*?)\]", pyproject)
+    assert include is not None
+    packages = {name.strip(' "*') for name in include.group(1).split(",")}
+    assert {"titoflow", "schemas", "ingress", "workers", "cli"} <= packages
+    dockerfile = (PROJECT_ROOT / "deploy" / "Dockerfile").read_text()
+    ignore = (PROJECT_ROOT / "deploy" / "Dockerfile.dockerignore").read_text().splitlines()
+    for package in packages:
+        assert f"COPY {package} ./{package}" in dockerfile, package
+        assert f"!{package}/**" in ignore, package
