@@ -52,6 +52,21 @@ async def resume_engine(engine_url: str) -> None:
         await http.post(f"{engine_url}/resume")
 
 
+async def engine_running(http: httpx.AsyncClient, engine_url: str) -> float:
+    """Once vLLM reports requests running (its ``vllm:num_requests_running`` gauge), how many."""
+    async with asyncio.timeout(60):
+        while True:
+            text = (await http.get(f"{engine_url}/metrics")).text
+            running = sum(
+                float(line.rsplit(" ", 1)[-1])
+                for line in text.splitlines()
+                if line.startswith("vllm:num_requests_running")
+            )
+            if running:
+                return running
+            await asyncio.sleep(0.005)
+
+
 def chat_body(content: str, max_tokens: int, stream: bool) -> dict[str, Any]:
     return {
         "model": "policy",
@@ -371,6 +386,9 @@ async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_ses
             load = asyncio.gather(*(session(i, http) for i in range(sessions)))
             for mode, version in (("keep", "v2"), ("abort", "v3")):
                 await asyncio.sleep(1.0)
+                # An abort-mode pause must find generations to cut: strike while the engine
+                # runs some (with 16 sessions back to back it nearly always does; not always).
+                running = await engine_running(http, engine_url)
                 await admin(http, url, type="pause", mode=mode)
                 await asyncio.sleep(1.0)
                 await admin(http, url, type="set_weight_version", version=version)
@@ -397,4 +415,4 @@ async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_ses
         for line in metrics.splitlines()
         if line.startswith("titoflow_ingress_continued_after_abort_total ")
     ]
-    assert float(continued.split()[-1]) > 0
+    assert float(continued.split()[-1]) > 0, f"{running} running at the abort-mode pause"
