@@ -41,7 +41,7 @@ from pydantic import TypeAdapter
 from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.load import ScriptedLoad, reference_segments, scripted_load, segment_summary
 from tests.topics import read_until
-from titoflow.bus import Publisher, make_consumer
+from titoflow.bus import Publisher, RecordPublisher, make_consumer
 from titoflow.client.consumer import SegmentConsumer
 from titoflow.dev.procs import ManagedProcess
 from titoflow.dev.stack import start_worker
@@ -387,21 +387,24 @@ async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments
     assert not problems, "\n".join(problems)
 
 
-class GatedPublisher(Publisher):
-    """A publisher whose segment publishes wait for ``gate``: holds a worker between
-    "segments made" and "segments acknowledged", the window a slow broker ack opens."""
+class GatedPublisher:
+    """Wraps a worker's publisher: its segment publishes wait for ``gate``, which holds the worker
+    between "segments made" and "segments acknowledged", the window a slow broker ack opens."""
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self, inner: RecordPublisher, segments_topic: str) -> None:
+        self.inner = inner
         self.gate = asyncio.Event()
         self.waiting = asyncio.Event()
-        self._segments_topic = settings.topic("segments")
+        self._segments_topic = segments_topic
+
+    async def publish(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
+        return await self.inner.publish(topic, key, value)
 
     async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None:
         if any(topic == self._segments_topic for topic, _, _ in records):
             self.waiting.set()
             await self.gate.wait()
-        await super().publish_many(records)
+        await self.inner.publish_many(records)
 
 
 async def test_a_rebalance_never_commits_past_segments_not_yet_published(
@@ -428,7 +431,7 @@ async def test_a_rebalance_never_commits_past_segments_not_yet_published(
     [(session, where)] = placed.items()
     partition, first_offset = where[0]
     worker = Worker(settings)
-    gated = GatedPublisher(settings)
+    gated = GatedPublisher(worker.publisher, settings.topic("segments"))
     worker.publisher = gated
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))

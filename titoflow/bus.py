@@ -430,10 +430,6 @@ class RecordPublisher(Protocol):
     """What publishes a service's records: :class:`Publisher` (the ingress) or
     :class:`StreamPublisher` (the FastStream services)."""
 
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
     async def publish(self, topic: str, key: str, value: bytes) -> tuple[int, int]: ...
 
     async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None: ...
@@ -449,12 +445,6 @@ class StreamPublisher:
     def __init__(self, broker: KafkaBroker, settings: Settings) -> None:
         self._broker = broker
         self._settings = settings
-
-    async def start(self) -> None:
-        """Nothing: the producer starts with the broker."""
-
-    async def stop(self) -> None:
-        """Nothing: the producer stops with the broker, after its last handler."""
 
     async def publish(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
         with translated_errors(self._settings, topic, len(value)):

@@ -161,12 +161,11 @@ class RecomputeWorker:
             stop,
             starting=[self._start],
             tick=self._observe,
-            stopped=[self.publisher.stop, self.engine.close],
+            stopped=[self.engine.close],
         )
 
     async def _start(self) -> None:
         await ensure_topics(self.settings)
-        await self.publisher.start()
 
     async def _apply(self, message: KafkaMessage, records: Records) -> None:
         self.in_flight = len(records)

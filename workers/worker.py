@@ -147,14 +147,12 @@ class Worker:
             starting=[self._start],
             tick=lambda: self._apply(None, ()),
             last=self.commit,
-            stopped=[self.publisher.stop],
         )
 
     async def _start(self) -> None:
         # Before any client touches a topic: a broker that auto-creates topics would otherwise
         # pick its own partition counts.
         await ensure_topics(self.settings)
-        await self.publisher.start()
 
     async def _apply(self, _message: KafkaMessage | None, records: Records) -> None:
         consumer = self.steps.consumer
