@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka import TopicPartition as Assigned  # FastStream's, for its subscriber
 from faststream.kafka.annotations import KafkaMessage
@@ -26,15 +25,14 @@ from pydantic import TypeAdapter, ValidationError
 from schemas.control import AnyControl, control_adapter
 from schemas.events import SessionEnded, ended_adapter
 from titoflow.bus import (
-    BATCH_WAIT_MS,
     Consumer,
     KafkaError,
     TopicPartition,
-    consumer_options,
+    batch_records,
+    batch_subscriber,
     existing_partitions,
     make_consumer,
     service_broker,
-    undecoded,
 )
 from titoflow.settings import Settings
 
@@ -111,20 +109,17 @@ class LogFollower(Generic[E]):
         drives it with FastStream's in-memory ``TestKafkaBroker``)."""
         self._partitions = partitions
         broker = service_broker(self.settings, log, publishes=False)
-        self._subscriber = broker.subscriber(
+        # No group: nothing to commit, and each record is validated once, by the adapter.
+        self._subscriber = batch_subscriber(
+            broker,
+            self.settings,
             partitions=[Assigned(tp.topic, tp.partition, declare=False) for tp in partitions],
-            batch=True,
-            ack_policy=AckPolicy.MANUAL,  # a group-less reader commits nothing
-            batch_timeout_ms=BATCH_WAIT_MS,
-            decoder=undecoded,  # each record is validated once, by the topic's adapter
-            **consumer_options(self.settings),
         )
         self._subscriber(self._apply)
         return broker
 
     async def _apply(self, message: KafkaMessage) -> None:
-        records = message.raw_message
-        for record in tuple(records) if isinstance(records, tuple | list) else (records,):
+        for record in batch_records(message):
             self._applied[record.partition] = record.offset + 1
             try:
                 event = self._adapter.validate_json(record.value or b"")

@@ -23,7 +23,9 @@ from aiokafka.errors import CommitFailedError as CommitFailedError
 from aiokafka.errors import KafkaError as KafkaError
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
+from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
+from faststream.kafka.subscriber.usecase import LogicSubscriber
 from faststream.message import StreamMessage
 
 from titoflow.settings import Settings
@@ -424,6 +426,32 @@ def service_broker(
         # A handler runs at most one batch; stopping waits for it, as the services' commits do.
         graceful_timeout=settings.publish_timeout_s * 2,
     )
+
+
+def batch_subscriber(
+    broker: KafkaBroker, settings: Settings, *topics: str, **options: Any
+) -> LogicSubscriber[Any]:
+    """A batch subscriber with the services' settings: :func:`consumer_options`, manual
+    acknowledgement (what is committed, if anything, is the service's call), record values left
+    as bytes (:func:`undecoded`), the batch wait at ``BATCH_WAIT_MS``; ``options`` add the rest
+    (group, listener, partitions, batch size)."""
+    subscriber: LogicSubscriber[Any] = broker.subscriber(
+        *topics,
+        batch=True,
+        ack_policy=AckPolicy.MANUAL,
+        batch_timeout_ms=BATCH_WAIT_MS,
+        decoder=undecoded,
+        **consumer_options(settings),
+        **options,
+    )
+    return subscriber
+
+
+def batch_records(message: StreamMessage[Any]) -> tuple[ConsumerRecord, ...]:
+    """The records of a batch subscriber's message (a tuple from Kafka, a list from FastStream's
+    in-memory test broker)."""
+    records = message.raw_message
+    return tuple(records) if isinstance(records, tuple | list) else (records,)
 
 
 class RecordPublisher(Protocol):

@@ -18,17 +18,16 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from faststream import AckPolicy, FastStream
+from faststream import FastStream
 from faststream.kafka.annotations import KafkaMessage
 
 from titoflow.bus import (
-    BATCH_WAIT_MS,
     Consumer,
     ConsumerRecord,
     RebalanceListener,
-    consumer_options,
+    batch_records,
+    batch_subscriber,
     service_broker,
-    undecoded,
 )
 from titoflow.settings import Settings
 
@@ -54,16 +53,13 @@ class BatchSubscription:
         self.handle = handle
         self.log = logger
         self.broker = service_broker(settings, logger)
-        self.subscriber = self.broker.subscriber(
+        self.subscriber = batch_subscriber(
+            self.broker,
+            settings,
             topic,
-            batch=True,
             group_id=group_id,
-            ack_policy=AckPolicy.MANUAL,
             listener=listener,
             max_records=max_records,
-            batch_timeout_ms=BATCH_WAIT_MS,
-            decoder=undecoded,  # handlers read the records themselves
-            **consumer_options(settings),
         )
         self.subscriber(self._on_batch)
         self.lock = asyncio.Lock()
@@ -129,8 +125,7 @@ class BatchSubscription:
         self._stop.set()
 
     async def _on_batch(self, message: KafkaMessage) -> None:
-        records = message.raw_message
-        batch = tuple(records) if isinstance(records, tuple | list) else (records,)
+        batch = batch_records(message)
         await self._guarded(lambda: self.handle(message, batch))
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
