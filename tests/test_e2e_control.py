@@ -30,9 +30,12 @@ from titoflow.settings import Settings
 
 pytestmark = pytest.mark.engine
 
-# Tokens of an interrupted generation (~7 s on the tiny model): the pause is sent after a few of
-# them and must land before the last, whatever the machine's speed and the broker's hiccups.
-LONG = 500
+# Tokens of an interrupted generation (~20 s on the tiny model): the pause is sent once the
+# engine has sampled a few of them and must land before the last. The engine's counter says how
+# far it is: what reaches a client (and any poll of the engine) can trail its engine core by
+# seconds on two loaded cores, and a pause timed on a client's count of 10 of 500 tokens once
+# found both generations over.
+LONG = 1500
 PAUSE_AFTER = 10
 
 
@@ -52,19 +55,44 @@ async def resume_engine(engine_url: str) -> None:
         await http.post(f"{engine_url}/resume")
 
 
-async def engine_running(http: httpx.AsyncClient, engine_url: str) -> float:
-    """Once vLLM reports requests running (its ``vllm:num_requests_running`` gauge), how many."""
+async def engine_metric(http: httpx.AsyncClient, engine_url: str, name: str) -> float:
+    """One of vLLM's Prometheus metrics, summed over its label sets."""
+    text = (await http.get(f"{engine_url}/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[-1])
+        for line in text.splitlines()
+        if line.startswith((f"{name} ", f"{name}{{"))
+    )
+
+
+async def engine_running(http: httpx.AsyncClient, engine_url: str, at_least: int = 1) -> float:
+    """Once vLLM reports ``at_least`` requests running, how many."""
     async with asyncio.timeout(60):
         while True:
-            text = (await http.get(f"{engine_url}/metrics")).text
-            running = sum(
-                float(line.rsplit(" ", 1)[-1])
-                for line in text.splitlines()
-                if line.startswith("vllm:num_requests_running")
-            )
-            if running:
+            running = await engine_metric(http, engine_url, "vllm:num_requests_running")
+            if running >= at_least:
                 return running
             await asyncio.sleep(0.005)
+
+
+async def engine_sampled(http: httpx.AsyncClient, engine_url: str, tokens: int) -> None:
+    """Return once the engine has sampled ``tokens`` more tokens than when called."""
+    counter = "vllm:generation_tokens_total"
+    start = await engine_metric(http, engine_url, counter)
+    async with asyncio.timeout(60):
+        while await engine_metric(http, engine_url, counter) - start < tokens:
+            await asyncio.sleep(0.005)
+
+
+async def settled(tokens: list[float], quiet_s: float = 0.5) -> int:
+    """How many tokens a stream has once it stopped growing for ``quiet_s``: all a paused
+    engine sampled before its pause has reached the client, however far the client trailed."""
+    async with asyncio.timeout(60):
+        while True:
+            seen = len(tokens)
+            await asyncio.sleep(quiet_s)
+            if len(tokens) == seen:
+                return seen
 
 
 def chat_body(content: str, max_tokens: int, stream: bool) -> dict[str, Any]:
@@ -132,17 +160,14 @@ async def test_pause_bump_resume_one_response_stamped_v1_then_v2_and_masked(
                     json=chat_body("tell another story", LONG, stream=False),
                 )
             )
-
-            async def some_tokens() -> bool:
-                return len(streamed) >= PAUSE_AFTER
-
-            await until(some_tokens, f"{PAUSE_AFTER} streamed tokens")
+            # Both run in one batch, so each has about PAUSE_AFTER tokens when the pause is sent.
+            await engine_running(http, engine_url, at_least=2)
+            await engine_sampled(http, engine_url, 2 * PAUSE_AFTER)
             pause_sent = time.monotonic()
             await admin(http, url, type="pause", mode=mode)
             await engine_is(http, engine_url, paused=True)
             pause_took = time.monotonic() - pause_sent
-            await asyncio.sleep(0.5)  # tokens sampled before the pause reach the client
-            boundary = len(streamed)
+            boundary = await settled(streamed)
             assert boundary < LONG, f"the pause took {pause_took:.2f} s, after the generation ended"
             await admin(http, url, type="set_weight_version", version="v2")
             await engine_is(http, engine_url, paused=True, version="v2")
