@@ -37,6 +37,8 @@ pytestmark = pytest.mark.engine
 # found both generations over.
 LONG = 1500
 PAUSE_AFTER = 10
+# The long generation each pause of the concurrent-sessions test strikes (~10 s among them).
+STRUCK = 600
 
 
 async def engine_is(
@@ -406,20 +408,34 @@ async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_ses
             messages.append({"role": "assistant", "content": text})
             turn += 1
 
+    async def long_one(name: str, http: httpx.AsyncClient, tokens: list[float]) -> None:
+        target = f"{url}/sess/{name}/v1/chat/completions"
+        finishes, done = await stream_chat(http, target, chat_body("on", STRUCK, True), tokens)
+        assert finishes == ["length"] and done == 1
+        answers[name] = answers.get(name, 0) + 1
+
+    longs: dict[str, asyncio.Task[None]] = {}
     try:
         async with httpx.AsyncClient(timeout=300) as http:
             load = asyncio.gather(*(session(i, http) for i in range(sessions)))
             for mode, version in (("keep", "v2"), ("abort", "v3")):
                 await asyncio.sleep(1.0)
-                # An abort-mode pause must find generations to cut: strike while the engine
-                # runs some (with 16 sessions back to back it nearly always does; not always).
-                running = await engine_running(http, engine_url)
+                # Short turns come and go with the load's timing (once, none was running when
+                # a pause struck); a long generation under way is there to be cut.
+                name, tokens = f"long-{mode}-{uuid.uuid4().hex[:4]}", list[float]()
+                longs[name] = asyncio.create_task(long_one(name, http, tokens))
+
+                async def under_way(tokens: list[float] = tokens) -> bool:
+                    return bool(tokens)
+
+                await until(under_way, f"the {mode}-mode pause's long generation")
                 await admin(http, url, type="pause", mode=mode)
                 await asyncio.sleep(1.0)
                 await admin(http, url, type="set_weight_version", version=version)
                 await admin(http, url, type="resume")
             pauses_over.set()
             await load
+            await asyncio.gather(*longs.values())
             metrics = (await http.get(f"{url}/metrics")).text
         steps = await read_until(
             settings,
@@ -433,11 +449,16 @@ async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_ses
 
     assert len(answers) >= sessions * min_turns and set(answers.values()) == {1}
     step_ids = [s.step_id for s in steps if isinstance(s, StepRecorded)]
+    by_session = {s.session_id: s for s in steps if isinstance(s, StepRecorded)}
     assert len(step_ids) == len(set(step_ids)) == len(answers)
-    # Sixteen sessions never idle, so the abort-mode pause cut some of them mid-generation.
+    # The abort-mode pause cut the long generation (and whichever short ones ran), which went on
+    # after the resume on the new weights, as one step.
     [continued] = [
         line
         for line in metrics.splitlines()
         if line.startswith("titoflow_ingress_continued_after_abort_total ")
     ]
-    assert float(continued.split()[-1]) > 0, f"{running} running at the abort-mode pause"
+    assert float(continued.split()[-1]) >= 1
+    [(_, struck)] = [(n, s) for n, s in by_session.items() if n.startswith("long-abort")]
+    [(v2, _, cut), (v3, _, end)] = spans(struck)
+    assert (v2, v3, end) == ("v2", "v3", STRUCK) and 0 < cut < STRUCK
