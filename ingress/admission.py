@@ -1,8 +1,9 @@
 """Whether a call may reach the engine, and how many tokens it may ask for.
 
-Invariant: every refusal (the session's step limit, the context window, a pause held past its
-time, with partial rollout off weights other than those the chain started on) is raised before
-the engine is called, so a refused call publishes nothing and leaves every chain as it was.
+Invariant: every refusal (a session that already ended, the session's step limit, the context
+window, a pause held past its time, with partial rollout off weights other than those the chain
+started on) is raised before the engine is called, so a refused call publishes nothing and leaves
+every chain as it was.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ingress.chains import Chain
+from ingress.ended_sessions import EndedSessions
 from ingress.service_options import ServiceOptions
 from titoflow.errors import ContextOverflow, SessionStepLimit, TrajectoryVersionChanged
 
@@ -28,6 +30,12 @@ class Control(Protocol):
 class Admission:
     options: ServiceOptions
     control: Control | None  # None: never paused, no weight version announced
+    ended: EndedSessions
+
+    def check_open(self, session_id: str) -> None:
+        """A session the driver (or a worker's idle timeout) ended takes no more calls: their
+        steps would reach no segment, so the scaffold is told (409) instead."""
+        self.ended.refuse_if_ended(session_id)
 
     def check_step_limit(self, session_id: str, parent: Chain) -> None:
         if 0 < self.options.max_steps_per_session <= parent.depth:
@@ -58,6 +66,7 @@ class Admission:
         if self.control is None:
             return None
         await self.control.admit()
+        self.check_open(session_id)  # it may have ended while the call waited for a resume
         current = self.control.version
         first = parent.first_version if parent else None
         if self.options.partial_rollout or current is None or first is None or current == first:

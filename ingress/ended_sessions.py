@@ -1,9 +1,10 @@
 """Which sessions ended, how and when: a session ends once.
 
 Fed by ``<prefix>.ended`` (every replica follows it) and, at once, by this replica's own
-finalizes and discards. The first end of a session stands: a later one is refused with
-:class:`~titoflow.errors.SessionAlreadyEnded` naming it, never answered with a 200 that
-changes nothing. The record is bounded (the most recent ends), like the topic's retention.
+finalizes and discards. The first end of a session stands: a later end, a reopening and a
+scaffold's call on the session are refused with :class:`~titoflow.errors.SessionAlreadyEnded`
+naming it, never answered with a 200 that changes nothing (or whose step no worker would take).
+The record is bounded (the most recent ends), like the topic's retention.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class EndedSessions:
     def claim(self, end: SessionEnded) -> None:
         """Record ``end`` now, before it is published, so that a concurrent second end on this
         replica is refused; raises :class:`SessionAlreadyEnded` if the session already ended."""
-        self._refuse_if_ended(end.session_id)
+        self.refuse_if_ended(end.session_id)
         self.record(end)
 
     def release(self, end: SessionEnded) -> None:
@@ -48,7 +49,8 @@ class EndedSessions:
         if self._ends.get(end.session_id) is end:
             del self._ends[end.session_id]
 
-    def _refuse_if_ended(self, session_id: str) -> None:
+    def refuse_if_ended(self, session_id: str) -> None:
+        """Raise :class:`SessionAlreadyEnded`, naming how and when, if the session ended."""
         end = self._ends.get(session_id)
         if end is None:
             return

@@ -113,6 +113,7 @@ class PromptBuilder:
         of the rest; on a miss, the whole conversation rendered."""
         started = time.perf_counter()
         session_id = turn.session.session_id
+        self.admission.check_open(session_id)
         matcher = self.options.matcher
         found = self.chains.find(session_id, turn.messages, turn.tools_key, matcher)
         if found:
@@ -142,6 +143,7 @@ class PromptBuilder:
         extends that chain (the rest is the tail); otherwise the whole prompt is the tail of a
         new chain, which workers place as they place any cache miss."""
         started = time.perf_counter()
+        self.admission.check_open(call.session.session_id)
         prompt = array("i", call.prompt_ids)
         parent = self.chains.find_tokens(call.session.session_id, prompt)
         if parent is not None:

@@ -84,7 +84,7 @@ class ChatService:
         self.control = control
         # None: an unbounded record (tests and benchmarks build services without settings).
         self.ended = ended if ended is not None else EndedSessions(kept=sys.maxsize)
-        self.admission = Admission(options, control)
+        self.admission = Admission(options, control, self.ended)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
         recorder = StepRecorder(publish, chains, renderer.terminator_id)
         self.runner = CallRunner(engine, tokenizer, options.tool_parser, recorder)

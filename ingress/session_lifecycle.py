@@ -1,9 +1,9 @@
 """A session's opening and end on its log, as the rollout driver asks for them.
 
-Invariant: a session ends once. Its end is claimed on this replica before it is published (a
-concurrent second end is refused) and released if the publish fails (the driver's retry gets
-through); its cached chains are forgotten only once the end is on the session's log, and then
-``<prefix>.ended`` tells every replica.
+Invariant: a session ends once, and is not reopened. Its end is claimed on this replica before
+it is published (a concurrent second end is refused) and released if the publish fails (the
+driver's retry gets through); its cached chains are forgotten only once the end is on the
+session's log, and then ``<prefix>.ended`` tells every replica.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class SessionLifecycle:
         metadata: dict[str, Any],
         options: SessionOptions,
     ) -> SessionOpened:
+        self.ended.refuse_if_ended(session.session_id)  # an ended session is not reopened
         event = SessionOpened(
             session_id=session.session_id,
             event_time=time.time(),

@@ -1,7 +1,8 @@
 """The driver plane on the real stack (ingress process, tansu, vLLM CPU, worker): with a driver
 token set, agent code holding only its session's base URL and API key cannot grade itself, end
 its own or another session, or open sessions; nothing it tries reaches the steps topic. The
-driver's own finalize sets the reward the trainer sees."""
+driver's own finalize sets the reward the trainer sees. A session ends once, on every replica,
+and a scaffold still calling it is told so."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from openai import AsyncOpenAI
 
@@ -209,6 +211,28 @@ async def refusals(ends: dict[str, Coroutine[Any, Any, None]]) -> dict[str, Sess
     return refused
 
 
+async def scaffold_calls(session_root: str) -> list[tuple[int, str, str]]:
+    """An OpenAI chat call and an Anthropic messages call on a session's URLs: for each, the
+    refusal's status, its code (OpenAI) or error type (Anthropic), and its message."""
+    answers: list[tuple[int, str, str]] = []
+    gpt = AsyncOpenAI(base_url=f"{session_root}/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        await gpt.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "more"}], max_tokens=4
+        )
+    await gpt.close()
+    answers.append((refused.value.status_code, str(refused.value.code), refused.value.message))
+    claude = anthropic.AsyncAnthropic(base_url=session_root, api_key="k", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as denied:
+        await claude.messages.create(
+            model="policy", messages=[{"role": "user", "content": "more"}], max_tokens=4
+        )
+    await claude.close()
+    error = denied.value.body["error"]  # type: ignore[index]
+    answers.append((denied.value.status_code, error["type"], error["message"]))
+    return answers
+
+
 async def test_a_session_ends_once_on_every_replica_and_says_how(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
@@ -219,6 +243,7 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
     second, second_url = start_ingress(settings, tmp_path, "ingress-b")
     worker = start_worker(settings, tmp_path)
     refused: dict[str, SessionAlreadyEnded] = {}
+    answers: dict[str, list[tuple[int, str, str]]] = {}
     try:
         async with (
             RolloutClient(first_url, settings) as driver,
@@ -242,7 +267,8 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
                 }
             )
             # ... every other one once it has followed <prefix>.ended; a worker's idle end too.
-            for client, session in [(elsewhere, done), (elsewhere, dropped), (driver, idle)]:
+            ended_elsewhere = [(elsewhere, done), (elsewhere, dropped), (elsewhere, idle)]
+            for client, session in [*ended_elsewhere, (driver, idle)]:
 
                 async def known(
                     client: RolloutClient = client, sid: str = session.session_id
@@ -257,6 +283,13 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
                     "finalize after idle": driver.finalize(idle.session_id, reward=1.0),
                 }
             )
+            # A scaffold still calling an ended session is told so, on either replica, in its
+            # API's own shape; the engine is not called and nothing is recorded.
+            for replica in (first_url, second_url):
+                for session in (done, dropped, idle):
+                    answers[f"{replica} {session.session_id}"] = await scaffold_calls(
+                        f"{replica}/sess/{session.session_id}"
+                    )
             [graded] = await driver.segments(done.session_id, timeout_s=120)
             [timed_out] = await driver.segments(idle.session_id, timeout_s=120)
     finally:
@@ -273,6 +306,15 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
         "finalize after idle": "idle",
     }
     assert "finalized by the rollout driver at" in refused["finalize twice"].body
+    assert len(answers) == 6
+    for where, calls in answers.items():
+        how = "discarded" if dropped.session_id in where else "finalized"
+        how = "worker after its idle timeout" if idle.session_id in where else how
+        assert [(status, kind) for status, kind, _ in calls] == [
+            (409, "session_ended"),
+            (409, "invalid_request_error"),
+        ], where
+        assert all(how in message for _, _, message in calls), (where, calls)
     # The first end stands, with the driver's reward; the idle one has none and says so.
     assert (graded.finalize_reason, graded.reward, graded.metadata["graded_by"]) == (
         "finalized",
@@ -285,6 +327,8 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
     events = await read_all(settings, settings.topic("steps"), steps_topic_adapter)
     ends = [type(e).__name__ for e in events if e.session_id in ours and e.type != "step_recorded"]
     assert sorted(ends) == ["SessionDiscarded", "SessionFinalized", *["SessionOpened"] * 3]
+    steps = [e.session_id for e in events if e.session_id in ours and e.type == "step_recorded"]
+    assert sorted(steps) == sorted(ours)  # each session's one call before its end, no other
     logged = await read_all(settings, settings.topic("ended"), ended_adapter)
     assert {e.session_id: e.how for e in logged if e.session_id in ours} == {
         done.session_id: "finalized",

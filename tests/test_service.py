@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -15,12 +16,13 @@ from ingress.admission import Control
 from ingress.chains import ChainStore
 from ingress.service import ChatService, ServiceOptions
 from ingress.turn import ChatTurn, SamplingOptions, SessionRef, TokenCall
-from schemas.events import StepRecorded
+from schemas.events import SessionEnded, SessionFinalized, SessionOptions, StepRecorded
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
 from titoflow.errors import (
     ContextOverflow,
     PublishFailed,
+    SessionAlreadyEnded,
     SessionStepLimit,
     TrajectoryVersionChanged,
 )
@@ -347,3 +349,58 @@ async def test_the_step_limit_holds_for_white_box_calls_too() -> None:
     with pytest.raises(SessionStepLimit):
         await service.generate_tokens(token_call([*engine.prompts[0], *first.step.completion_ids]))
     assert len(publisher.events) == 1
+
+
+class HeldUntilResume:
+    """A control plane paused until ``resume`` is set: admitted calls wait for it."""
+
+    version: str | None = None
+
+    def __init__(self) -> None:
+        self.resume = asyncio.Event()
+
+    async def admit(self) -> None:
+        await self.resume.wait()
+
+
+async def test_an_ended_session_takes_no_more_calls_nor_a_reopening() -> None:
+    held = HeldUntilResume()
+    held.resume.set()
+    service, engine, publisher = make_service(["a<|im_end|>", "b<|im_end|>"], control=held)
+    history = [Message(role="user", content="x")]
+    first = await service.complete(turn(history))
+    await service.finalize(SessionRef(session_id="s1"), {}, reward=1.0)
+    history += [Message(role="assistant", content="a"), Message(role="user", content="y")]
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "chat": lambda: service.complete(turn(history)),
+        "stream": lambda: service.open_stream(turn(history)),
+        "a fresh conversation": lambda: service.complete(turn(history[:1])),
+        "white-box": lambda: service.generate_tokens(
+            token_call([*engine.prompts[0], *first.step.completion_ids, 7])
+        ),
+        "reopen": lambda: service.open_session(
+            SessionRef(session_id="s1"), None, {}, SessionOptions()
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(SessionAlreadyEnded) as caught:
+            await call()
+        assert caught.value.how == "finalized", name
+    # An end another replica published, as its follower hands it over, counts the same.
+    service.ended.record(SessionEnded(session_id="s2", event_time=1.0, how="idle"))
+    with pytest.raises(SessionAlreadyEnded, match="idle timeout"):
+        await service.complete(turn(history[:1], session="s2"))
+    assert [type(e) for e in publisher.events] == [StepRecorded, SessionFinalized, SessionEnded]
+    assert len(engine.prompts) == 1
+
+    # A call admitted while paused, whose session ends before the resume, is refused then.
+    held.resume.clear()
+    waiting = asyncio.create_task(service.complete(turn(history[:1], session="s3")))
+    await asyncio.sleep(0.01)
+    await service.discard(SessionRef(session_id="s3"), {})
+    held.resume.set()
+    with pytest.raises(SessionAlreadyEnded) as caught:
+        await waiting
+    assert caught.value.how == "discarded" and len(engine.prompts) == 1
+    # Other sessions are served as ever.
+    assert (await service.complete(turn(history[:1], session="s4"))).step.prefix == "rendered"

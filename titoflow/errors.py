@@ -98,7 +98,8 @@ class TrajectoryVersionChanged(TitoflowError):
 
 
 class SessionAlreadyEnded(TitoflowError):
-    """A finalize or discard of a session that already ended: the first end stands."""
+    """A finalize, discard, reopening or model call of a session that already ended: the
+    first end stands."""
 
     code = "session_ended"
 

@@ -31,12 +31,13 @@ class Settings(BaseSettings):
     ended_retention_s: float = Field(
         7 * 86400.0,
         description="How long <prefix>.ended keeps a session's end (its retention.ms): a second "
-        "finalize or discard of a session is refused (409) for at least this long.",
+        "end, a reopening or a model call of an ended session is refused (409) for at least "
+        "this long.",
     )
     ended_sessions_kept: int = Field(
         1_000_000,
         description="Ended sessions each ingress replica remembers (the most recent; about "
-        "200 bytes each) to refuse a second finalize or discard.",
+        "200 bytes each) to refuse a second end, a reopening or a model call.",
     )
     max_event_bytes: int = Field(
         16 * 1024 * 1024,
