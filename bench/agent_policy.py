@@ -32,10 +32,10 @@ import httpx
 
 from bench.harness import command_line, write_results
 from ingress import anthropic_messages, openai_chat, openai_responses
-from ingress.parsers import make_parser
 from ingress.turn import ChatTurn
 from titoflow.dev.engine_process import start_vllm
 from titoflow.settings import Settings
+from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -132,7 +132,9 @@ class Evaluator:
 
     def parse(self, out: list[int], turn: ChatTurn) -> tuple[Any, str]:
         text = self.tokenizer.decode(out[:-1] if out[-1:] == [IM_END] else out)
-        parser = make_parser("qwen3", "step", tools=turn.tools, parse_tools=bool(turn.tools))
+        parser = self.renderer.family.parser(
+            ParserOptions("step", tools=turn.tools, parse_tools=bool(turn.tools))
+        )
         parser.feed(text)
         return parser.finish()[1], text
 

@@ -1,12 +1,13 @@
 """Per-turn render + tokenize cost along a long agent conversation: TITO versus full re-render.
 
-    .venv/bin/python bench/tito_cost.py [--turns 1 10 50 200] [--repeat 30]
+    .venv/bin/python bench/tito_cost.py [--turns 1 10 50 200] [--repeat 30] [--family F ...|all]
 
 One session of an agent loop (system prompt, two tools, each turn a tool call and a ~600-char
-tool result) runs through the ingress core (:class:`ingress.service.ChatService`, the real Qwen3
-tokenizer and chat template of the local model, an in-process engine answering a fixed tool
-call, a publisher that drops events) up to the largest turn asked. At each asked turn it times,
-on the same cached state:
+tool result) runs through the ingress core (:class:`ingress.service.ChatService`, a family's
+tokenizer and chat template — by default the local model's, else those of
+``titoflow/dev/tokenizers`` — an in-process engine answering a fixed tool call in the family's
+format, a publisher that drops events) up to the largest turn asked. At each asked turn it
+times, on the same cached state:
 
 - ``tito``: what the ingress does before calling the engine on a cache hit (find the chain the
   request extends, render and tokenize only the new messages, derive the step id);
@@ -14,25 +15,29 @@ on the same cached state:
   (or the ingress on a miss) does.
 
 Each figure is the median of ``--repeat`` runs; the ratio to turn 10 shows how each grows.
+With ``--family``, each family runs the same session in the same process, one after another.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import time
 from typing import Any
 
-from bench.engine_double import REPLY
+from bench.engine_double import ARGUMENTS, TOOL
 from bench.harness import command_line, write_results
 from bench.overhead import SYSTEM, TOOLS, tool_output
 from ingress.chains import ChainStore
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.turn import ChatTurn, SessionRef
+from titoflow.dev.tokenizers import SOURCES, tokenizer_dir
 from titoflow.engine.api import GenerateParams, Generation
 from titoflow.settings import Settings
-from titoflow.tito.messages import Message
+from titoflow.tito.families import NAMES
+from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -70,23 +75,38 @@ def median_ms(fn: Any, repeat: int) -> float:
     return statistics.median(times) * 1000
 
 
-async def measure(turns: list[int], repeat: int) -> list[dict[str, Any]]:
-    tokenizer = load_tokenizer(Settings().model_path)
+OPENING = (
+    Message(role="system", content=SYSTEM),
+    Message(role="user", content="Task: the test test_handler fails; find out why."),
+)
+
+
+def reply_ids(renderer: ChatRenderer, history: tuple[Message, ...]) -> list[int]:
+    """The fixed tool call in the family's own format: the template's rendering of it after
+    ``history``, through the turn's end token (what the model would generate)."""
+    call = ToolCall(id="call_0", name=TOOL, arguments=json.dumps(ARGUMENTS))
+    answer = Message(role="assistant", tool_calls=(call,))
+    prompt = renderer.full_prompt(history, TOOLS, {})
+    full = renderer.full_prompt([*history, answer], TOOLS, {}, add_generation_prompt=False)
+    rest = full[len(prompt) :]
+    end = next(i for i, token in enumerate(rest) if token in renderer.end_ids)
+    return rest[: end + 1]
+
+
+async def measure(turns: list[int], repeat: int, family: str | None) -> list[dict[str, Any]]:
+    model = Settings().model_path if family is None else tokenizer_dir(family)
+    tokenizer = load_tokenizer(model)
     renderer = ChatRenderer(tokenizer)
-    completion = [*tokenizer.encode(REPLY, add_special_tokens=False), renderer.terminator_id]
     service = ChatService(
         renderer=renderer,
         tokenizer=tokenizer,
-        engine=FixedEngine(completion),  # type: ignore[arg-type]  # generate is all complete uses
+        engine=FixedEngine(reply_ids(renderer, OPENING)),  # type: ignore[arg-type]  # generate is all complete uses
         publish=_drop,
         chains=ChainStore(16),
         options=ServiceOptions(max_model_len=10_000_000, default_max_tokens=64),
     )
     session = SessionRef(session_id="tito-cost")
-    messages: list[Message] = [
-        Message(role="system", content=SYSTEM),
-        Message(role="user", content="Task: the test test_handler fails; find out why."),
-    ]
+    messages = list(OPENING)
     rows = []
     for turn in range(1, max(turns) + 1):
         request = ChatTurn(
@@ -102,6 +122,7 @@ async def measure(turns: list[int], repeat: int) -> list[dict[str, Any]]:
             full = median_ms(lambda r=request: renderer.full_prompt(r.messages, TOOLS, {}), repeat)
             rows.append(
                 {
+                    "family": renderer.family.name,
                     "turn": turn,
                     "messages": len(messages),
                     "prompt_tokens": prompt_tokens,
@@ -120,16 +141,17 @@ async def measure(turns: list[int], repeat: int) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    base = next((r for r in rows if r["turn"] == 10), rows[0])
     lines = [
-        f"{'turn':>5} {'messages':>8} {'prompt tok':>10} {'tito ms':>8} {'full ms':>8} "
-        f"{'tito/turn10':>11} {'full/turn10':>11}"
+        f"{'family':>12} {'turn':>5} {'messages':>8} {'prompt tok':>10} {'tito ms':>8} "
+        f"{'full ms':>8} {'tito/turn10':>11} {'full/turn10':>11}"
     ]
     for r in rows:
+        own = [o for o in rows if o["family"] == r["family"]]
+        base = next((o for o in own if o["turn"] == 10), own[0])
         tito = r["tito_ms"]
         tito_ratio = f"{tito / base['tito_ms']:.2f}" if tito and base["tito_ms"] else ""
         lines.append(
-            f"{r['turn']:>5} {r['messages']:>8} {r['prompt_tokens']:>10} "
+            f"{r['family']:>12} {r['turn']:>5} {r['messages']:>8} {r['prompt_tokens']:>10} "
             f"{'' if tito is None else tito:>8} {r['full_ms']:>8} {tito_ratio:>11} "
             f"{r['full_ms'] / base['full_ms']:>11.2f}"
         )
@@ -141,8 +163,21 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 10, 50, 200])
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--name", default="tito_cost")
+    parser.add_argument(
+        "--family",
+        nargs="+",
+        default=None,
+        help="Families to measure (their tokenizer recipes), or 'all'; default: the local model.",
+    )
     args = parser.parse_args()
-    rows = asyncio.run(measure(sorted(args.turns), args.repeat))
+    families: list[str | None] = [None]
+    if args.family:
+        families = [f for f in NAMES if f in SOURCES] if args.family == ["all"] else args.family
+    rows = [
+        row
+        for family in families
+        for row in asyncio.run(measure(sorted(args.turns), args.repeat, family))
+    ]
     write_results(args.name, command_line(), {"rows": rows, "repeat": args.repeat}, table(rows))
 
 

@@ -24,11 +24,11 @@ from pydantic import BeforeValidator, Field
 from ingress import errors, http, sse
 from ingress.adapter import TurnApi, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
-from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions, SessionRef
 from titoflow.errors import InvalidRequest, TitoflowError
 from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
 
 API = "anthropic.messages"
 

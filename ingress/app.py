@@ -88,7 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.publisher = publisher
         app.state.control_gate = gate
         app.state.service = ChatService(
-            renderer=ChatRenderer(tokenizer),
+            renderer=ChatRenderer.for_setting(tokenizer, settings.model_family),
             tokenizer=tokenizer,
             engine=engine,
             publish=publish,
@@ -99,7 +99,6 @@ def create_app(settings: Settings) -> FastAPI:
                 max_tokens_cap=settings.max_tokens_cap,
                 context_policy=settings.context_policy,
                 max_steps_per_session=settings.max_steps_per_session,
-                tool_parser=settings.tool_parser,
                 matcher=settings.matcher,
                 vocab_size=len(tokenizer),
                 partial_rollout=settings.partial_rollout,

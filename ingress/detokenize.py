@@ -17,8 +17,9 @@ class Decoder(Protocol):
 
 
 class IncrementalDecoder:
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: Decoder, special_tokens: bool = False) -> None:
         self._decoder = decoder
+        self._skip_special = not special_tokens  # a family whose markers are special tokens
         self._ids: list[int] = []
         self._prefix_offset = 0  # start of the context window
         self._read_offset = 0  # end of what was already emitted
@@ -42,7 +43,7 @@ class IncrementalDecoder:
         return text[len(seen) :]
 
     def _decode(self, ids: list[int]) -> str:
-        return self._decoder.decode(ids, skip_special_tokens=True) if ids else ""
+        return self._decoder.decode(ids, skip_special_tokens=self._skip_special) if ids else ""
 
 
 class StopTrimmer:

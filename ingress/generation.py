@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ingress.detokenize import Decoder, IncrementalDecoder, StopTrimmer
-from ingress.output import OutputDelta, OutputParser, ParsedOutput
-from ingress.parsers import make_parser
 from ingress.prompts import AnyCall, PreparedCall
 from ingress.recording import StepRecorder
 from ingress.tracing import CallSpan
@@ -24,6 +22,8 @@ from ingress.turn import ChatTurn, TokenCall
 from schemas.events import StepRecorded
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import Engine, Generation
+from titoflow.tito.families.base import Family, ParserOptions
+from titoflow.tito.output import OutputDelta, OutputParser, ParsedOutput
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ _ID_PREFIX = {"anthropic.messages": "toolu_"}
 class CallRunner:
     engine: Engine
     tokenizer: Decoder
-    tool_parser: str
+    family: Family
+    end_ids: frozenset[int]  # the stop tokens: they end the turn, no parser reads them
     recorder: StepRecorder
 
     async def complete(
@@ -85,7 +86,10 @@ class CallRunner:
         generation, engine_ms = await self._generate(call)
         parser = self._parser(call)
         trimmer = StopTrimmer(call.request.sampling.stop)
-        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(
+            self._text_ids(generation.token_ids),
+            skip_special_tokens=not self.family.decode_special_tokens,
+        )
         parser.feed(trimmer.push(text) + trimmer.flush())
         _, parsed = parser.finish()
         step = await self.recorder.record(call, version, generation, engine_ms, span, parsed)
@@ -106,7 +110,7 @@ class CallRunner:
         turn = call.request
         started = time.perf_counter()
         parser = self._parser(call)
-        decoder = IncrementalDecoder(self.tokenizer)
+        decoder = IncrementalDecoder(self.tokenizer, self.family.decode_special_tokens)
         trimmer = StopTrimmer(turn.sampling.stop)
         ids: list[int] = []
         logprobs: list[float] = []
@@ -125,7 +129,8 @@ class CallRunner:
             top += chunk.top_logprobs
             if chunk.token_ids:
                 yield TokensSampled(chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
-                for delta in parser.feed(trimmer.push(decoder.push(chunk.token_ids))):
+                new_text = decoder.push(self._text_ids(chunk.token_ids))
+                for delta in parser.feed(trimmer.push(new_text)):
                     yield delta
             if chunk.finish_reason is not None:
                 finish_reason, versions = chunk.finish_reason, chunk.weight_versions
@@ -160,14 +165,18 @@ class CallRunner:
         )
         return generation, (time.perf_counter() - started) * 1000
 
+    def _text_ids(self, token_ids: list[int]) -> list[int]:
+        """The ids whose text the client sees: a stop token ends a generation and is no text."""
+        return token_ids[:-1] if token_ids and token_ids[-1] in self.end_ids else token_ids
+
     def _parser(self, call: PreparedCall[ChatTurn]) -> OutputParser:
         turn = call.request
         prompt_end = self.tokenizer.decode(call.prompt[-4:].tolist(), skip_special_tokens=False)
-        return make_parser(
-            self.tool_parser,
-            call.step_id,
+        options = ParserOptions(
+            step_id=call.step_id,
             id_prefix=_ID_PREFIX.get(turn.api, "call_"),
             tools=turn.tools,
             parse_tools=bool(turn.tools) and turn.tool_choice != "none",
-            reasoning_open=prompt_end.rstrip("\n").endswith("<think>"),
+            reasoning_open=self.family.reasoning_open(prompt_end),
         )
+        return self.family.parser(options)

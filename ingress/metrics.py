@@ -66,3 +66,9 @@ ENGINE_CONTROL_FAILURES = Counter(
     "titoflow_ingress_engine_control_failures_total",
     "Engine control calls (pause, resume, update_weight_version) that failed and are retried.",
 )
+NOT_APPEND_ONLY = Counter(
+    "titoflow_ingress_not_append_only_total",
+    "Turns whose cached chain the chat template could not continue (it re-renders the history "
+    "once the new messages follow, e.g. moves a later system message up front): rendered in "
+    "full as a new chain, so the worker starts a new segment.",
+)

@@ -17,10 +17,10 @@ from pydantic import Field
 from ingress import errors, http, sse
 from ingress.adapter import TextPart, TurnApi, text_of, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
-from ingress.output import ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TokensSampled, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.tito.messages import Message, messages_from_fields
+from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
 
 
 class _Function(http.Lenient):

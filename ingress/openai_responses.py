@@ -24,11 +24,11 @@ from pydantic import Field
 
 from ingress import errors, http, sse
 from ingress.adapter import TextPart, TurnApi, text_of, token_counts
-from ingress.output import OutputDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.errors import InvalidRequest
 from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.output import OutputDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
 
 API = "openai.responses"
 

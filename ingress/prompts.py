@@ -19,13 +19,14 @@ from array import array
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ingress import metrics
 from ingress.admission import Admission
 from ingress.chains import Chain, ChainStore
-from ingress.constraints import tool_call_constraint
 from ingress.service_options import ServiceOptions
 from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import GenerateParams
-from titoflow.errors import InvalidRequest
+from titoflow.errors import InvalidRequest, NotAppendOnly
+from titoflow.tito.families.grammar import tool_call_constraint
 from titoflow.tito.messages import Matcher
 from titoflow.tito.render import ChatRenderer
 
@@ -116,16 +117,23 @@ class PromptBuilder:
         self.admission.check_open(session_id)
         matcher = self.options.matcher
         found = self.chains.find(session_id, turn.messages, turn.tools_key, matcher)
+        continuation = None
+        parent: Chain | None = None
+        covered = 0
         if found:
             parent, covered = found
             self.admission.check_step_limit(session_id, parent)
-            continuation = self.renderer.continuation(
-                turn.messages,
-                covered,
-                parent.ends_with_terminator,
-                turn.tools,
-                turn.template_kwargs,
-            )
+            try:
+                continuation = self.renderer.continuation(
+                    turn.messages,
+                    covered,
+                    parent.ends_with_terminator,
+                    turn.tools,
+                    turn.template_kwargs,
+                )
+            except NotAppendOnly:  # e.g. a later system message the template moves up front
+                metrics.NOT_APPEND_ONLY.inc()
+        if parent is not None and continuation is not None:
             tail = array("i", continuation)
             prompt = parent.tokens + tail
         else:
@@ -166,7 +174,11 @@ class PromptBuilder:
         max_tokens = self.admission.max_tokens(turn.sampling.max_tokens, prompt_len)
         try:
             structured = tool_call_constraint(
-                turn.tools, turn.tool_choice, turn.tool_choice_name, self.options.tool_parser
+                self.renderer.family,
+                turn.tools,
+                turn.tool_choice,
+                turn.tool_choice_name,
+                self.renderer.token_id,
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), "tool_choice") from exc
@@ -175,7 +187,7 @@ class PromptBuilder:
             temperature=turn.sampling.temperature,
             top_p=turn.sampling.top_p,
             seed=turn.sampling.seed,
-            stop_token_ids=(self.renderer.terminator_id,),
+            stop_token_ids=self.renderer.stop_token_ids,
             stop=turn.sampling.stop,
             top_logprobs=turn.sampling.logprobs or 0,
             structured=structured,

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from ingress import metrics
 from ingress.chains import ChainStore
-from ingress.output import ParsedOutput
 from ingress.prompts import AnyCall
 from ingress.session_log import Publish
 from ingress.steps import advance_chain, answer_message, step_event
 from ingress.tracing import CallSpan
 from schemas.events import StepRecorded
 from titoflow.engine.api import Generation
+from titoflow.tito.output import ParsedOutput
 
 log = logging.getLogger("titoflow.ingress")
 
@@ -30,7 +30,7 @@ log = logging.getLogger("titoflow.ingress")
 class StepRecorder:
     publish: Publish
     chains: ChainStore
-    terminator_id: int  # the template's end-of-turn token: does a head end its turn?
+    end_ids: frozenset[int]  # the tokens that end a generation: does a head end its turn?
 
     async def record(
         self,
@@ -50,7 +50,7 @@ class StepRecorder:
         span.recorded(step, len(call.prompt))
         # Counted on the next loop iteration: the answer leaves 0.1 ms sooner.
         asyncio.get_running_loop().call_soon(_count, step, len(call.prompt), call.started)
-        advance_chain(self.chains, call, step, answer, self.terminator_id, version)
+        advance_chain(self.chains, call, step, answer, self.end_ids, version)
         return step
 
 

@@ -86,8 +86,8 @@ class ChatService:
         self.ended = ended if ended is not None else EndedSessions(kept=sys.maxsize)
         self.admission = Admission(options, control, self.ended)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
-        recorder = StepRecorder(publish, chains, renderer.terminator_id)
-        self.runner = CallRunner(engine, tokenizer, options.tool_parser, recorder)
+        recorder = StepRecorder(publish, chains, renderer.end_ids)
+        self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
         # The rollout driver's session calls are the lifecycle's own.
         sessions = SessionLifecycle(publish, chains, self.ended)
         self.open_session = sessions.open_session

@@ -1,4 +1,5 @@
-"""What the turn logic reads of the settings: limits, the tool parser and the chain matcher.
+"""What the turn logic reads of the settings: limits and the chain matcher (the model family
+is the renderer's).
 
 Plain values, fixed for the service's life (``app.py`` builds them from
 :class:`~titoflow.settings.Settings`; tests and benchmarks build them directly), so every turn
@@ -20,7 +21,6 @@ class ServiceOptions:
     max_tokens_cap: int = 0  # 0: no cap beyond the context window
     context_policy: Literal["clamp", "refuse"] = "clamp"
     max_steps_per_session: int = 0  # 0: no limit
-    tool_parser: str = "qwen3"
     matcher: Matcher = "strict"
     vocab_size: int = 1 << 31  # token ids a white-box call may send: [0, vocab_size)
     partial_rollout: bool = True  # False: refuse a step on newer weights than its chain's first

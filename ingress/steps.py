@@ -20,13 +20,13 @@ import time
 from array import array
 
 from ingress.chains import Chain, ChainStore
-from ingress.output import ParsedOutput
 from ingress.prompts import AnyCall
 from ingress.turn import ChatTurn
 from schemas.events import StepRecorded
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import Generation
 from titoflow.tito.messages import Message
+from titoflow.tito.output import ParsedOutput
 
 
 def answer_message(parsed: ParsedOutput) -> Message:
@@ -90,7 +90,7 @@ def advance_chain(
     call: AnyCall,
     step: StepRecorded,
     answer: Message | None,
-    terminator_id: int,
+    end_ids: frozenset[int],
     version: str | None,
 ) -> None:
     """Record the head ``step`` leaves as the tip of its chain. ``version``: the control log's
@@ -110,7 +110,7 @@ def advance_chain(
         messages=messages,
         tokens=call.prompt + completion,
         head_step_id=step.step_id,
-        ends_with_terminator=bool(completion) and completion[-1] == terminator_id,
+        ends_with_terminator=bool(completion) and completion[-1] in end_ids,
         depth=parent.depth + 1 if parent else 1,
         first_version=parent.first_version if parent else version,
         prior=parent.summary() if parent and turn else None,

@@ -90,7 +90,7 @@ def stack_settings(
     """This test's topics on the session broker, the session engine behind the witness's
     recording proxy, and a fast idle timeout. Afterwards every segment on the test's topic is
     held to what the engine witnessed (``@pytest.mark.witness_off("why")`` opts out)."""
-    yield from _witnessed(settings, engine_url, model_dir, witness, request)
+    yield from witnessed(settings, engine_url, model_dir, witness, request)
 
 
 @pytest.fixture
@@ -102,10 +102,10 @@ def agent_stack_settings(
     request: pytest.FixtureRequest,
 ) -> Iterator[Settings]:
     """As ``stack_settings``, with the tiny agentic policy's engine (real tool loops)."""
-    yield from _witnessed(settings, agent_engine_url, agent_model_dir, witness, request)
+    yield from witnessed(settings, agent_engine_url, agent_model_dir, witness, request)
 
 
-def _witnessed(
+def witnessed(
     settings: Settings,
     engine_url: str,
     model_dir: Path,

@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 from openai import APIStatusError, AsyncOpenAI
 
-from ingress.parsers import make_parser
 from tests.topics import engine_generate, finalized_segments, recorded_steps
 from titoflow.bus import ensure_topics
 from titoflow.dev.broker import start_tansu
 from titoflow.dev.procs import ManagedProcess
 from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
+from titoflow.tito.families.base import ParserOptions
+from titoflow.tito.families.qwen3 import QWEN3
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
@@ -98,7 +99,9 @@ async def test_three_turns_become_one_exact_segment_across_a_worker_restart(
         )
         assert step.completion_ids == direct["token_ids"]
         assert step.completion_logprobs == [e["logprob"] for e in direct["logprobs"]["content"]]
-        parser = make_parser("qwen3", step.step_id, parse_tools=False)  # no tools were offered
+        parser = QWEN3.parser(
+            ParserOptions(step.step_id, parse_tools=False)
+        )  # no tools were offered
         parser.feed(tokenizer.decode(step.completion_ids, skip_special_tokens=True))
         assert seen_by_client[index] == parser.finish()[1].content
 

@@ -39,6 +39,11 @@ class TemplateError(InvalidRequest):
     code = "template_error"
 
 
+class NotAppendOnly(TemplateError):
+    """The template renders the history differently once the new messages follow (e.g. it
+    moves a later system message to the top): no continuation of the chain exists."""
+
+
 class ContextOverflow(InvalidRequest):
     code = "context_length_exceeded"
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from titoflow.tito.families import AUTO
+from titoflow.tito.families import NAMES as FAMILY_NAMES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +136,12 @@ class Settings(BaseSettings):
         description="Comma-separated model names clients may ask for; '*' accepts any (scaffolds "
         "send their own defaults, e.g. Claude Code's).",
     )
-    tool_parser: str = Field("qwen3", description="Tool-call/reasoning parser: qwen3, qwen3_coder.")
+    model_family: str = Field(
+        "auto",
+        description="The policy's model family (chat template handling, tool-call and reasoning "
+        "parser, tool-call grammar; docs/models.md): auto (detected from the chat template) or "
+        "one of " + ", ".join(FAMILY_NAMES) + ".",
+    )
     matcher: Literal["strict", "tool_call_id"] = Field(
         "strict",
         description="How a request's history is matched to a cached chain: strict message "
@@ -267,6 +275,14 @@ class Settings(BaseSettings):
         if not self.driver_port:
             return ingress_url
         return f"http://{self.driver_host or self.ingress_host}:{self.driver_port}"
+
+    @field_validator("model_family")
+    @classmethod
+    def _known_family(cls, value: str) -> str:
+        if value != AUTO and value not in FAMILY_NAMES:
+            known = ", ".join((AUTO, *FAMILY_NAMES))
+            raise ValueError(f"unknown model family {value!r} (TITOFLOW_MODEL_FAMILY): use {known}")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

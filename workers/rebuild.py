@@ -35,7 +35,12 @@ class Rebuilder:
     def __init__(self, renderer: ChatRenderer) -> None:
         self.renderer = renderer
         self.opening = renderer.assistant_opening()
-        self.terminator_id = renderer.terminator_id
+        self.end_ids = renderer.end_ids
+        # What an assistant turn's content follows: the template's opening, and the tokens after
+        # which the family starts a turn without one (Mistral's "[/INST]", DeepSeek's end of a
+        # tool output).
+        starts = [renderer.encode(text) for text in renderer.family.assistant_starts]
+        self.openers = [list(o) for o in (self.opening, *starts) if o]
 
     def render(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], kwargs: Any
@@ -45,25 +50,30 @@ class Rebuilder:
         return self.renderer.full_prompt(turns, tools, kwargs, add_generation_prompt=False)
 
     def assistant_spans(self, tokens: Sequence[int]) -> list[Span]:
-        """``[start, end)`` of every closed assistant turn: its content through the terminator
-        (what the model generates after the template's assistant opening). An opening with no
-        terminator after it is a generation prompt, not a turn."""
+        """``[start, end)`` of every closed assistant turn: its content through the end token
+        (what the model generates after the last opener before that end token). An opener with
+        no end token after it is a generation prompt, not a turn; a turn that ends with no
+        opener since the previous end (a user turn of a template that ends every turn alike)
+        is not the model's."""
         spans: list[Span] = []
-        opening, n = list(self.opening), len(self.opening)
-        at = 0
-        while at + n <= len(tokens):
-            if list(tokens[at : at + n]) != opening:
-                at += 1
+        begin = 0
+        for end, token in enumerate(tokens):
+            if token not in self.end_ids:
                 continue
-            start = at + n
-            end = next(
-                (i for i in range(start, len(tokens)) if tokens[i] == self.terminator_id), -1
-            )
-            if end < 0:
-                break
-            spans.append((start, end + 1))
-            at = end + 1
+            start = self._turn_start(tokens, begin, end)
+            if start is not None:
+                spans.append((start, end + 1))
+            begin = end + 1
         return spans
+
+    def _turn_start(self, tokens: Sequence[int], begin: int, end: int) -> int | None:
+        """Where the content after the last opener in ``tokens[begin:end]`` starts."""
+        for at in range(end, begin, -1):
+            for opener in self.openers:
+                n = len(opener)
+                if at - n >= begin and list(tokens[at - n : at]) == opener:
+                    return at
+        return None
 
 
 @dataclass

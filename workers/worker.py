@@ -110,7 +110,7 @@ def assembler_for(settings: Settings) -> Assembler:
     return Assembler(
         settings.max_segment_tokens,
         decode,
-        Rebuilder(ChatRenderer(tokenizer)),
+        Rebuilder(ChatRenderer.for_setting(tokenizer, settings.model_family)),
         settings.build_mode,
         settings.recompute_enabled,
         settings.mask_stale_versions,

@@ -49,14 +49,18 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     name: str | None = None
 
-    def template_dict(self) -> dict[str, Any]:
-        """The message as HF chat templates read it."""
+    def template_dict(
+        self, arguments_text: bool = False, reasoning_key: str = "reasoning_content"
+    ) -> dict[str, Any]:
+        """The message as HF chat templates read it: tool-call arguments as a mapping, or as
+        their JSON text for templates that write them as given (``arguments_text``); reasoning
+        under the key the template reads (gpt-oss's reads ``thinking``)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.reasoning is not None:
-            out["reasoning_content"] = self.reasoning
+            out[reasoning_key] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [
-                call.function_call(parsed_arguments=True) for call in self.tool_calls
+                call.function_call(parsed_arguments=not arguments_text) for call in self.tool_calls
             ]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from titoflow.errors import TemplateError
+from titoflow.errors import NotAppendOnly, TemplateError
+from titoflow.tito.families import detect_family, resolve_family
+from titoflow.tito.families.base import Family
 from titoflow.tito.messages import Message, tools_key
 from titoflow.tito.tokenizer import text_encoder
 
@@ -35,19 +37,43 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
+    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> str: ...
+
     def convert_tokens_to_ids(self, tokens: str) -> Any: ...
 
     @property
     def all_special_tokens(self) -> list[str]: ...
 
+    @property
+    def chat_template(self) -> Any: ...
+
 
 class ChatRenderer:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    """The policy's template and its family: ``family`` defaults to the one detected from the
+    tokenizer's chat template. ``stop_token_ids`` end a generation (the terminator first);
+    a chain whose last token is one of them ends its turn."""
+
+    def __init__(self, tokenizer: Tokenizer, family: Family | None = None) -> None:
         self.tokenizer = tokenizer
+        self.family = family or detect_family(template_source(tokenizer))
         self.encode = text_encoder(tokenizer)
         self.terminator = self._detect_terminator()
         self.terminator_id = int(tokenizer.convert_tokens_to_ids(self.terminator))
+        extra = [self.token_id(t) for t in self.family.stop_tokens]
+        self.stop_token_ids = (self.terminator_id, *(i for i in extra if i is not None))
+        self.end_ids = frozenset(self.stop_token_ids)
+        self.closers = (self.terminator, *self.family.stop_tokens, *self.family.history_closers)
         self._openings: dict[tuple[tuple[Message, ...], str], str] = {}
+
+    @classmethod
+    def for_setting(cls, tokenizer: Tokenizer, model_family: str) -> ChatRenderer:
+        """The renderer of ``model_family`` (a family's name, or "auto": detected)."""
+        return cls(tokenizer, resolve_family(model_family, template_source(tokenizer)))
+
+    def token_id(self, text: str) -> int | None:
+        """The id of ``text`` if the vocabulary has it as one token."""
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
 
     def _detect_terminator(self) -> str:
         """The special token that closes an assistant turn in this template (``<|im_end|>``,
@@ -73,7 +99,10 @@ class ChatRenderer:
     ) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
-                [m.template_dict() for m in messages],
+                [
+                    m.template_dict(self.family.tool_arguments_text, self.family.reasoning_key)
+                    for m in messages
+                ],
                 tools=list(tools) or None,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
@@ -94,9 +123,13 @@ class ChatRenderer:
         return self.encode(text)
 
     def assistant_opening(self) -> list[int]:
-        """Token ids the template writes before an assistant turn's content in history
-        (``<|im_start|>assistant\n``): an earlier turn, since templates decorate the last one
-        (Qwen3 adds an empty think block)."""
+        """Token ids the template writes before what the model generates
+        (``<|im_start|>assistant\n``): its generation prompt, or where that is not appended to
+        the conversation, the opening of an earlier turn in history."""
+        opening = self.render_text([_ANCHOR_USER], (), {}, add_generation_prompt=False)
+        prompt = self.render_text([_ANCHOR_USER], (), {}, add_generation_prompt=True)
+        if prompt.startswith(opening) and len(prompt) > len(opening):
+            return self.encode(prompt[len(opening) :])
         stand_in = Message(role="assistant", content=_SENTINEL)
         text = self.render_text(
             [_ANCHOR_USER, stand_in, _ANCHOR_USER, stand_in], (), {}, add_generation_prompt=False
@@ -140,17 +173,32 @@ class ChatRenderer:
         if assistant.role != "assistant" or covered >= len(messages):
             raise ValueError("a continuation needs a covered assistant turn and new messages")
         head = (messages[0],) if messages[0].role == "system" and covered > 1 else ()
-        stand_in = assistant.model_copy(update={"content": _SENTINEL, "reasoning": None})
+        # A calling turn's content stays empty: harmony writes it as an analysis message, whose
+        # <|end|> would pass for the turn's end.
+        content = "" if assistant.tool_calls else _SENTINEL
+        stand_in = assistant.model_copy(update={"content": content, "reasoning": None})
         reduced = [*head, _ANCHOR_USER, stand_in, *messages[covered:]]
         text = self.render_text(reduced, tools, template_kwargs, add_generation_prompt=True)
         opening = self._opening(head, tools, template_kwargs, fresh=False)
         if not text.startswith(opening):  # a template that writes e.g. today's date: re-render
             opening = self._opening(head, tools, template_kwargs, fresh=True)
         if not text.startswith(opening):
-            raise TemplateError("the chat template is not append-only before an assistant turn")
-        end_of_turn = text.find(self.terminator, len(opening))
-        if end_of_turn < 0:
+            raise NotAppendOnly("the chat template is not append-only before an assistant turn")
+        # The first token that closes the turn as the template writes it in history: Llama's
+        # <|eom_id|> after a built-in tool call, harmony's <|call|> or <|end|>.
+        ends = [(text.find(closer, len(opening)), closer) for closer in self.closers]
+        found = [(at, closer) for at, closer in ends if at >= 0]
+        if not found:
             raise TemplateError("the chat template did not close the assistant turn")
-        tail = text[end_of_turn + len(self.terminator) :]
-        closing = [] if chain_ends_with_terminator else [self.terminator_id]
+        end_of_turn, closer = min(found)
+        tail = text[end_of_turn + len(closer) :]
+        closing = [] if chain_ends_with_terminator else self.encode(closer)
         return closing + self.encode(tail)
+
+
+def template_source(tokenizer: Tokenizer) -> str | None:
+    """The default chat template's text (a tokenizer may carry several by name)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default") or next(iter(template.values()), None)
+    return template if isinstance(template, str) else None

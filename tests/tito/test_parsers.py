@@ -9,14 +9,21 @@ from typing import Any
 
 import pytest
 
-from ingress.output import (
+from titoflow.tito.families import NAMES, family_named
+from titoflow.tito.families.base import ParserOptions, tool_call_id
+from titoflow.tito.output import (
     OutputDelta,
+    OutputParser,
     ParsedOutput,
     ReasoningDelta,
     TextDelta,
     ToolCallDone,
 )
-from ingress.parsers import PARSER_FAMILIES, make_parser, tool_call_id
+
+
+def make_parser(family: str, step_id: str, **options: Any) -> OutputParser:
+    return family_named(family).parser(ParserOptions(step_id, **options))
+
 
 STEP = "step-1"
 
@@ -353,6 +360,5 @@ def test_ids_are_deterministic() -> None:
 
 
 def test_unknown_family() -> None:
-    assert PARSER_FAMILIES == ("qwen3", "qwen3_coder")
-    with pytest.raises(ValueError, match="qwen3, qwen3_coder"):
-        make_parser("llama", STEP)
+    with pytest.raises(ValueError, match=", ".join(NAMES)):
+        make_parser("nonesuch", STEP)

@@ -1,0 +1,391 @@
+"""The Mistral family (tekken v7): its tokenizer and template against mistral-common's own
+encoding, its parser, its grammar and its TITO continuations.
+
+The proof that the converted tokenizer and the template are right: every conversation below,
+rendered with the HF template and encoded with the HF tokenizer, gives exactly the token ids
+mistral-common's ``MistralTokenizer`` (v7) gives for the same request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mistral_common.integrations.chat_templates.chat_templates import generate_chat_template
+from mistral_common.protocol.instruct.request import ChatCompletionRequest
+from mistral_common.protocol.instruct.validator import ValidationMode
+from mistral_common.tokens.tokenizers.base import TokenizerVersion
+from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+from tests.families import family_tokenizer
+from titoflow.dev.tokenizers import mistral as recipe
+from titoflow.dev.tokenizers import template_path
+from titoflow.errors import NotAppendOnly, TemplateError
+from titoflow.tito.families import detect_family
+from titoflow.tito.families.base import ParserOptions, tool_call_id
+from titoflow.tito.families.grammar import tool_call_constraint
+from titoflow.tito.families.mistral import MISTRAL, TOOL_CALLS
+from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.output import ParsedOutput, TextDelta, ToolCallDone
+from titoflow.tito.render import ChatRenderer
+
+
+def tool(name: str, properties: dict[str, Any], description: str = "") -> dict[str, Any]:
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+# As mistral-common dumps its Tool model: the same keys in the same order, so both sides write
+# the same [AVAILABLE_TOOLS] JSON.
+TOOLS = [
+    tool("read_file", {"path": {"type": "string"}}, "Read a file — ünïcode."),
+    tool("run", {"command": {"type": "string"}, "timeout": {"type": "integer"}}),
+    tool("list_dir", {}),
+]
+
+
+def call(id_: str, name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(id=id_, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+SYSTEM = Message(role="system", content="You are a careful agent.")
+USER = Message(role="user", content="Fix the test in  src/app.py\n")
+CALLS = Message(
+    role="assistant",
+    content="",
+    tool_calls=(
+        call("a1B2c3D4e", "read_file", path="src/app.py"),
+        call(
+            "Zz9Yy8Xx7",
+            "run",
+            command="echo 'naïve 漢字 🙂' \"q\"\nls",
+            timeout=0,
+            nested={"deep": [True, None, 2.5, "ü"]},
+        ),
+        call("000000000", "list_dir"),
+    ),
+)
+RESULTS = (
+    Message(role="tool", content="import x\n", tool_call_id="a1B2c3D4e"),
+    Message(role="tool", content="Error: exit status 1", tool_call_id="Zz9Yy8Xx7"),
+    Message(role="tool", content='{"ok": true, "items": [1, 2]}', tool_call_id="000000000"),
+)
+SAY_AND_CALL = Message(
+    role="assistant", content="Let me check.", tool_calls=(call("q1w2e3r4t", "run", command="x"),)
+)
+ANSWER = Message(role="assistant", content="Done: the test passes.")
+AGAIN = Message(role="user", content="Go on 🙂")
+
+CONVERSATIONS: dict[str, list[Message]] = {
+    "chat": [USER, ANSWER, AGAIN],
+    "tools": [SYSTEM, USER, CALLS, *RESULTS],
+    "tools-answer": [SYSTEM, USER, CALLS, *RESULTS, ANSWER],
+    "tools-user-again": [
+        SYSTEM,
+        USER,
+        CALLS,
+        *RESULTS,
+        ANSWER,
+        AGAIN,
+        SAY_AND_CALL,
+        Message(role="tool", content="", tool_call_id="q1w2e3r4t"),
+    ],
+    # The template takes a system message only after a user or system one.
+    "system-changes": [
+        SYSTEM,
+        USER,
+        Message(role="system", content="Reminder: be brief."),
+        ANSWER,
+        AGAIN,
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return family_tokenizer("mistral")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """mistral-common's v7 tokenizer over the same vocabulary (the file declares v3; the v7
+    format uses only the control tokens the file's default list already has)."""
+    data = json.loads(recipe.tekken_file().read_text())
+    data["config"]["version"] = TokenizerVersion.v7.value
+    path = Path(tmp_path_factory.mktemp("tekken")) / "tekken.json"
+    path.write_text(json.dumps(data))
+    return {
+        mode: MistralTokenizer.from_file(str(path), mode=mode)
+        for mode in (ValidationMode.test, ValidationMode.finetuning)
+    }
+
+
+def reference_request(messages: list[Message], tools: list[dict[str, Any]]) -> Any:
+    wire = []
+    for message in messages:
+        entry = message.template_dict()
+        for item in entry.get("tool_calls", ()):
+            item["function"]["arguments"] = json.dumps(
+                item["function"]["arguments"], ensure_ascii=False
+            )
+        wire.append(entry)
+    return ChatCompletionRequest(messages=wire, tools=tools or None)
+
+
+def generated_template(version: str) -> str:
+    """The template mistral-common generates for a text-only tekken tokenizer of ``version``."""
+    return generate_chat_template(
+        spm=False,
+        tokenizer_version=TokenizerVersion(version),
+        image_support=False,
+        audio_support=False,
+        thinking_support=False,
+        default_system_prompt=None,
+        plain_thinking_support=False,
+        use_special_token_variables=True,
+        model_settings_fields=None,
+        reasoning_effort_values=None,
+        reasoning_effort_default=None,
+    )
+
+
+def test_template_is_mistral_commons_own() -> None:
+    assert template_path(recipe.TEMPLATE).read_text() == generated_template("v7")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello world",
+        "  leading spaces\n\n\ttabs  \r\n",
+        "数字 12345 ünïcödé 🎉 ÀÉÎ ﬁ 𝒳 zero\u200bwidth",
+        "def f(x):\n    return x**2  # ok\n",
+        '{"a": [1, 2.5, {"b": "c\\n"}], "d": null}',
+        "   \n\n\n   x",
+    ],
+)
+def test_plain_text_encodes_as_mistral_common_does(
+    tokenizer: Any, reference: Any, text: str
+) -> None:
+    ours = tokenizer.encode(text, add_special_tokens=False)
+    theirs = reference[ValidationMode.test].instruct_tokenizer.tokenizer.encode(
+        text, bos=False, eos=False
+    )
+    assert ours == theirs
+    assert tokenizer.decode(ours) == text
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
+def test_conversations_encode_as_mistral_common_does(
+    tokenizer: Any, reference: Any, name: str, with_tools: bool
+) -> None:
+    messages = CONVERSATIONS[name]
+    tools = TOOLS if with_tools else []
+    renderer = ChatRenderer(tokenizer)
+    # mistral-common encodes a finished conversation (ending with the assistant's answer) in
+    # its fine-tuning mode, a prompt in its serving one.
+    finished = messages[-1].role == "assistant"
+    ours = renderer.full_prompt(messages, tools, {}, add_generation_prompt=not finished)
+    mode = ValidationMode.finetuning if finished else ValidationMode.test
+    request = reference_request(messages, tools)
+    theirs = reference[mode].encode_chat_completion(request).tokens
+    assert ours == theirs, tokenizer.decode(ours, skip_special_tokens=False)
+
+
+def test_detection_and_turn_end(tokenizer: Any) -> None:
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.family is MISTRAL
+    assert renderer.terminator == "</s>" and renderer.stop_token_ids == (2,)
+    assert renderer.token_id(TOOL_CALLS) == 9, "[TOOL_CALLS] is one control token"
+    assert renderer.assistant_opening() == [], "an assistant turn follows [/INST] directly"
+
+
+def test_detects_the_json_list_versions_only() -> None:
+    assert detect_family(generated_template("v3")) is MISTRAL  # Mistral-Nemo: same call format
+    for later in ("v11", "v13"):  # [TOOL_CALLS]NAME[ARGS]{...}: another format
+        assert not MISTRAL.detect(generated_template(later))
+
+
+def parse(text: str, **options: Any) -> tuple[list[Any], ParsedOutput]:
+    parser = MISTRAL.parser(ParserOptions("step-1", **options))
+    deltas = parser.feed(text)
+    last, summary = parser.finish()
+    return deltas + last, summary
+
+
+def calls_text(*calls: dict[str, Any]) -> str:
+    return TOOL_CALLS + json.dumps(list(calls), ensure_ascii=False)
+
+
+def test_content_then_calls_with_the_ids_the_model_wrote() -> None:
+    text = "Let me look." + calls_text(
+        {"name": "read_file", "arguments": {"path": "ü"}, "id": "abcDEF123"},
+        {"name": "list_dir", "arguments": {}, "id": "999999999"},
+    )
+    deltas, out = parse(text)
+    assert out.content == "Let me look." and out.parse_error is None and out.reasoning is None
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("abcDEF123", "read_file", {"path": "ü"}),
+        ("999999999", "list_dir", {}),
+    ]
+    assert [type(d) for d in deltas] == [TextDelta, ToolCallDone, ToolCallDone]
+
+
+def test_a_call_without_id_gets_a_deterministic_nine_character_one() -> None:
+    _, out = parse(calls_text({"name": "list_dir", "arguments": {}}, {"name": "run"}))
+    first, second = out.tool_calls
+    assert first.id == tool_call_id("step-1", 0, prefix="")[:9]
+    assert re.fullmatch("[0-9a-f]{9}", second.id) and second.id != first.id
+    assert json.loads(second.arguments) == {}
+    assert parse(calls_text({"name": "list_dir"}), id_prefix="toolu_")[1].tool_calls[0].id == (
+        first.id
+    ), "the format fixes the ids: no API prefix"
+    assert MISTRAL.native_call_id is not None
+    assert re.fullmatch("[0-9a-f]{9}", MISTRAL.native_call_id("run", 3))
+
+
+def test_the_template_rejects_ids_of_another_shape(tokenizer: Any) -> None:
+    """Why the parser never hands out ``call_…`` ids: the client echoes them into history."""
+    renderer = ChatRenderer(tokenizer)
+    other = Message(role="assistant", content="", tool_calls=(call("call_0", "list_dir"),))
+    with pytest.raises(TemplateError, match="9 characters"):
+        renderer.full_prompt([USER, other], TOOLS, {}, add_generation_prompt=False)
+
+
+@pytest.mark.parametrize(
+    "calls, why",
+    [
+        ('[{"name": "run", "arguments": {"command": ', "invalid JSON"),
+        ('[{"name": "run", "arguments": {}}] and more', "text after the call list"),
+        ("[]", "not a non-empty JSON list"),
+        ('{"name": "run", "arguments": {}}', "not a non-empty JSON list"),
+        ('[{"name": "run", "arguments": {}, "id": "call_1"}]', '"id" is not 9'),
+        ('[{"name": "run", "arguments": "{}"}]', '"arguments" is not an object'),
+        ('[{"name": "", "arguments": {}}]', '"name"'),
+        ('[{"name": "run", "arguments": {}, "extra": 1}]', "unknown keys"),
+        ('[{"name": "run"}][TOOL_CALLS][{"name": "run"}]', "text after the call list"),
+    ],
+)
+def test_malformed_calls_come_back_as_generated(calls: str, why: str) -> None:
+    text = "Hi " + TOOL_CALLS + calls
+    _, out = parse(text)
+    assert out.tool_calls == [] and out.content == text
+    assert out.parse_error is not None and why in out.parse_error
+
+
+def test_without_tools_call_syntax_stays_text() -> None:
+    text = "x" + calls_text({"name": "run", "arguments": {}, "id": "abcdefghi"})
+    _, out = parse(text, parse_tools=False)
+    assert out.content == text and out.tool_calls == [] and out.parse_error is None
+
+
+def test_unread_control_tokens_are_dropped_from_content() -> None:
+    _, out = parse("a[INST]b<SPECIAL_42></s>c[/TOOL_RESULTS] [NOTE] <b>")
+    assert out.content == "abc [NOTE] <b>"
+
+
+STREAMED = [
+    "Sure, reading." + calls_text({"name": "read_file", "arguments": {"path": "[/INST]"}}),
+    "a[INST]b[IN[/SYSTEM_PROMPT]<SPECIAL_7><SPECIAL_1234> [TOOL_CALL [TOOL_CALLS",
+    "Hi " + TOOL_CALLS + '[{"name": "run", "arguments": {"x": "[TOOL_CALLS]"}',
+    calls_text({"name": "a", "arguments": {"k": [1, {"z": None}]}, "id": "ZZZZZZZZZ"}) + "\n",
+]
+
+
+@pytest.mark.parametrize("text", STREAMED)
+def test_streaming_equals_whole_on_every_split(text: str) -> None:
+    for tools in (True, False):
+        _, whole = parse(text, parse_tools=tools)
+        for cut in range(len(text) + 1):
+            parser = MISTRAL.parser(ParserOptions("step-1", parse_tools=tools))
+            deltas = parser.feed(text[:cut]) + parser.feed(text[cut:])
+            last, summary = parser.finish()
+            assert summary == whole, (tools, cut)
+            text_deltas = "".join(d.text for d in deltas + last if isinstance(d, TextDelta))
+            assert text_deltas == summary.content
+
+
+@pytest.mark.parametrize("assistant", [CALLS, SAY_AND_CALL, ANSWER], ids=["calls", "both", "text"])
+def test_rendered_turn_parses_back_and_renders_the_same(tokenizer: Any, assistant: Message) -> None:
+    renderer = ChatRenderer(tokenizer)
+    history = [SYSTEM, USER]
+    prompt = renderer.full_prompt(history, TOOLS, {})
+    full = renderer.full_prompt([*history, assistant], TOOLS, {}, add_generation_prompt=False)
+    output = full[len(prompt) :]
+    assert output[-1] == renderer.terminator_id
+    _, out = parse(tokenizer.decode(output[:-1], skip_special_tokens=False), tools=TOOLS)
+    again = Message(role="assistant", content=out.content, tool_calls=tuple(out.tool_calls))
+    assert again == assistant
+    assert renderer.full_prompt([*history, again], TOOLS, {}, add_generation_prompt=False) == full
+
+
+def test_tito_continuations_after_calls_and_results(tokenizer: Any) -> None:
+    """Assistant→tool and tool→tool boundaries, and a user turn without tools, are
+    append-only: the chain plus the continuation is the full render."""
+    renderer = ChatRenderer(tokenizer)
+    for messages, tools in [
+        ([SYSTEM, USER, CALLS, *RESULTS], TOOLS),
+        (
+            [
+                SYSTEM,
+                USER,
+                SAY_AND_CALL,
+                Message(role="tool", content="r", tool_call_id="q1w2e3r4t"),
+            ],
+            TOOLS,
+        ),
+        ([SYSTEM, USER, ANSWER, AGAIN], []),
+    ]:
+        covered = 3
+        chain = renderer.full_prompt(messages[:covered], tools, {}, add_generation_prompt=False)
+        continuation = renderer.continuation(messages, covered, True, tools, {})
+        assert chain + continuation == renderer.full_prompt(messages, tools, {})
+
+
+TOOLS_BLOCK = re.compile(r"\[AVAILABLE_TOOLS\].*?\[/AVAILABLE_TOOLS\]", re.DOTALL)
+
+
+def test_a_new_user_turn_with_tools_is_not_append_only(tokenizer: Any) -> None:
+    """The template writes [AVAILABLE_TOOLS] before the last user message only: a new user
+    turn moves the block, so no continuation of the chain exists (the ingress renders the
+    conversation in full, a new chain: the declared tools_moved divergence)."""
+    renderer = ChatRenderer(tokenizer)
+    messages = [SYSTEM, USER, ANSWER, AGAIN]
+    with pytest.raises(NotAppendOnly):
+        renderer.continuation(messages, 3, True, TOOLS, {})
+    text = renderer.render_text(messages, TOOLS, {}, add_generation_prompt=True)
+    [block] = TOOLS_BLOCK.finditer(text)
+    assert text[block.end() :] == "[INST]Go on 🙂[/INST]"
+    assert "tools_moved" in MISTRAL.divergences
+
+
+def test_forced_call_grammar(tokenizer: Any) -> None:
+    renderer = ChatRenderer(tokenizer)
+    constraint = tool_call_constraint(
+        MISTRAL, TOOLS, "named", "run", renderer.token_id, parallel=True
+    )
+    assert constraint is not None
+    tag = json.loads(constraint["structured_outputs"]["structural_tag"])
+    opening, bracket, body, closing = tag["format"]["elements"]
+    assert opening == {"type": "token", "token": 9}, "[TOOL_CALLS] by its id"
+    assert bracket == {"type": "const_string", "value": "["}
+    assert closing == {"type": "const_string", "value": "]"}
+    first, more = body["elements"]
+    name, arguments = first["elements"][0]["elements"]
+    assert name == {"type": "const_string", "value": '{"name": "run", "arguments": '}
+    assert arguments["json_schema"] == TOOLS[1]["function"]["parameters"]
+    assert first["elements"][1:] == [
+        {"type": "const_string", "value": ', "id": "'},
+        {"type": "regex", "pattern": "[A-Za-z0-9]{9}"},
+        {"type": "const_string", "value": '"}'},
+    ]
+    assert more["content"]["elements"][0] == {"type": "const_string", "value": ", "}
+    with pytest.raises(ValueError, match="no reasoning block"):
+        tool_call_constraint(MISTRAL, TOOLS, "required", None, renderer.token_id, reasoning=True)

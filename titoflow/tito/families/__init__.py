@@ -1,0 +1,52 @@
+"""The model families titoflow renders, parses and constrains: the one list of them.
+
+A family is chosen by setting (``model_family``) or, by default ("auto"), detected from the
+policy's chat template; detection tries the families in ``FAMILIES`` order (the more specific
+before the ones they refine, e.g. Qwen3-Coder before Qwen3) and fails with an error naming the
+known families. docs/models.md describes each and how to add one.
+"""
+
+from __future__ import annotations
+
+from titoflow.tito.families.base import Family
+from titoflow.tito.families.deepseek import DEEPSEEK_V3
+from titoflow.tito.families.gpt_oss import GPT_OSS
+from titoflow.tito.families.kimi_k2 import KIMI_K2
+from titoflow.tito.families.llama3 import LLAMA3
+from titoflow.tito.families.mistral import MISTRAL
+from titoflow.tito.families.qwen3 import QWEN3, QWEN3_CODER
+
+FAMILIES: tuple[Family, ...] = (
+    QWEN3_CODER,
+    QWEN3,
+    KIMI_K2,
+    MISTRAL,
+    DEEPSEEK_V3,
+    LLAMA3,
+    GPT_OSS,
+)
+NAMES: tuple[str, ...] = tuple(sorted(f.name for f in FAMILIES))
+AUTO = "auto"
+
+
+def family_named(name: str) -> Family:
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise ValueError(f"unknown model family {name!r}; known: {', '.join(NAMES)} (or {AUTO})")
+
+
+def detect_family(chat_template: str | None) -> Family:
+    """The family whose template this is; a ValueError naming the known families if none."""
+    for family in FAMILIES:
+        if chat_template and family.detect(chat_template):
+            return family
+    raise ValueError(
+        "the policy's chat template is of no known model family; set TITOFLOW_MODEL_FAMILY "
+        f"to one of: {', '.join(NAMES)}"
+    )
+
+
+def resolve_family(setting: str, chat_template: str | None) -> Family:
+    """``setting`` as a family, detecting it from ``chat_template`` when it is "auto"."""
+    return detect_family(chat_template) if setting == AUTO else family_named(setting)

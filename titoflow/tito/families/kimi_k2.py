@@ -1,0 +1,287 @@
+"""Kimi K2 (K2-Instruct-0905, K2-Thinking, K2.5): roles ``<|im_system|>`` / ``<|im_user|>`` /
+``<|im_assistant|>`` NAME ``<|im_middle|>`` ... ``<|im_end|>``, reasoning in ``<think>``, and
+the turn's calls in one section::
+
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>
+    {JSON}<|tool_call_end|>...<|tool_calls_section_end|>
+
+Every marker is a special token of Kimi's vocabulary, so the parser reads text decoded with
+special tokens kept.
+
+The call id is part of the format: the template writes ``tool_call['id']`` verbatim into the
+call and into the result (``## Return of ID``), and the model numbers its calls itself
+(``IDX`` counts calls over the conversation). So the parser returns the model's own id, not
+:func:`~titoflow.tito.families.base.tool_call_id`: the client echoes it, the template renders the
+call and its result with the very text the model sampled, and the TITO continuation of a tool
+result is the full render's, token for token. A synthetic id would be rendered into every past
+call (each tool turn diverging from the chain) and the model would read results for ids it never
+wrote. The id is still deterministic: a replayed step has the same text, hence the same ids.
+
+Invariants: streaming and whole parsing are one code path, so every chunking gives the same
+message. Reasoning, and text outside reasoning and call sections, are returned exactly as
+generated (the template writes no layout around them; only whitespace before the opening
+``<think>`` is dropped), so a parsed turn renders back to the text it came from. A section
+that does not parse, or never closes, is returned as text exactly as generated, with
+``parse_error`` naming the first failure; inside reasoning nothing is a call.
+
+The template drops the reasoning of every assistant turn up to the last one without tool calls
+(``<think></think>``): a tool loop is append-only until the turn that answers without a call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from enum import Enum, auto
+from typing import Any
+
+from titoflow.tito.families import grammar as g
+from titoflow.tito.families.base import (
+    Family,
+    Function,
+    Grammar,
+    MalformedCall,
+    ParserOptions,
+    TokenLookup,
+)
+from titoflow.tito.families.incremental import IncrementalParser, partial_marker
+from titoflow.tito.messages import ToolCall
+from titoflow.tito.output import (
+    OutputParser,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDone,
+)
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+SECTION_BEGIN = "<|tool_calls_section_begin|>"
+SECTION_END = "<|tool_calls_section_end|>"
+CALL_BEGIN = "<|tool_call_begin|>"
+ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
+CALL_END = "<|tool_call_end|>"
+
+# ``functions.NAME:IDX``; NAME is everything up to the last ``:IDX`` (MCP names hold dots and
+# colons), but no marker: a stray <|tool_call_begin|> must not hide inside a name.
+_CALL_ID = re.compile(r"functions\.([^\s<>]+):(\d+)")
+# The index a forced call may carry: the model's own count, without leading zeros.
+_INDEX_PATTERN = "0|[1-9][0-9]{0,3}"
+
+
+def call_id(name: str, index: int) -> str:
+    """The id a Kimi model writes for its ``index``-th call (over the conversation) of ``name``:
+    the only ids the parser accepts, so the only ones a Kimi conversation's history holds."""
+    return f"functions.{name}:{index}"
+
+
+def parse_section(inner: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(id, name, arguments) of each call between the section markers, or MalformedCall.
+
+    Whitespace between calls is allowed (it decides nothing); any other text is not.
+    """
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+    at = 0
+    while inner[at:].strip():
+        start = inner.find(CALL_BEGIN, at)
+        if start < 0 or inner[at:start].strip():
+            raise MalformedCall(f"call {len(calls)}: expected {CALL_BEGIN}")
+        head = start + len(CALL_BEGIN)
+        middle = inner.find(ARGUMENT_BEGIN, head)
+        end = inner.find(CALL_END, head)
+        if middle < 0 or end < 0 or end < middle:
+            raise MalformedCall(f"call {len(calls)}: expected id{ARGUMENT_BEGIN}args{CALL_END}")
+        call_id = inner[head:middle].strip()
+        matched = _CALL_ID.fullmatch(call_id)
+        if matched is None:
+            raise MalformedCall(f"call {len(calls)}: id {call_id[:40]!r} is not functions.NAME:IDX")
+        raw = inner[middle + len(ARGUMENT_BEGIN) : end]
+        try:
+            arguments = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise MalformedCall(
+                f"call {len(calls)}: invalid JSON: {exc.msg} at char {exc.pos}"
+            ) from None
+        if not isinstance(arguments, dict):
+            raise MalformedCall(f"call {len(calls)}: arguments are not a JSON object")
+        calls.append((call_id, matched.group(1), arguments))
+        at = end + len(CALL_END)
+    if not calls:
+        raise MalformedCall("no call in the section")
+    return calls
+
+
+class _State(Enum):
+    START = auto()  # the output may still open a reasoning block
+    REASONING = auto()
+    CONTENT = auto()
+    SECTION = auto()  # inside a call section, buffered until it closes
+
+
+class KimiParser(IncrementalParser):
+    """Reasoning in ``<think>``, then content with call sections; see the module docstring.
+
+    Each state consumes what it can decide from ``_buf`` and keeps the rest (a marker's possible
+    beginning), so the deltas depend only on the text so far, never on the chunking.
+    """
+
+    def __init__(self, options: ParserOptions) -> None:
+        super().__init__(options)
+        self._state = _State.REASONING if options.reasoning_open else _State.START
+        self._scanned = 0  # in SECTION, where the closing marker could still start in _buf
+        self._sections = 0  # sections seen, parsed or not
+
+    def _step(self, final: bool) -> bool:
+        """Advance as far as the buffer allows; True if the state changed (step again)."""
+        match self._state:
+            case _State.START:
+                return self._start(final)
+            case _State.REASONING:
+                return self._reason(final)
+            case _State.CONTENT:
+                return self._text_or_section(final)
+            case _State.SECTION:
+                return self._section(final)
+
+    def _start(self, final: bool) -> bool:
+        opening = self._buf.lstrip()
+        if opening.startswith(THINK_OPEN):
+            self._buf = opening[len(THINK_OPEN) :]
+            self._thinking = True
+            self._state = _State.REASONING
+            return True
+        if not final and THINK_OPEN.startswith(opening):  # nothing yet, or "<thi": undecided
+            return False
+        self._state = _State.CONTENT
+        return True
+
+    def _reason(self, final: bool) -> bool:
+        end = self._buf.find(THINK_CLOSE)
+        if end >= 0:
+            self._emit(self._buf[:end], reasoning=True)
+            self._buf = self._buf[end + len(THINK_CLOSE) :]
+            self._state = _State.CONTENT
+            return True
+        held = 0 if final else partial_marker(self._buf, [THINK_CLOSE])
+        self._emit(self._buf[: len(self._buf) - held], reasoning=True)
+        self._buf = self._buf[len(self._buf) - held :]
+        return False
+
+    def _text_or_section(self, final: bool) -> bool:
+        start = self._buf.find(SECTION_BEGIN) if self._parse_tools else -1
+        if start >= 0:
+            self._emit(self._buf[:start], reasoning=False)
+            self._buf = self._buf[start:]
+            self._scanned = len(SECTION_BEGIN)
+            self._state = _State.SECTION
+            return True
+        held = partial_marker(self._buf, [SECTION_BEGIN]) if self._parse_tools and not final else 0
+        self._emit(self._buf[: len(self._buf) - held], reasoning=False)
+        self._buf = self._buf[len(self._buf) - held :]
+        return False
+
+    def _section(self, final: bool) -> bool:
+        end = self._buf.find(SECTION_END, self._scanned)
+        if end >= 0:
+            section = self._buf[: end + len(SECTION_END)]
+            self._buf = self._buf[len(section) :]
+            self._close(section)
+            self._state = _State.CONTENT
+            return True
+        if final:
+            self._fail(self._sections, "not closed")
+            self._emit(self._buf, reasoning=False)  # exactly as generated
+            self._buf = ""
+            return False
+        # Sections can be long; do not rescan what cannot hold the closing marker.
+        self._scanned = max(self._scanned, len(self._buf) - len(SECTION_END) + 1)
+        return False
+
+    def _close(self, section: str) -> None:
+        number = self._sections
+        self._sections += 1
+        try:
+            calls = parse_section(section[len(SECTION_BEGIN) : len(section) - len(SECTION_END)])
+        except MalformedCall as exc:
+            self._fail(number, str(exc))
+            self._emit(section, reasoning=False)
+            return
+        for call_id, name, arguments in calls:
+            call = ToolCall(
+                id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False)
+            )
+            self._out.append(ToolCallDone(len(self._calls), call))
+            self._calls.append(call)
+
+    def _emit(self, text: str, reasoning: bool) -> None:
+        if not text:
+            return
+        if reasoning:
+            self._reasoning.append(text)
+            self._out.append(ReasoningDelta(text))
+        else:
+            self._content.append(text)
+            self._out.append(TextDelta(text))
+
+    def _fail(self, number: int, why: str) -> None:
+        if self._error is None:  # the first failure is the turn's parse error
+            self._error = f"{SECTION_BEGIN} block {number}: {why}"
+
+
+def _parser(options: ParserOptions) -> OutputParser:
+    return KimiParser(options)
+
+
+def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+    """``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>``
+
+    IDX is the model's own count of calls in the conversation, which the grammar cannot know:
+    any short number is admitted.
+    """
+    bodies = []
+    for name, parameters in functions:
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"tool name {name!r} cannot be written as functions.NAME:IDX")
+        bodies.append(
+            g.sequence(
+                [
+                    g.text(f"functions.{name}:"),
+                    {"type": "regex", "pattern": _INDEX_PATTERN},
+                    g.literal(ARGUMENT_BEGIN, token_id),
+                    g.arguments(parameters, "json"),
+                ]
+            )
+        )
+    return g.sequence(
+        [g.literal(CALL_BEGIN, token_id), g.one_of(bodies), g.literal(CALL_END, token_id)]
+    )
+
+
+def _is_kimi_k2(template: str) -> bool:
+    # Kimi K3 writes <|open|>message tags instead and is not this format.
+    return "<|im_assistant|>" in template and "<|im_middle|>" in template
+
+
+KIMI_K2 = Family(
+    name="kimi_k2",
+    summary="Kimi K2 / K2-Thinking / K2.5: calls in <|tool_calls_section_begin|>, ids "
+    "functions.NAME:IDX kept as the model wrote them",
+    detect=_is_kimi_k2,
+    parser=_parser,
+    grammar=Grammar(
+        call=_call,
+        separator="",
+        prefix=lambda token_id: [g.literal(SECTION_BEGIN, token_id)],
+        suffix=lambda token_id: [g.literal(SECTION_END, token_id)],
+    ),
+    decode_special_tokens=True,
+    native_call_id=call_id,
+    reasoning_opener=THINK_OPEN,
+    reasoning_tags=(THINK_OPEN, THINK_CLOSE),
+    history=(
+        "writes an empty <think></think> for every assistant turn up to the last one without "
+        "tool calls (its reasoning dropped); turns after it keep theirs, so a tool loop is "
+        "append-only until the turn that answers without calling a tool"
+    ),
+    divergences=("reasoning_dropped",),
+)

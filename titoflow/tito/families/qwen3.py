@@ -1,0 +1,207 @@
+"""Qwen3 (Hermes-style JSON calls) and Qwen3-Coder (XML calls): ``<think>`` reasoning, each call
+in a ``<tool_call>`` block, ``<|im_end|>`` ending the turn.
+
+The template drops the reasoning of assistant turns before the last user message: re-rendering
+history would not give the tokens the model sampled, which is why the chain keeps them (TITO).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from titoflow.tito.families import grammar as g
+from titoflow.tito.families.base import (
+    Family,
+    Function,
+    Grammar,
+    MalformedCall,
+    ParserOptions,
+    TokenLookup,
+)
+from titoflow.tito.families.tagged import TaggedParser, Tags
+from titoflow.tito.output import OutputParser
+
+TAGS = Tags()
+
+
+def _parse_json_call(inner: str) -> tuple[str, dict[str, Any]]:
+    """Qwen3/Hermes: ``{"name": ..., "arguments": {...}}``."""
+    try:
+        payload = json.loads(inner)
+    except json.JSONDecodeError as exc:
+        raise MalformedCall(f"invalid JSON: {exc.msg} at char {exc.pos}") from None
+    if not isinstance(payload, dict):
+        raise MalformedCall("not a JSON object")
+    name = payload.get("name")
+    if not isinstance(name, str) or not name:
+        raise MalformedCall('missing or non-string "name"')
+    # A call without "arguments" is how some models call a tool that takes none.
+    arguments = payload.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise MalformedCall('"arguments" is not an object')
+    return name, arguments
+
+
+_FUNCTION = re.compile(r"\s*<function=([^<>\s]+)>(.*)</function>\s*", re.DOTALL)
+_PARAMETER = re.compile(r"\s*<parameter=([^<>\n]+)>(.*?)</parameter>", re.DOTALL)
+_JSON_TYPES = frozenset({"integer", "number", "boolean", "object", "array"})
+
+
+def _schema_type(schema: object) -> str | None:
+    """A property's JSON type; a nullable ``["integer", "null"]`` counts as its one other type."""
+    if not isinstance(schema, Mapping):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    return kind if isinstance(kind, str) else None
+
+
+def parameter_types(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """tool name -> parameter name -> JSON type, from OpenAI function-tool schemas."""
+    types: dict[str, dict[str, str]] = {}
+    for tool in tools:
+        function = tool.get("function")
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            continue
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        if isinstance(properties, Mapping):
+            types[function["name"]] = {
+                key: kind for key, schema in properties.items() if (kind := _schema_type(schema))
+            }
+    return types
+
+
+# Qwen3-Coder's template writes scalars with Jinja's ``string`` filter: Python's spelling.
+_PYTHON_SCALARS = {"True": True, "False": False, "None": None}
+
+
+def typed_value(value: str, kind: str | None) -> Any:
+    """A value written as text: non-string types are JSON (or Python's ``True``/``False``/
+    ``None``, as the template writes them) when valid, else the text itself."""
+    if kind in _JSON_TYPES and value in _PYTHON_SCALARS:
+        return _PYTHON_SCALARS[value]
+    if kind in _JSON_TYPES:
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _xml_parser(tools: Sequence[Mapping[str, Any]]) -> Any:
+    """Qwen3-coder: ``<function=NAME><parameter=P>VALUE</parameter>...</function>``; the
+    template writes each value between newlines."""
+    types = parameter_types(tools)
+
+    def parse(inner: str) -> tuple[str, dict[str, Any]]:
+        function = _FUNCTION.fullmatch(inner)
+        if function is None:
+            raise MalformedCall("expected one <function=NAME>...</function>")
+        name, body = function.group(1), function.group(2)
+        kinds = types.get(name, {})
+        arguments: dict[str, Any] = {}
+        at = 0
+        while parameter := _PARAMETER.match(body, at):
+            key = parameter.group(1)
+            if key in arguments:
+                raise MalformedCall(f"parameter {key!r} given twice")
+            raw = parameter.group(2).removeprefix("\n").removesuffix("\n")
+            arguments[key] = typed_value(raw, kinds.get(key))
+            at = parameter.end()
+        if body[at:].strip():
+            raise MalformedCall(f"unexpected text in <function={name}>: {body[at:][:40]!r}")
+        return name, arguments
+
+    return parse
+
+
+def _hermes_parser(options: ParserOptions) -> OutputParser:
+    return TaggedParser(options, _parse_json_call, TAGS)
+
+
+def _coder_parser(options: ParserOptions) -> OutputParser:
+    return TaggedParser(options, _xml_parser(options.tools), TAGS)
+
+
+def _call_block(token_id: TokenLookup, opening: str, inner: dict[str, Any], closing: str) -> Any:
+    return g.sequence(
+        [
+            g.literal(TAGS.call_open, token_id),
+            g.text(opening),
+            inner,
+            g.text(closing),
+            g.literal(TAGS.call_close, token_id),
+        ]
+    )
+
+
+def _hermes_call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+    """``<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>``"""
+    bodies = [
+        g.sequence(
+            [
+                # A JSON string body: quotes and backslashes in a name stay parseable.
+                g.text(json.dumps(name, ensure_ascii=False) + ', "arguments": '),
+                g.arguments(parameters, "json"),
+            ]
+        )
+        for name, parameters in functions
+    ]
+    return _call_block(token_id, '\n{"name": ', g.one_of(bodies), "}\n")  # type: ignore[no-any-return]
+
+
+def _xml_call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+    """``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
+
+    String values are raw text, other values JSON (xgrammar's "qwen_xml" style).
+    """
+    bodies = []
+    for name, parameters in functions:
+        if not name or any(c in name for c in "<>=") or any(c.isspace() for c in name):
+            raise ValueError(f"tool name {name!r} cannot be written as <function=NAME>")
+        bodies.append(g.sequence([g.text(name + ">\n"), g.arguments(parameters, "qwen_xml")]))
+    return _call_block(token_id, "\n<function=", g.one_of(bodies), "</function>\n")  # type: ignore[no-any-return]
+
+
+def _is_qwen3(template: str) -> bool:
+    return "<|im_start|>" in template and "<tool_call>" in template
+
+
+def _is_qwen3_coder(template: str) -> bool:
+    return _is_qwen3(template) and "<function=" in template and "<parameter=" in template
+
+
+_HISTORY = (
+    "drops the reasoning of assistant turns before the last user message, and writes an empty "
+    "<think></think> block only in turns after it"
+)
+
+QWEN3 = Family(
+    name="qwen3",
+    summary="Qwen3 (and Qwen2.5/QwQ-style Hermes templates): JSON calls in <tool_call>",
+    detect=_is_qwen3,
+    parser=_hermes_parser,
+    grammar=Grammar(call=_hermes_call),
+    reasoning_opener="<think>",
+    reasoning_tags=(TAGS.think_open, TAGS.think_close),
+    history=_HISTORY,
+    divergences=("reasoning_dropped",),
+)
+
+QWEN3_CODER = Family(
+    name="qwen3_coder",
+    summary="Qwen3-Coder: XML calls <function=NAME><parameter=P> in <tool_call>",
+    detect=_is_qwen3_coder,
+    parser=_coder_parser,
+    grammar=Grammar(call=_xml_call),
+    reasoning_opener="<think>",
+    reasoning_tags=(TAGS.think_open, TAGS.think_close),
+    history=_HISTORY,
+    divergences=("reasoning_dropped",),
+)

@@ -1,0 +1,172 @@
+"""A parser for formats that write reasoning between two tags and each tool call between two
+other tags, the inside of a call read by a family's block parser (Qwen3's ``<think>`` and
+``<tool_call>``, GLM's, ...).
+
+Invariants: the deltas depend on the text only, never on its chunking (each state keeps what
+it cannot decide, :mod:`titoflow.tito.families.incremental`). A malformed tool call is never
+repaired or dropped: its text goes back to the client exactly as generated and ``parse_error``
+says why. Inside reasoning nothing is a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any
+
+from titoflow.tito.families.base import MalformedCall, ParserOptions, tool_call_id
+from titoflow.tito.families.incremental import IncrementalParser, partial_marker
+from titoflow.tito.messages import ToolCall
+from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
+
+# Reads the inside of one tool-call block into (name, arguments), or raises MalformedCall.
+BlockParser = Callable[[str], tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Tags:
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+    call_open: str = "<tool_call>"
+    call_close: str = "</tool_call>"
+
+
+class _State(Enum):
+    START = auto()  # the output may still open a reasoning block
+    REASONING = auto()
+    AFTER_THINK = auto()  # whitespace right after </think> is dropped
+    CONTENT = auto()
+    CALL = auto()  # inside a call block, buffered until it closes
+
+
+class TaggedParser(IncrementalParser):
+    """Reasoning between ``tags.think_*``, then content with call blocks between ``tags.call_*``
+    read by ``parse_block``."""
+
+    def __init__(self, options: ParserOptions, parse_block: BlockParser, tags: Tags) -> None:
+        super().__init__(options)
+        self._parse_block = parse_block
+        self._tags = tags
+        self._state = _State.REASONING if options.reasoning_open else _State.START
+        # Trailing content whitespace: emitted once more content follows, dropped before a tool
+        # call and at the end, so the gaps between calls never become content.
+        self._ws = ""
+        self._scanned = 0  # in CALL, where the closing tag could still start in _buf
+        self._blocks = 0  # call blocks seen, parsed or not
+
+    def _step(self, final: bool) -> bool:
+        """Advance as far as the buffer allows; True if the state changed (step again)."""
+        match self._state:
+            case _State.START:
+                return self._start(final)
+            case _State.REASONING:
+                return self._reason(final)
+            case _State.AFTER_THINK:
+                self._buf = self._buf.lstrip()
+                return self._enter(_State.CONTENT) if self._buf else False
+            case _State.CONTENT:
+                return self._text_or_call(final)
+            case _State.CALL:
+                return self._call(final)
+
+    def _enter(self, state: _State) -> bool:
+        self._state = state
+        return True
+
+    def _start(self, final: bool) -> bool:
+        opening = self._buf.lstrip()
+        if opening.startswith(self._tags.think_open):
+            self._buf = opening[len(self._tags.think_open) :]
+            self._thinking = True
+            return self._enter(_State.REASONING)
+        if not final and self._tags.think_open.startswith(
+            opening
+        ):  # nothing yet, or "<thi": undecided
+            return False
+        return self._enter(_State.CONTENT)
+
+    def _reason(self, final: bool) -> bool:
+        end = self._buf.find(self._tags.think_close)
+        if end >= 0:
+            self._emit_reasoning(self._buf[:end].rstrip("\n"))
+            self._buf = self._buf[end + len(self._tags.think_close) :]
+            return self._enter(_State.AFTER_THINK)
+        # Newlines are held back until we know they are not the ones before </think>.
+        held = 0 if final else partial_marker(self._buf, [self._tags.think_close])
+        body = self._buf[: len(self._buf) - held].rstrip("\n")
+        self._emit_reasoning(body)
+        self._buf = self._buf[len(body) :]
+        return False
+
+    def _emit_reasoning(self, text: str) -> None:
+        if not self._reasoning:  # the newline right after <think> is layout, not reasoning
+            text = text.lstrip("\n")
+        if text:
+            self._reasoning.append(text)
+            self._out.append(ReasoningDelta(text))
+
+    def _text_or_call(self, final: bool) -> bool:
+        start = self._buf.find(self._tags.call_open) if self._parse_tools else -1
+        if start >= 0:
+            self._emit_content(self._buf[:start])
+            self._buf = self._buf[start:]
+            self._scanned = len(self._tags.call_open)
+            return self._enter(_State.CALL)
+        opening = [self._tags.call_open]
+        held = partial_marker(self._buf, opening) if self._parse_tools and not final else 0
+        self._emit_content(self._buf[: len(self._buf) - held])
+        self._buf = self._buf[len(self._buf) - held :]
+        return False
+
+    def _emit_content(self, text: str) -> None:
+        text = self._ws + text
+        body = text.rstrip()
+        self._ws = text[len(body) :]
+        if body:
+            self._emit_text(body)
+
+    def _emit_text(self, text: str) -> None:
+        self._content.append(text)
+        self._out.append(TextDelta(text))
+
+    def _call(self, final: bool) -> bool:
+        end = self._buf.find(self._tags.call_close, self._scanned)
+        if end >= 0:
+            block = self._buf[: end + len(self._tags.call_close)]
+            self._buf = self._buf[len(block) :]
+            self._close_block(block)
+            return self._enter(_State.CONTENT)
+        if final:
+            self._fail(self._blocks, "not closed")
+            self._emit_text(self._ws + self._buf)  # exactly as generated, trailing space too
+            self._ws = self._buf = ""
+            return False
+        # Tool calls can be long; do not rescan what cannot hold the closing tag.
+        self._scanned = max(self._scanned, len(self._buf) - len(self._tags.call_close) + 1)
+        return False
+
+    def _close_block(self, block: str) -> None:
+        number = self._blocks
+        self._blocks += 1
+        try:
+            inner = block[len(self._tags.call_open) : len(block) - len(self._tags.call_close)]
+            name, arguments = self._parse_block(inner)
+        except MalformedCall as exc:
+            self._fail(number, str(exc))
+            self._emit_content(block)
+            return
+        index = len(self._calls)
+        call = ToolCall(
+            id=tool_call_id(self._step_id, index, self._id_prefix),
+            name=name,
+            arguments=json.dumps(arguments, ensure_ascii=False),
+        )
+        self._calls.append(call)
+        self._out.append(ToolCallDone(index, call))
+        self._ws = ""
+
+    def _fail(self, number: int, why: str) -> None:
+        if self._error is None:  # the first failure is the turn's parse error
+            self._error = f"{self._tags.call_open} block {number}: {why}"
