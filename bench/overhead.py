@@ -223,8 +223,8 @@ class TokenSessions:
         else:
             assistant = Message(role="assistant", content="answer")
             new = Message(role="user", content=result)
-        ends = bool(completion) and completion[-1] == self.renderer.terminator_id
-        tail = self.renderer.continuation([self.system, assistant, new], 2, ends, TOOLS, {})
+        end = completion[-1] if completion and completion[-1] in self.renderer.end_ids else None
+        tail = self.renderer.continuation([self.system, assistant, new], 2, end, TOOLS, {})
         self.prompts[session] = prompt + completion + tail
         return elapsed
 

@@ -37,7 +37,7 @@ class Prior:
     messages: int
     tokens: int
     step_id: str
-    ends_with_terminator: bool
+    end_token: int | None  # the step's last token if it is a stop token
     seq: int
 
 
@@ -50,7 +50,9 @@ class Chain:
         int
     ]  # prompt + completion of the head step, exactly as the engine saw/produced them
     head_step_id: str
-    ends_with_terminator: bool
+    # The head's last token if the engine stopped on it (one of the renderer's end_ids): the
+    # continuation needs which one (GLM stops on the next turn's opener), not only whether.
+    end_token: int | None
     depth: int  # steps in this chain, for the per-session step limit
     # A white-box call's tokens go beyond any message list: no chat request matches the chain.
     white_box: bool = False
@@ -65,7 +67,7 @@ class Chain:
             len(self.messages),
             len(self.tokens),
             self.head_step_id,
-            self.ends_with_terminator,
+            self.end_token,
             self.seq,
         )
 
@@ -78,7 +80,7 @@ class Chain:
             messages=self.messages[: self.prior.messages],
             tokens=self.tokens[: self.prior.tokens],
             head_step_id=self.prior.step_id,
-            ends_with_terminator=self.prior.ends_with_terminator,
+            end_token=self.prior.end_token,
             depth=self.depth - 1,
             prior=None,
             seq=self.prior.seq,

@@ -127,7 +127,7 @@ class PromptBuilder:
                 continuation = self.renderer.continuation(
                     turn.messages,
                     covered,
-                    parent.ends_with_terminator,
+                    parent.end_token,
                     turn.tools,
                     turn.template_kwargs,
                 )

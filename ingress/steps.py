@@ -110,7 +110,7 @@ def advance_chain(
         messages=messages,
         tokens=call.prompt + completion,
         head_step_id=step.step_id,
-        ends_with_terminator=bool(completion) and completion[-1] in end_ids,
+        end_token=completion[-1] if completion and completion[-1] in end_ids else None,
         depth=parent.depth + 1 if parent else 1,
         first_version=parent.first_version if parent else version,
         prior=parent.summary() if parent and turn else None,

@@ -3,8 +3,9 @@ and template (titoflow/dev/family_models.py) served by real vLLM CPU, titoflow's
 worker on tansu, the OpenAI SDK running a linear tool loop (a named forced call, a required
 streamed call, free text), and the witness holding the segment to what the engine sampled.
 
-One engine at a time, started and stopped by each family's test. Qwen3, the default policy's
-family, runs end to end in every other engine test of the suite.
+One engine at a time, started and stopped by each family's test; Qwen3-Coder, whose vocabulary
+is Qwen3's, runs on the session's Qwen3 engine. Qwen3, the default policy's family, runs end to
+end in every other engine test of the suite.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.witness import Witness
 from titoflow.dev.engine_process import start_vllm
 from titoflow.dev.family_models import build_family_model
 from titoflow.dev.stack import start_ingress, start_worker
-from titoflow.dev.tokenizers import SOURCES
+from titoflow.dev.tokenizers import SOURCES, tokenizer_dir
 from titoflow.settings import Settings
 from titoflow.tito.families import FAMILIES
 
@@ -35,6 +36,8 @@ pytestmark = pytest.mark.engine
 SERVED = sorted(
     f.name for f in FAMILIES if f.name in SOURCES and f.grammar is not None and f.name != "qwen3"
 )
+# Families whose tokenizer is Qwen3's, token for token: the session's engine serves them.
+QWEN3_VOCABULARY = {"qwen3_coder"}
 # Bounded strings: a random model rarely closes an unbounded one (it runs to max_tokens).
 TOOLS: Any = [
     {
@@ -57,7 +60,12 @@ TOOLS: Any = [
 def family_settings(
     request: pytest.FixtureRequest, settings: Settings, witness: Witness, tmp_path: Path
 ) -> Iterator[Settings]:
-    model = build_family_model(request.param)
+    family = request.param
+    if family in QWEN3_VOCABULARY:  # the session's Qwen3 engine, the family's own template
+        url = request.getfixturevalue("engine_url")
+        yield from witnessed(settings, url, tokenizer_dir(family), witness, request)
+        return
+    model = build_family_model(family)
     engine, url = start_vllm(settings.model_copy(update={"model_path": model}), log_dir=tmp_path)
     try:
         yield from witnessed(settings, url, model, witness, request)

@@ -121,8 +121,26 @@ def output_ids(
             sampled = renderer.encode((answer.reasoning or "") + tags[1])
     assert at >= 0, "the generation prompt opens the assistant turn"
     rest = full[at + len(opening) :]
-    end = next(i for i, t in enumerate(rest) if t in renderer.end_ids)
+    end = next((i for i, t in enumerate(rest) if t in renderer.end_ids), None)
+    if end is None:  # the turn ends at the next message's opener (GLM): what the model samples
+        return sampled + rest + [_opener_after(renderer, [*history, answer], tools, kwargs)]
     return sampled + rest[: end + 1]
+
+
+def _opener_after(
+    renderer: ChatRenderer, messages: list[Message], tools: Sequence[Any], kwargs: dict[str, Any]
+) -> int:
+    """The stop token of a template whose assistant turns end where the next message begins:
+    the opener of tool results after calls, of a user turn after an answer (the last stop token
+    of the conversation with such a message after the answer)."""
+    calls = messages[-1].tool_calls
+    follower = (
+        Message(role="tool", content="ok", tool_call_id=calls[0].id)
+        if calls
+        else Message(role="user", content="ok")
+    )
+    after = renderer.full_prompt([*messages, follower], tools, kwargs, add_generation_prompt=False)
+    return next(t for t in reversed(after) if t in renderer.end_ids)
 
 
 def _last(tokens: list[int], part: list[int]) -> int:
@@ -148,7 +166,8 @@ def turns(renderer: ChatRenderer, conversation: Conversation) -> Iterator[Turn]:
         continuation = None
         if chain is not None:
             try:
-                continuation = renderer.continuation(history, covered, True, tools, kwargs)
+                end = chain[-1] if chain[-1] in renderer.end_ids else None
+                continuation = renderer.continuation(history, covered, end, tools, kwargs)
             except NotAppendOnly:
                 moved = [d for d in renderer.family.divergences if d.endswith("_moved")]
                 assert moved, "a re-render the family does not declare"

@@ -381,7 +381,8 @@ def test_grammar_names_the_markers_by_id(renderer: ChatRenderer) -> None:
     parallel = constraint(renderer, "required", parallel=True)
     star = parallel["elements"][1]["elements"][1]
     assert star["type"] == "star"
-    assert star["content"]["elements"][0] == {"type": "const_string", "value": ""}
+    # No separator between parallel calls: each further call follows the last directly.
+    assert star["content"]["elements"][0] == {"type": "token", "token": ids[CALL_BEGIN]}
 
 
 def test_grammar_refuses_names_it_cannot_write(renderer: ChatRenderer) -> None:

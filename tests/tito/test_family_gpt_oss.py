@@ -453,15 +453,10 @@ def test_a_forced_call_is_the_models_form(renderer: ChatRenderer) -> None:
     constraint = tool_call_constraint(GPT_OSS, list(TOOLS), "named", "run", renderer.token_id)
     assert constraint is not None
     tag = json.loads(constraint["structured_outputs"]["structural_tag"])
-    elements = tag["format"]["elements"]
-    markers = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>")
-    channel, message, end, start = ids(renderer, *markers)
-    # The analysis first, then <|channel|>commentary to=functions.run <|constrain|>json<|message|>.
-    assert elements[0] == {"type": "token", "token": channel}
-    assert elements[2]["begin"] == {"type": "token", "token": message}
-    assert elements[2]["end"] == {"type": "token", "token": end}
-    assert elements[3] == {"type": "token", "token": start}
-    call = elements[5]["elements"]
+    call = tag["format"]["elements"]
+    [channel] = ids(renderer, "<|channel|>")
+    # <|channel|>commentary to=functions.run <|constrain|>json<|message|>{arguments}
+    assert call[0] == {"type": "token", "token": channel}
     assert call[1] == {"type": "const_string", "value": "commentary to=functions."}
     body = call[2]["elements"]
     assert body[0]["value"] == "run "

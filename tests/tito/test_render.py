@@ -36,8 +36,9 @@ def test_length_cut_completion_gets_its_turn_closed(family: str) -> None:
     """A chain cut at max_tokens has no end token: the continuation writes the one the
     template closes the turn with in history (harmony's <|end|>, elsewhere the terminator)."""
     renderer = ChatRenderer(family_tokenizer(family))
-    closed = renderer.continuation([*HISTORY, *NEW], len(HISTORY), True, (), {})
-    cut = renderer.continuation([*HISTORY, *NEW], len(HISTORY), False, (), {})
+    end = renderer.terminator_id  # the model stopped on it (GLM: <|user|> opens the user turn)
+    closed = renderer.continuation([*HISTORY, *NEW], len(HISTORY), end, (), {})
+    cut = renderer.continuation([*HISTORY, *NEW], len(HISTORY), None, (), {})
     closers = {renderer.encode(closer)[0] for closer in renderer.closers}
     assert cut[1:] == closed and cut[0] in closers
 
@@ -49,8 +50,9 @@ def test_continuation_cost_does_not_depend_on_history(family: str) -> None:
     short = [SYSTEM, USER, Message(role="assistant", content="ok")]
     long = [SYSTEM] + [USER, Message(role="assistant", content="ok")] * 200
     new = [Message(role="user", content="next")]
-    assert renderer.continuation([*short, *new], 3, True, (), {}) == renderer.continuation(
-        [*long, *new], len(long), True, (), {}
+    end = renderer.terminator_id
+    assert renderer.continuation([*short, *new], 3, end, (), {}) == renderer.continuation(
+        [*long, *new], len(long), end, (), {}
     )
 
 

@@ -57,7 +57,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.family = family or detect_family(template_source(tokenizer))
         self.encode = text_encoder(tokenizer)
-        self.terminator = self._detect_terminator()
+        self.terminator, self.closes_turn = self._detect_terminator()
         self.terminator_id = int(tokenizer.convert_tokens_to_ids(self.terminator))
         extra = [self.token_id(t) for t in self.family.stop_tokens]
         self.stop_token_ids = (self.terminator_id, *(i for i in extra if i is not None))
@@ -75,20 +75,29 @@ class ChatRenderer:
         ids = self.encode(text)
         return ids[0] if len(ids) == 1 else None
 
-    def _detect_terminator(self) -> str:
-        """The special token that closes an assistant turn in this template (``<|im_end|>``,
-        ``<|eot_id|>``...): the first special token the template writes after the content."""
-        text = self.render_text(
-            [_ANCHOR_USER, Message(role="assistant", content=_SENTINEL)],
-            tools=(),
-            template_kwargs={},
-            add_generation_prompt=False,
-        )
-        tail = text[text.index(_SENTINEL) + len(_SENTINEL) :]
-        found = [(tail.find(tok), tok) for tok in self.tokenizer.all_special_tokens if tok in tail]
-        if not found:
-            raise TemplateError("the chat template writes no special token after an assistant turn")
-        return min(found)[1]
+    def _detect_terminator(self) -> tuple[str, bool]:
+        """The special token that ends an assistant turn in this template, and whether the turn
+        writes it itself (``closes_turn``).
+
+        ``<|im_end|>``, ``<|eot_id|>``...: the first special token the template writes after an
+        assistant turn's content. GLM writes nothing there: its turn ends where the next
+        message's opener (``<|user|>``, ``<|observation|>``) begins, which is also what the
+        model samples to stop. There the terminator is the opener of a following user turn, and
+        a continuation starts with the opener of whatever message comes next."""
+        assistant = Message(role="assistant", content=_SENTINEL)
+        for following in ((), (_ANCHOR_USER,)):
+            text = self.render_text(
+                [_ANCHOR_USER, assistant, *following], (), {}, add_generation_prompt=False
+            )
+            found = self._first_special(text[text.index(_SENTINEL) + len(_SENTINEL) :])
+            if found is not None:
+                return found, not following
+        raise TemplateError("the chat template writes no special token after an assistant turn")
+
+    def _first_special(self, text: str) -> str | None:
+        """The special token that occurs first in ``text`` (the longest where two start there)."""
+        found = [(text.find(t), -len(t), t) for t in self.tokenizer.all_special_tokens if t in text]
+        return min(found)[2] if found else None
 
     def render_text(
         self,
@@ -129,7 +138,11 @@ class ChatRenderer:
         opening = self.render_text([_ANCHOR_USER], (), {}, add_generation_prompt=False)
         prompt = self.render_text([_ANCHOR_USER], (), {}, add_generation_prompt=True)
         if prompt.startswith(opening) and len(prompt) > len(opening):
-            return self.encode(prompt[len(opening) :])
+            header = prompt[len(opening) :]
+            opener = self.family.reasoning_opener  # GLM-4.7's prompt opens <think>; history not
+            if not self.closes_turn and opener and header.endswith(opener):
+                header = header[: -len(opener)]
+            return self.encode(header)
         stand_in = Message(role="assistant", content=_SENTINEL)
         text = self.render_text(
             [_ANCHOR_USER, stand_in, _ANCHOR_USER, stand_in], (), {}, add_generation_prompt=False
@@ -163,12 +176,18 @@ class ChatRenderer:
         self,
         messages: Sequence[Message],
         covered: int,
-        chain_ends_with_terminator: bool,
+        chain_end: int | bool | None,
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
     ) -> list[int]:
         """Tokens to append to a chain covering ``messages[:covered]`` (ending with an assistant
-        turn) so the result is the prompt for all of ``messages``."""
+        turn) so the result is the prompt for all of ``messages``. ``chain_end``: the chain's
+        last token if it is one of ``end_ids`` (the model stopped on it), else None; a template
+        that closes its own turns needs only whether (True/False), GLM's needs which: its turn
+        ends at the next message's opener, which the chain holds if the model sampled that one
+        (``<|observation|>`` before tool results); any other chain gets the template's opener
+        after its own last token, which it keeps (a length cut, a turn that stopped on
+        ``<|user|>`` and is followed by tool results)."""
         assistant = messages[covered - 1]
         if assistant.role != "assistant" or covered >= len(messages):
             raise ValueError("a continuation needs a covered assistant turn and new messages")
@@ -184,15 +203,30 @@ class ChatRenderer:
             opening = self._opening(head, tools, template_kwargs, fresh=True)
         if not text.startswith(opening):
             raise NotAppendOnly("the chat template is not append-only before an assistant turn")
-        # The first token that closes the turn as the template writes it in history: Llama's
-        # <|eom_id|> after a built-in tool call, harmony's <|call|> or <|end|>.
-        ends = [(text.find(closer, len(opening)), closer) for closer in self.closers]
-        found = [(at, closer) for at, closer in ends if at >= 0]
-        if not found:
-            raise TemplateError("the chat template did not close the assistant turn")
-        end_of_turn, closer = min(found)
+        if self.closes_turn:
+            # The first token that closes the turn as the template writes it in history: Llama's
+            # <|eom_id|> after a built-in tool call, harmony's <|call|> or <|end|>.
+            ends = [(text.find(closer, len(opening)), closer) for closer in self.closers]
+            found = [(at, closer) for at, closer in ends if at >= 0]
+            if not found:
+                raise TemplateError("the chat template did not close the assistant turn")
+            end_of_turn, closer = min(found)
+            held = chain_end is not None and chain_end is not False  # any stop token ended it
+        else:
+            if isinstance(chain_end, bool):
+                raise TypeError("this template's turns end at the next opener: pass the token")
+            turn = self.render_text([*head, _ANCHOR_USER, stand_in], tools, template_kwargs, False)
+            if not text.startswith(turn):
+                raise NotAppendOnly("the chat template is not append-only after an assistant turn")
+            end_of_turn = len(turn)
+            closer = self._first_special(text[end_of_turn:]) or ""
+            if not closer or not text.startswith(closer, end_of_turn):
+                raise TemplateError(
+                    "the message after an assistant turn starts with no special token"
+                )
+            held = chain_end is not None and chain_end == self.token_id(closer)
         tail = text[end_of_turn + len(closer) :]
-        closing = [] if chain_ends_with_terminator else self.encode(closer)
+        closing = [] if held else self.encode(closer)
         return closing + self.encode(tail)
 
 

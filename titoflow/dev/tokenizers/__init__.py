@@ -28,6 +28,7 @@ STAMP = "titoflow-tokenizer.json"
 SOURCES: dict[str, str] = {
     "qwen3": "qwen3",
     "qwen3_coder": "qwen3_coder",
+    "glm45": "glm45",
     "llama3": "llama3",
     "gpt_oss": "gpt_oss",
     "kimi_k2": "kimi_k2",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from titoflow.tito.families.base import Family
 from titoflow.tito.families.deepseek import DEEPSEEK_V3
+from titoflow.tito.families.glm45 import GLM45
 from titoflow.tito.families.gpt_oss import GPT_OSS
 from titoflow.tito.families.kimi_k2 import KIMI_K2
 from titoflow.tito.families.llama3 import LLAMA3
@@ -24,6 +25,7 @@ FAMILIES: tuple[Family, ...] = (
     DEEPSEEK_V3,
     LLAMA3,
     GPT_OSS,
+    GLM45,
 )
 NAMES: tuple[str, ...] = tuple(sorted(f.name for f in FAMILIES))
 AUTO = "auto"

@@ -58,12 +58,16 @@ class Grammar:
     ``call`` writes one call of any of the selected functions; ``separator`` goes between
     parallel calls, and ``prefix``/``suffix`` (each a list of structural-tag elements) around
     the whole run of calls (a section marker some formats put around their calls).
+    ``reasoning_layout``: the text before the reasoning block's opening tag and after its
+    closing tag when a forced call may follow reasoning (Qwen3 ``<think>…</think>\n\n``,
+    GLM-4.5 ``\n<think>…</think>`` then the call's own newline).
     """
 
     call: CallGrammar
     separator: str = "\n"
     prefix: Callable[[TokenLookup], list[dict[str, Any]]] = lambda _: []
     suffix: Callable[[TokenLookup], list[dict[str, Any]]] = lambda _: []
+    reasoning_layout: tuple[str, str] = ("", "\n\n")
 
 
 @dataclass(frozen=True)

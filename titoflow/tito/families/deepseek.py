@@ -37,11 +37,9 @@ from titoflow.tito.families.base import (
     MalformedCall,
     ParserOptions,
     TokenLookup,
-    tool_call_id,
 )
 from titoflow.tito.families.tagged import TaggedParser, Tags
-from titoflow.tito.messages import ToolCall
-from titoflow.tito.output import OutputParser, ToolCallDone
+from titoflow.tito.output import OutputParser
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -113,14 +111,7 @@ class DeepSeekParser(TaggedParser):
             self._emit_content(block)
             return
         for name, arguments in calls:
-            index = len(self._calls)
-            call = ToolCall(
-                id=tool_call_id(self._step_id, index, self._id_prefix),
-                name=name,
-                arguments=arguments,
-            )
-            self._calls.append(call)
-            self._out.append(ToolCallDone(index, call))
+            self._add_call(name, arguments)
         self._ws = ""
 
 

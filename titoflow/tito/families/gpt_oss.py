@@ -35,15 +35,12 @@ from titoflow.tito.families.base import (
     MalformedCall,
     ParserOptions,
     TokenLookup,
-    tool_call_id,
 )
 from titoflow.tito.families.incremental import IncrementalParser, partial_marker
-from titoflow.tito.messages import ToolCall
 from titoflow.tito.output import (
     OutputParser,
     ReasoningDelta,
     TextDelta,
-    ToolCallDone,
 )
 
 START = "<|start|>"
@@ -211,14 +208,7 @@ class HarmonyParser(IncrementalParser):
                     self._error = f"harmony message {number} (call to {self._name}): {exc}"
                 self._text(self._raw + body + marker)
             else:
-                index = len(self._calls)
-                call = ToolCall(
-                    id=tool_call_id(self._step_id, index, self._id_prefix),
-                    name=self._name,
-                    arguments=json.dumps(arguments, ensure_ascii=False),
-                )
-                self._calls.append(call)
-                self._out.append(ToolCallDone(index, call))
+                self._add_call(self._name, arguments)
         self._raw = ""
 
     def _between(self, final: bool) -> bool:
@@ -247,26 +237,11 @@ def _harmony_parser(options: ParserOptions) -> OutputParser:
     return HarmonyParser(options)
 
 
-def _analysis(token_id: TokenLookup) -> list[dict[str, Any]]:
-    """The reasoning a forced call starts with: gpt-oss always reasons first (its effort can be
-    lowered, not turned off), and the generation prompt leaves the channel to the model."""
-    return [
-        g.literal(CHANNEL, token_id),
-        g.text("analysis"),
-        {
-            "type": "tag",
-            "begin": g.literal(MESSAGE, token_id),
-            "content": {"type": "any_text", "excludes": [END]},
-            "end": g.literal(END, token_id),
-        },
-        g.literal(START, token_id),
-        g.text("assistant"),
-    ]
-
-
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
     """``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}``, the form
-    the model was trained to write (the engine's stop on ``<|call|>`` ends it)."""
+    the model was trained to write (the engine's stop on ``<|call|>`` ends it). A forced call
+    starts with it, as other families' forced calls start without reasoning: a free analysis
+    message before it would end only when the model chose to write ``<|end|>``."""
     bodies = []
     for name, parameters in functions:
         if not name or "<" in name or any(c.isspace() for c in name):
@@ -296,7 +271,7 @@ GPT_OSS = Family(
     summary="gpt-oss (harmony): channels analysis/commentary/final, calls to=functions.NAME",
     detect=_is_gpt_oss,
     parser=_harmony_parser,
-    grammar=Grammar(call=_call, prefix=_analysis),
+    grammar=Grammar(call=_call),
     stop_tokens=(RETURN, CALL),
     decode_special_tokens=True,
     reasoning_key="thinking",

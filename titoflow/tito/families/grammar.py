@@ -74,7 +74,8 @@ def tool_call_constraint(
     call = grammar.call(selected, token_id)
     body: dict[str, Any] = call
     if parallel:
-        more = {"type": "sequence", "elements": [text(grammar.separator), call]}
+        gap = [text(grammar.separator)] if grammar.separator else []
+        more = sequence([*gap, call])
         body = sequence([call, {"type": "star", "content": more}])
     body = sequence([*grammar.prefix(token_id), body, *grammar.suffix(token_id)])
     if reasoning:
@@ -88,7 +89,9 @@ def tool_call_constraint(
             "content": {"type": "any_text", "excludes": [closing]},
             "end": literal(closing, token_id),
         }
-        body = sequence([sequence([think, text("\n\n")]), body])
+        before, after = grammar.reasoning_layout
+        lead, trail = [text(before)] if before else [], [text(after)] if after else []
+        body = sequence([sequence([*lead, think, *trail]), body])
     tag = json.dumps(
         {"type": "structural_tag", "format": body}, ensure_ascii=False, separators=(",", ":")
     )

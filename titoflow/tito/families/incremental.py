@@ -10,11 +10,13 @@ beginning, :func:`partial_marker`), and ``finish`` decides the rest. Non-streami
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from typing import Any
 
-from titoflow.tito.families.base import ParserOptions
+from titoflow.tito.families.base import ParserOptions, tool_call_id
 from titoflow.tito.messages import ToolCall
-from titoflow.tito.output import OutputDelta, ParsedOutput
+from titoflow.tito.output import OutputDelta, ParsedOutput, ToolCallDone
 
 
 def partial_marker(text: str, markers: Iterable[str]) -> int:
@@ -55,6 +57,17 @@ class IncrementalParser:
             parse_error=self._error,
         )
         return self._take(), summary
+
+    def _add_call(self, name: str, arguments: Any, call_id: str | None = None) -> None:
+        """Record and emit the turn's next call: ``arguments`` as parsed (or as the model wrote
+        them, text), its id the model's own where the format has them, else the step's."""
+        index = len(self._calls)
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        call_id = call_id or tool_call_id(self._step_id, index, self._id_prefix)
+        call = ToolCall(id=call_id, name=name, arguments=arguments)
+        self._calls.append(call)
+        self._out.append(ToolCallDone(index, call))
 
     def _take(self) -> list[OutputDelta]:
         out, self._out = self._out, []

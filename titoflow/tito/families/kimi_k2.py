@@ -46,12 +46,10 @@ from titoflow.tito.families.base import (
     TokenLookup,
 )
 from titoflow.tito.families.incremental import IncrementalParser, partial_marker
-from titoflow.tito.messages import ToolCall
 from titoflow.tito.output import (
     OutputParser,
     ReasoningDelta,
     TextDelta,
-    ToolCallDone,
 )
 
 THINK_OPEN = "<think>"
@@ -207,11 +205,7 @@ class KimiParser(IncrementalParser):
             self._emit(section, reasoning=False)
             return
         for call_id, name, arguments in calls:
-            call = ToolCall(
-                id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False)
-            )
-            self._out.append(ToolCallDone(len(self._calls), call))
-            self._calls.append(call)
+            self._add_call(name, arguments, call_id)
 
     def _emit(self, text: str, reasoning: bool) -> None:
         if not text:
@@ -271,6 +265,7 @@ KIMI_K2 = Family(
     grammar=Grammar(
         call=_call,
         separator="",
+        reasoning_layout=("", ""),  # Kimi writes nothing around its reasoning block
         prefix=lambda token_id: [g.literal(SECTION_BEGIN, token_id)],
         suffix=lambda token_id: [g.literal(SECTION_END, token_id)],
     ),

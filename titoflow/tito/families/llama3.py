@@ -33,11 +33,9 @@ from titoflow.tito.families.base import (
     Grammar,
     ParserOptions,
     TokenLookup,
-    tool_call_id,
 )
 from titoflow.tito.families.incremental import IncrementalParser
-from titoflow.tito.messages import ToolCall
-from titoflow.tito.output import OutputParser, TextDelta, ToolCallDone
+from titoflow.tito.output import OutputParser, TextDelta
 
 PYTHON_TAG = "<|python_tag|>"
 # Every special token of the Llama 3 vocabulary (Meta's named ones and the reserved slots).
@@ -169,14 +167,8 @@ class Llama3Parser(IncrementalParser):
             else:
                 self._emit_content(text)
             return
-        for index, (name, arguments) in enumerate(calls):
-            call = ToolCall(
-                id=tool_call_id(self._step_id, index, self._id_prefix),
-                name=name,
-                arguments=json.dumps(arguments, ensure_ascii=False),
-            )
-            self._calls.append(call)
-            self._out.append(ToolCallDone(index, call))
+        for name, arguments in calls:
+            self._add_call(name, arguments)
 
 
 def _parser(options: ParserOptions) -> OutputParser:

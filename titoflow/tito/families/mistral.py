@@ -37,8 +37,7 @@ from titoflow.tito.families.base import (
     tool_call_id,
 )
 from titoflow.tito.families.incremental import IncrementalParser
-from titoflow.tito.messages import ToolCall
-from titoflow.tito.output import OutputParser, TextDelta, ToolCallDone
+from titoflow.tito.output import OutputParser, TextDelta
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ID_LENGTH = 9
@@ -141,14 +140,8 @@ class MistralParser(IncrementalParser):
             self._content.append(text)
             self._out.append(TextDelta(text))
             return
-        for index, (name, arguments, written) in enumerate(calls):
-            call = ToolCall(
-                id=written or _own_id(self._step_id, index),
-                name=name,
-                arguments=json.dumps(arguments, ensure_ascii=False),
-            )
-            self._calls.append(call)
-            self._out.append(ToolCallDone(index, call))
+        for name, arguments, written in calls:
+            self._add_call(name, arguments, written or _own_id(self._step_id, len(self._calls)))
 
 
 def _own_id(key: str, index: int) -> str:

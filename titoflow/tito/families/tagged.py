@@ -10,16 +10,14 @@ says why. Inside reasoning nothing is a call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from titoflow.tito.families.base import MalformedCall, ParserOptions, tool_call_id
+from titoflow.tito.families.base import MalformedCall, ParserOptions
 from titoflow.tito.families.incremental import IncrementalParser, partial_marker
-from titoflow.tito.messages import ToolCall
-from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
+from titoflow.tito.output import ReasoningDelta, TextDelta
 
 # Reads the inside of one tool-call block into (name, arguments), or raises MalformedCall.
 BlockParser = Callable[[str], tuple[str, dict[str, Any]]]
@@ -157,14 +155,7 @@ class TaggedParser(IncrementalParser):
             self._fail(number, str(exc))
             self._emit_content(block)
             return
-        index = len(self._calls)
-        call = ToolCall(
-            id=tool_call_id(self._step_id, index, self._id_prefix),
-            name=name,
-            arguments=json.dumps(arguments, ensure_ascii=False),
-        )
-        self._calls.append(call)
-        self._out.append(ToolCallDone(index, call))
+        self._add_call(name, arguments)
         self._ws = ""
 
     def _fail(self, number: int, why: str) -> None:
