@@ -84,12 +84,18 @@ OPENING = (
 def reply_ids(renderer: ChatRenderer, history: tuple[Message, ...]) -> list[int]:
     """The fixed tool call in the family's own format: the template's rendering of it after
     ``history``, through the turn's end token (what the model would generate)."""
-    call = ToolCall(id="call_0", name=TOOL, arguments=json.dumps(ARGUMENTS))
+    native = renderer.family.native_call_id  # Kimi's and Mistral's ids are the model's own
+    call_id = native(TOOL, 0) if native else "call_0"
+    call = ToolCall(id=call_id, name=TOOL, arguments=json.dumps(ARGUMENTS))
     answer = Message(role="assistant", tool_calls=(call,))
     prompt = renderer.full_prompt(history, TOOLS, {})
     full = renderer.full_prompt([*history, answer], TOOLS, {}, add_generation_prompt=False)
     rest = full[len(prompt) :]
-    end = next(i for i, token in enumerate(rest) if token in renderer.end_ids)
+    end = next((i for i, token in enumerate(rest) if token in renderer.end_ids), None)
+    if end is None:  # GLM ends a turn at the next message's opener: the tool result's
+        result = Message(role="tool", content="ok", tool_call_id=call.id)
+        after = renderer.full_prompt([*history, answer, result], TOOLS, {}, False)
+        return [*rest, next(t for t in after[len(full) :] if t in renderer.end_ids)]
     return rest[: end + 1]
 
 

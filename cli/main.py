@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from titoflow.logs import setup_logging
 from titoflow.settings import PROJECT_ROOT, Settings
 
@@ -43,6 +45,22 @@ def _logging(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format)
 
 
+def _family_error(settings: Settings) -> str | None:
+    """Why the policy's chat template has no model family titoflow knows (None: it has one),
+    said before a service starts rather than as its start-up traceback."""
+    from titoflow.tito.families import resolve_family
+    from titoflow.tito.render import template_source
+    from titoflow.tito.tokenizer import load_tokenizer
+
+    if not (settings.model_path / "tokenizer_config.json").exists():
+        return None  # the service says what is missing (the worker runs without a tokenizer)
+    try:
+        resolve_family(settings.model_family, template_source(load_tokenizer(settings.model_path)))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def cmd_ingress(args: argparse.Namespace) -> int:
     import socket
 
@@ -52,6 +70,9 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
+    if error := _family_error(settings):
+        print(f"titoflow ingress: {error}", file=sys.stderr)
+        return 2
     if settings.otel_traces:
         from ingress.tracing import install_otlp_exporter
 
@@ -105,6 +126,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
+    if error := _family_error(settings):
+        print(f"titoflow worker: {error}", file=sys.stderr)
+        return 2
     return _run_until_signalled(lambda: Worker(settings))
 
 
@@ -475,4 +499,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return build_main(argv[1:])
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ValidationError as exc:  # a bad setting: one line each, naming it, no traceback
+        for error in exc.errors():
+            name = "TITOFLOW_" + "_".join(str(part) for part in error["loc"]).upper()
+            print(f"titoflow {args.command}: {name}: {error['msg']}", file=sys.stderr)
+        return 2

@@ -281,7 +281,7 @@ class Settings(BaseSettings):
     def _known_family(cls, value: str) -> str:
         if value != AUTO and value not in FAMILY_NAMES:
             known = ", ".join((AUTO, *FAMILY_NAMES))
-            raise ValueError(f"unknown model family {value!r} (TITOFLOW_MODEL_FAMILY): use {known}")
+            raise ValueError(f"unknown model family {value!r}: use {known}")
         return value
 
     @model_validator(mode="after")

@@ -105,13 +105,18 @@ _STRING_END_EXCLUDES = [ARG_VALUE_END]
 
 def _value(schema: Any, token_id: TokenLookup) -> dict[str, Any]:
     """``<arg_value>V</arg_value>``: a string parameter's value raw (any text up to the closing
-    tag, or one of its enum), any other one JSON under the property's schema."""
+    tag, one of its enum, or up to ``maxLength`` characters other than ``<``, so that the value
+    ends where the schema says), any other one JSON under the property's schema."""
     opening, closing = g.literal(ARG_VALUE, token_id), g.literal(ARG_VALUE_END, token_id)
     kind = _schema_type(schema)
     if kind in (None, "string"):
         enum = schema.get("enum") if isinstance(schema, Mapping) else None
         if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
             return g.sequence([opening, g.one_of([g.text(v) for v in enum]), closing])
+        bound = schema.get("maxLength") if isinstance(schema, Mapping) else None
+        if isinstance(bound, int) and bound >= 0:
+            bounded = {"type": "regex", "pattern": f"[^<]{{0,{bound}}}"}
+            return g.sequence([opening, bounded, closing])
         return {
             "type": "tag",
             "begin": opening,
