@@ -18,7 +18,7 @@ import pytest
 from tests.families import family_tokenizer, qwen3
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.glm45 import ORDINARY, SPECIALS
-from titoflow.settings import PROJECT_ROOT
+from titoflow.settings import Settings
 from titoflow.tito.families import detect_family, family_named, grammar
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.glm45 import GLM45
@@ -372,7 +372,6 @@ def test_reasoning_comes_before_the_call_as_glm45_writes_it() -> None:
     assert len(think) == 2  # the call brings its own newline
 
 
-ENGINE_PYTHON = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
 _XGRAMMAR_CHECK = r"""
 import json, sys
 import xgrammar as xgr
@@ -391,7 +390,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not ENGINE_PYTHON.exists(), reason="xgrammar lives in the engine environment")
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
     """Compiled by xgrammar on the GLM vocabulary, as vLLM compiles it: the template's own
     rendering of a call (GLM-4.5 and GLM-4.7 layouts, after reasoning, parallel) is admitted
@@ -421,7 +419,7 @@ def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
     }
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     done = subprocess.run(
-        [str(ENGINE_PYTHON), "-c", _XGRAMMAR_CHECK, str(tokenizer_dir("glm45"))],
+        [str(Settings().engine_python), "-c", _XGRAMMAR_CHECK, str(tokenizer_dir("glm45"))],
         input=json.dumps(request),
         capture_output=True,
         text=True,

@@ -11,6 +11,7 @@ assistant turn in history ending at the first of ``<|return|>``, ``<|call|>`` or
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
 import random
@@ -34,7 +35,7 @@ from titoflow.tito.render import ChatRenderer
 # openai-harmony reads o200k_base.tiktoken from here (the tokenizer build writes it), never the
 # network; set before the import, which reads it when an encoding is loaded.
 os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(tokenizer_dir("gpt_oss"))
-harmony = pytest.importorskip("openai_harmony")
+harmony = importlib.import_module("openai_harmony")  # a dev dependency: fail if missing
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,14 @@ and no content.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+import tiktoken
 
 from tests.families import family_tokenizer
 from tests.tito.corpus import PROBE, TOOLS, Conversation, corpus
@@ -30,8 +32,6 @@ from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.output import ParsedOutput, TextDelta, ToolCallDone
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
-
-tiktoken = pytest.importorskip("tiktoken")
 
 
 def renderer() -> ChatRenderer:
@@ -103,9 +103,9 @@ def test_encoding_is_tiktokens() -> None:
 def test_template_renders_what_metas_chat_format_encodes() -> None:
     """llama-models' ChatFormat (Meta's reference) and the official template agree on the
     tokens of a conversation: headers, the system preamble, ipython results."""
-    chat_format = pytest.importorskip("llama_models.llama3.chat_format")
-    datatypes = pytest.importorskip("llama_models.datatypes")
-    tokenizer_module = pytest.importorskip("llama_models.llama3.tokenizer")
+    chat_format = importlib.import_module("llama_models.llama3.chat_format")
+    datatypes = importlib.import_module("llama_models.datatypes")
+    tokenizer_module = importlib.import_module("llama_models.llama3.tokenizer")
     preamble = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
     call_json = '{"name": "read_file", "parameters": {"path": "a"}}'
     result = 'line 1\n"quoted" ü'

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from titoflow.dev.stamped import build_stamped
 from titoflow.dev.tokenizers import tokenizer_dir
 from titoflow.settings import PROJECT_ROOT
 from titoflow.tito.render import ChatRenderer
@@ -110,23 +111,13 @@ def build_family_model(family: str, root: Path = ROOT) -> Path:
     digest = hashlib.sha256(json.dumps([RECIPE_VERSION, SEED, cfg, np.__version__]).encode())
     for path in files:
         digest.update(path.name.encode() + path.read_bytes())
-    recipe = digest.hexdigest()
-    dest = root / family
-    stamp = dest / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
-        return dest
-    if dest.exists() and not stamp.is_file():
-        raise RuntimeError(f"{dest} exists but was not made by titoflow; move it away")
-    tmp = root / f".{family}.building"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for path in files:
-        shutil.copyfile(path, tmp / path.name)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    generation = {"eos_token_id": eos_ids}
-    (tmp / "generation_config.json").write_text(json.dumps(generation) + "\n")
-    save_file(weights(vocab_size), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / STAMP).write_text(json.dumps({"recipe": recipe, "family": family}) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+
+    def write(tmp: Path) -> None:
+        for path in files:
+            shutil.copyfile(path, tmp / path.name)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        generation = {"eos_token_id": eos_ids}
+        (tmp / "generation_config.json").write_text(json.dumps(generation) + "\n")
+        save_file(weights(vocab_size), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    return build_stamped(root / family, STAMP, digest.hexdigest(), write, family=family)

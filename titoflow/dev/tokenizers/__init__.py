@@ -14,10 +14,10 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
-import shutil
 from pathlib import Path
 from types import ModuleType
 
+from titoflow.dev.stamped import build_stamped
 from titoflow.settings import PROJECT_ROOT
 
 ROOT = PROJECT_ROOT / ".models" / "tokenizers"
@@ -57,21 +57,9 @@ def _recipe(module: ModuleType) -> str:
 def tokenizer_dir(family: str, root: Path = ROOT) -> Path:
     """The family's tokenizer directory, built if missing or stale (idempotent)."""
     module = source(family)
-    dest = root / family
-    recipe = _recipe(module)
-    stamp = dest / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
-        return dest
-    if dest.exists() and not stamp.is_file():
-        raise RuntimeError(f"{dest} exists but was not made by titoflow; move it away")
-    tmp = root / f".{family}.building"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    module.write(tmp)
-    (tmp / STAMP).write_text(json.dumps({"recipe": recipe, "stand_in": module.STAND_IN}) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    return build_stamped(
+        root / family, STAMP, _recipe(module), module.write, stand_in=module.STAND_IN
+    )
 
 
 def template_path(name: str) -> Path:

@@ -93,34 +93,11 @@ def parse_section(inner: str) -> list[tuple[str, str]]:
     return calls
 
 
-class DeepSeekParser(TaggedParser):
-    """Reasoning up to ``</think>``, then content in which a section of calls is one block:
-    its calls come out together when ``<｜tool▁calls▁end｜>`` closes it (a malformed or unclosed
-    section goes back as text, exactly as generated, like any malformed block)."""
-
-    def __init__(self, options: ParserOptions) -> None:
-        super().__init__(options, _unused, TAGS)
-
-    def _close_block(self, block: str) -> None:
-        number = self._blocks
-        self._blocks += 1
-        try:
-            calls = parse_section(block[len(CALLS_BEGIN) : len(block) - len(CALLS_END)])
-        except MalformedCall as exc:
-            self._fail(number, str(exc))
-            self._emit_content(block)
-            return
-        for name, arguments in calls:
-            self._add_call(name, arguments)
-        self._ws = ""
-
-
-def _unused(inner: str) -> tuple[str, dict[str, Any]]:
-    raise AssertionError("DeepSeekParser reads whole sections")  # pragma: no cover
-
-
 def _parser(options: ParserOptions) -> OutputParser:
-    return DeepSeekParser(options)
+    """Reasoning up to ``</think>``, then content in which a section of calls is one block: its
+    calls come out together when ``<｜tool▁calls▁end｜>`` closes it (a malformed or unclosed
+    section goes back as text, exactly as generated, like any malformed block)."""
+    return TaggedParser(options, parse_section, TAGS)
 
 
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from titoflow.tito.families.base import (
     TokenLookup,
 )
 from titoflow.tito.families.qwen3 import _schema_type, parameter_types, typed_value
-from titoflow.tito.families.tagged import TaggedParser, Tags
+from titoflow.tito.families.tagged import TaggedParser, Tags, one_call
 from titoflow.tito.output import OutputDelta, OutputParser, ParsedOutput
 
 TAGS = Tags()  # <think></think> and <tool_call></tool_call>, as Qwen3's
@@ -95,7 +95,8 @@ class _LeadingSpaceDropped:
 
 
 def _parser(options: ParserOptions) -> OutputParser:
-    return _LeadingSpaceDropped(TaggedParser(options, _block_parser(options.tools), TAGS))
+    block = one_call(_block_parser(options.tools))
+    return _LeadingSpaceDropped(TaggedParser(options, block, TAGS))
 
 
 # GLM-4.5 writes a newline before each tag of a call, GLM-4.7 none: either, never more.

@@ -21,7 +21,7 @@ from titoflow.tito.families.base import (
     ParserOptions,
     TokenLookup,
 )
-from titoflow.tito.families.tagged import TaggedParser, Tags
+from titoflow.tito.families.tagged import TaggedParser, Tags, one_call
 from titoflow.tito.output import OutputParser
 
 TAGS = Tags()
@@ -122,11 +122,11 @@ def _xml_parser(tools: Sequence[Mapping[str, Any]]) -> Any:
 
 
 def _hermes_parser(options: ParserOptions) -> OutputParser:
-    return TaggedParser(options, _parse_json_call, TAGS)
+    return TaggedParser(options, one_call(_parse_json_call), TAGS)
 
 
 def _coder_parser(options: ParserOptions) -> OutputParser:
-    return TaggedParser(options, _xml_parser(options.tools), TAGS)
+    return TaggedParser(options, one_call(_xml_parser(options.tools)), TAGS)
 
 
 def _call_block(token_id: TokenLookup, opening: str, inner: dict[str, Any], closing: str) -> Any:

@@ -10,7 +10,7 @@ says why. Inside reasoning nothing is a call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
@@ -20,7 +20,14 @@ from titoflow.tito.families.incremental import IncrementalParser, partial_marker
 from titoflow.tito.output import ReasoningDelta, TextDelta
 
 # Reads the inside of one tool-call block into (name, arguments), or raises MalformedCall.
-BlockParser = Callable[[str], tuple[str, dict[str, Any]]]
+CallParser = Callable[[str], tuple[str, Any]]
+# Reads the inside of one block into its calls (a block may hold several: DeepSeek's section).
+BlockParser = Callable[[str], Sequence[tuple[str, Any]]]
+
+
+def one_call(parse: CallParser) -> BlockParser:
+    """The block parser of a format that writes one call per block."""
+    return lambda inner: [parse(inner)]
 
 
 @dataclass(frozen=True)
@@ -150,12 +157,13 @@ class TaggedParser(IncrementalParser):
         self._blocks += 1
         try:
             inner = block[len(self._tags.call_open) : len(block) - len(self._tags.call_close)]
-            name, arguments = self._parse_block(inner)
+            calls = self._parse_block(inner)
         except MalformedCall as exc:
             self._fail(number, str(exc))
             self._emit_content(block)
             return
-        self._add_call(name, arguments)
+        for name, arguments in calls:
+            self._add_call(name, arguments)
         self._ws = ""
 
     def _fail(self, number: int, why: str) -> None:
