@@ -14,7 +14,9 @@ times, on the same cached state:
 - ``full``: rendering and tokenizing the whole conversation, what a proxy without a token cache
   (or the ingress on a miss) does.
 
-Each figure is the median of ``--repeat`` runs; the ratio to turn 10 shows how each grows.
+Each asked turn's cached state is kept under a session of its own and all are timed at the end,
+interleaved (one run of each turn per round, ``--repeat`` rounds): the figure is the median, and
+the ratio to turn 10 shows how each grows, free of the machine's drift during the run.
 With ``--family``, each family runs the same session in the same process, one after another.
 """
 
@@ -66,13 +68,10 @@ async def _drop(event: SessionEvent) -> None:
     return None
 
 
-def median_ms(fn: Any, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+def elapsed_ms(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
 
 
 OPENING = (
@@ -113,7 +112,8 @@ async def measure(turns: list[int], repeat: int, family: str | None) -> list[dic
     )
     session = SessionRef(session_id="tito-cost")
     messages = list(OPENING)
-    rows = []
+    asked: dict[int, ChatTurn] = {}
+    prompt_tokens: dict[int, int] = {}
     for turn in range(1, max(turns) + 1):
         request = ChatTurn(
             session=session,
@@ -123,26 +123,47 @@ async def measure(turns: list[int], repeat: int, family: str | None) -> list[dic
             tools=TOOLS,
         )
         if turn in turns:
-            prompt_tokens = len(renderer.full_prompt(request.messages, TOOLS, {}))
-            tito = median_ms(lambda r=request: service._prepare(r), repeat) if turn > 1 else None
-            full = median_ms(lambda r=request: renderer.full_prompt(r.messages, TOOLS, {}), repeat)
-            rows.append(
-                {
-                    "family": renderer.family.name,
-                    "turn": turn,
-                    "messages": len(messages),
-                    "prompt_tokens": prompt_tokens,
-                    "tito_ms": None if tito is None else round(tito, 3),
-                    "full_ms": round(full, 3),
-                }
+            # The turn's cached state kept under a session of its own, so every asked turn is
+            # timed at the end, interleaved: the machine's drift over the run is not growth.
+            own = SessionRef(session_id=f"tito-cost-{turn}")
+            found = service.chains.find(
+                session.session_id, request.messages, request.tools_key, "strict"
             )
-            print(rows[-1], flush=True)
+            if found is not None:
+                service.chains.advance(own.session_id, None, found[0])
+            asked[turn] = request.model_copy(update={"session": own})
+            prompt_tokens[turn] = len(renderer.full_prompt(request.messages, TOOLS, {}))
         result = await service.complete(request)
         answer = result.parsed.tool_calls[0]
         messages.append(Message(role="assistant", tool_calls=(answer,)))
         messages.append(
             Message(role="tool", content=tool_output(0, turn, 600), tool_call_id=answer.id)
         )
+    tito: dict[int, list[float]] = {turn: [] for turn in asked if turn > 1}
+    full: dict[int, list[float]] = {turn: [] for turn in asked}
+    # TITO turns interleaved among themselves, full renders apart: an 80 ms render between two
+    # TITO turns leaves the next one with cold caches.
+    for _ in range(repeat):
+        for turn in tito:
+            tito[turn].append(elapsed_ms(lambda r=asked[turn]: service._prepare(r)))
+    for _ in range(repeat):
+        for turn, request in asked.items():
+            full[turn].append(
+                elapsed_ms(lambda r=request: renderer.full_prompt(r.messages, TOOLS, {}))
+            )
+    rows = []
+    for turn, request in asked.items():
+        rows.append(
+            {
+                "family": renderer.family.name,
+                "turn": turn,
+                "messages": len(request.messages),
+                "prompt_tokens": prompt_tokens[turn],
+                "tito_ms": round(statistics.median(tito[turn]), 3) if turn in tito else None,
+                "full_ms": round(statistics.median(full[turn]), 3),
+            }
+        )
+        print(rows[-1], flush=True)
     return rows
 
 
