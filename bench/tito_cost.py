@@ -145,7 +145,7 @@ async def measure(turns: list[int], repeat: int, family: str | None) -> list[dic
     # TITO turns leaves the next one with cold caches.
     for _ in range(repeat):
         for turn in tito:
-            tito[turn].append(elapsed_ms(lambda r=asked[turn]: service._prepare(r)))
+            tito[turn].append(elapsed_ms(lambda r=asked[turn]: service.prompts.for_turn_now(r)))
     for _ in range(repeat):
         for turn, request in asked.items():
             full[turn].append(

@@ -401,7 +401,7 @@ async def count_tokens(request: Request) -> Response:
     try:
         turn = parse_count_request(await http.read_json(request))
         http.check_model(request, turn.model)
-        return JSONResponse({"input_tokens": http.service(request).count_prompt_tokens(turn)})
+        return JSONResponse({"input_tokens": await http.service(request).count_prompt_tokens(turn)})
     except TitoflowError as exc:
         return errors.ANTHROPIC.response(exc)
 

@@ -72,3 +72,13 @@ NOT_APPEND_ONLY = Counter(
     "once the new messages follow, e.g. moves a later system message up front): rendered in "
     "full as a new chain, so the worker starts a new segment.",
 )
+OFF_LOOP_RENDERS = Counter(
+    "titoflow_ingress_off_loop_renders_total",
+    "Turns whose text to render was large enough to render and tokenize in a worker thread, so "
+    "the event loop kept serving other sessions.",
+)
+EARLY_CONTEXT_REFUSALS = Counter(
+    "titoflow_ingress_early_context_refusals_total",
+    "Turns refused as too long for the context from a lower bound on their length (characters "
+    "over the most a token covers), before their text was tokenized.",
+)

@@ -12,10 +12,12 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -25,10 +27,11 @@ from ingress.chains import Chain, ChainStore
 from ingress.service_options import ServiceOptions
 from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import GenerateParams
-from titoflow.errors import InvalidRequest, NotAppendOnly
+from titoflow.errors import ContextOverflow, InvalidRequest, NotAppendOnly
 from titoflow.tito.families.grammar import tool_call_constraint
-from titoflow.tito.messages import Matcher
+from titoflow.tito.messages import Matcher, Message
 from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import TooLong
 
 Request = TypeVar("Request", ChatTurn, TokenCall)
 
@@ -51,6 +54,25 @@ class PreparedCall(Generic[Request]):
 
 
 AnyCall = PreparedCall[ChatTurn] | PreparedCall[TokenCall]
+
+
+# Past this many characters of text to tokenize, a turn is rendered in a worker thread (with the
+# tokenizer's GIL-releasing call), so a megabyte tool result does not hold the event loop, and
+# every other session on the replica, for seconds; below it the work takes less than the thread
+# hop is worth. The tools are rendered each turn but not tokenized: they count for a 64th.
+# Figures: docs/benchmarks.md §3c.
+OFF_LOOP_CHARS = 8_192
+TOOLS_WEIGHT = 64
+
+
+def _text_size(messages: Sequence[Message]) -> int:
+    """The characters of ``messages`` a template writes out (content, reasoning, calls)."""
+    return sum(
+        len(m.content)
+        + len(m.reasoning or "")
+        + sum(len(call.arguments) + len(call.name) for call in m.tool_calls)
+        for m in messages
+    )
 
 
 def step_id_for(
@@ -109,41 +131,76 @@ class PromptBuilder:
     admission: Admission
     options: ServiceOptions
 
-    def for_turn(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
+    async def for_turn(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
+        """:meth:`for_turn_now`, in a worker thread where the text to render is large, so the
+        event loop goes on serving other sessions meanwhile."""
+        found = self._find(turn)
+        fresh = turn.messages[found[1] :] if found else turn.messages
+        if _text_size(fresh) + len(turn.tools_key) // TOOLS_WEIGHT < OFF_LOOP_CHARS:
+            return self._render(turn, found)
+        metrics.OFF_LOOP_RENDERS.inc()
+        return await asyncio.to_thread(self._render, turn, found)
+
+    def for_turn_now(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
         """The longest cached chain the turn's messages extend, plus the template's continuation
         of the rest; on a miss, the whole conversation rendered."""
-        started = time.perf_counter()
+        return self._render(turn, self._find(turn))
+
+    def _find(self, turn: ChatTurn) -> tuple[Chain, int] | None:
         session_id = turn.session.session_id
         self.admission.check_open(session_id)
-        matcher = self.options.matcher
-        found = self.chains.find(session_id, turn.messages, turn.tools_key, matcher)
+        found = self.chains.find(session_id, turn.messages, turn.tools_key, self.options.matcher)
+        if found:
+            self.admission.check_step_limit(session_id, found[0])
+        return found
+
+    def _render(self, turn: ChatTurn, found: tuple[Chain, int] | None) -> PreparedCall[ChatTurn]:
+        """The prompt from ``found`` (a chain and the messages it covers), refused where a cheap
+        lower bound on its length leaves the context no room, before tokenizing it."""
+        started = time.perf_counter()
         continuation = None
         parent: Chain | None = None
         covered = 0
-        if found:
-            parent, covered = found
-            self.admission.check_step_limit(session_id, parent)
-            try:
-                continuation = self.renderer.continuation(
-                    turn.messages,
-                    covered,
-                    parent.end_token,
-                    turn.tools,
-                    turn.template_kwargs,
+        limit = self.options.max_model_len
+        try:
+            if found:
+                parent, covered = found
+                try:
+                    continuation = self.renderer.continuation(
+                        turn.messages,
+                        covered,
+                        parent.end_token,
+                        turn.tools,
+                        turn.template_kwargs,
+                        budget=limit - len(parent.tokens) - 1,
+                    )
+                except NotAppendOnly:  # e.g. a later system message the template moves up front
+                    metrics.NOT_APPEND_ONLY.inc()
+            if parent is not None and continuation is not None:
+                tail = array("i", continuation)
+                prompt = parent.tokens + tail
+            else:
+                parent, covered = None, 0
+                tail = array(
+                    "i",
+                    self.renderer.full_prompt(
+                        turn.messages, turn.tools, turn.template_kwargs, budget=limit - 1
+                    ),
                 )
-            except NotAppendOnly:  # e.g. a later system message the template moves up front
-                metrics.NOT_APPEND_ONLY.inc()
-        if parent is not None and continuation is not None:
-            tail = array("i", continuation)
-            prompt = parent.tokens + tail
-        else:
-            parent, covered = None, 0
-            tail = array(
-                "i", self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs)
-            )
-            prompt = tail
+                prompt = tail
+        except TooLong as exc:
+            at_least = exc.at_least + (len(parent.tokens) if parent else 0)
+            if not exc.counted:
+                metrics.EARLY_CONTEXT_REFUSALS.inc()
+            size = f"{at_least}" if exc.counted else f"at least {at_least}"
+            raise ContextOverflow(
+                f"the prompt has {size} tokens; the model's context is {limit} tokens",
+                prompt_tokens=at_least,
+                limit=limit,
+            ) from exc
         params = self._turn_params(turn, len(prompt), len(parent.tokens) if parent else 0)
         render_ms = (time.perf_counter() - started) * 1000
+        matcher = self.options.matcher
         return _ready(turn, parent, covered, tail, prompt, params, matcher, started, render_ms)
 
     def for_tokens(self, call: TokenCall) -> PreparedCall[TokenCall]:

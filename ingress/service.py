@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -94,19 +95,23 @@ class ChatService:
         self.finalize = sessions.finalize
         self.discard = sessions.discard
 
-    def count_prompt_tokens(self, turn: ChatTurn) -> int:
-        return len(self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs))
+    async def count_prompt_tokens(self, turn: ChatTurn) -> int:
+        """The conversation's prompt length, rendered in full in a worker thread (a count
+        request may carry megabytes; nothing is cached for it)."""
+        render = self.renderer.full_prompt
+        prompt = await asyncio.to_thread(render, turn.messages, turn.tools, turn.template_kwargs)
+        return len(prompt)
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
         with self.tracer.call(turn.api, turn.session.session_id) as span:
-            call = self._prepare(turn)
+            call = await self.prompts.for_turn(turn)
             return await self.runner.complete(call, await self._admit(call), span)
 
     async def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
         """Prepare a streamed turn. Refusals (context overflow, step limit, bad tool_choice,
         paused past the hold time) raise here, before an adapter commits to a 200; the events
         are deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
-        call = self._prepare(turn)
+        call = await self.prompts.for_turn(turn)
         version = await self._admit(call)
         started = TurnStarted(call.step_id, len(call.prompt), time.time())
         return started, self._stream(call, version)
@@ -117,9 +122,6 @@ class ChatService:
         with self.tracer.call("generate", call.session.session_id) as span:
             prepared = self.prompts.for_tokens(call)
             return await self.runner.tokens(prepared, await self._admit(prepared), span)
-
-    def _prepare(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
-        return self.prompts.for_turn(turn)
 
     async def _admit(self, call: AnyCall) -> str | None:
         return await self.admission.admit(call.request.session.session_id, call.parent)

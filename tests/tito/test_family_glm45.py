@@ -24,7 +24,7 @@ from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.glm45 import GLM45
 from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.output import OutputDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
-from titoflow.tito.tokenizer import text_encoder
+from titoflow.tito.tokenizer import TextEncoder
 
 # Published ids (GLM-4/GLM-4.5 tokenizer configs, llama.cpp's GGUF metadata of GLM-4.5).
 PUBLISHED = {
@@ -69,7 +69,7 @@ def tokenizer() -> Any:
 
 
 def token_id(text: str) -> int | None:
-    ids = text_encoder(tokenizer())(text)
+    ids = TextEncoder(tokenizer())(text)
     return ids[0] if len(ids) == 1 else None
 
 
@@ -104,7 +104,7 @@ def test_text_is_split_where_glm45_splits_it() -> None:
     """Against ids the real GLM-4.5 tokenizer gives (a public GLM-4.5 tokenizer's test): the
     same split around special tokens and the same ids for them; four ordinary words get the
     stand-in's own ids (" goose" is 61701 in GLM-4.5)."""
-    ids = text_encoder(tokenizer())(
+    ids = TextEncoder(tokenizer())(
         "[gMASK]this is a test where da goose is cooked<|system|>no<|user|>yes<|assistant|>maybe"
     )
     real = [151331, 574, 374, 264, 1273, 1380, 2994, 61701, 374, 28998, 151335, 2152, 151336]

@@ -13,7 +13,7 @@ from titoflow.dev.tokenizers import SOURCES
 from titoflow.tito.families import NAMES
 from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.render import ChatRenderer
-from titoflow.tito.tokenizer import load_tokenizer, text_encoder
+from titoflow.tito.tokenizer import TextEncoder, load_tokenizer
 
 TOOLS = (path_tool("read_file", "Read a file"),)
 FAMILIES = sorted(set(NAMES) & set(SOURCES))
@@ -92,17 +92,17 @@ ENCODED_TEXTS = (
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_text_encoder_gives_the_ids_transformers_gives(family: str) -> None:
+def test_TextEncoder_gives_the_ids_transformers_gives(family: str) -> None:
     tokenizer = family_tokenizer(family)
-    encode = text_encoder(tokenizer)
+    encode = TextEncoder(tokenizer)
     for text in ENCODED_TEXTS:
         assert encode(text) == tokenizer.encode(text, add_special_tokens=False), text
 
 
-def test_text_encoder_leaves_a_backend_with_its_own_truncation_to_transformers() -> None:
+def test_TextEncoder_leaves_a_backend_with_its_own_truncation_to_transformers() -> None:
     tokenizer = load_tokenizer(tokenizer_source_dir())  # a private copy: it is changed below
     tokenizer.backend_tokenizer.enable_truncation(4)
     text = "a sentence of more than four tokens, surely"
-    ids = text_encoder(tokenizer)(text)  # before transformers' own call turns truncation off
+    ids = TextEncoder(tokenizer)(text)  # before transformers' own call turns truncation off
     assert len(ids) > 4
     assert ids == tokenizer.encode(text, add_special_tokens=False)

@@ -21,7 +21,7 @@ from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import detect_family, resolve_family
 from titoflow.tito.families.base import Family
 from titoflow.tito.messages import Message, tools_key
-from titoflow.tito.tokenizer import text_encoder
+from titoflow.tito.tokenizer import TextEncoder
 
 # Stands in for the assistant's content so sampled text never enters the terminator search.
 _SENTINEL = "TITO_SENTINEL_4b1d"
@@ -56,7 +56,10 @@ class ChatRenderer:
     def __init__(self, tokenizer: Tokenizer, family: Family | None = None) -> None:
         self.tokenizer = tokenizer
         self.family = family or detect_family(template_source(tokenizer))
-        self.encode = text_encoder(tokenizer)
+        encoder = TextEncoder(tokenizer)
+        self.encode = encoder.__call__
+        self.encode_within = encoder.within
+        self.min_tokens = encoder.min_tokens
         self.terminator, self.closes_turn = self._detect_terminator()
         self.terminator_id = int(tokenizer.convert_tokens_to_ids(self.terminator))
         extra = [self.token_id(t) for t in self.family.stop_tokens]
@@ -127,9 +130,12 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
         add_generation_prompt: bool = True,
+        budget: int | None = None,
     ) -> list[int]:
+        """The conversation's prompt; with ``budget``, ``TooLong`` instead where its text
+        cannot fit in that many tokens."""
         text = self.render_text(messages, tools, template_kwargs, add_generation_prompt)
-        return self.encode(text)
+        return self.encode_within(text, budget)
 
     def assistant_opening(self) -> list[int]:
         """Token ids the template writes before what the model generates
@@ -179,12 +185,14 @@ class ChatRenderer:
         chain_end: int | bool | None,
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
+        budget: int | None = None,
     ) -> list[int]:
         """Tokens to append to a chain covering ``messages[:covered]`` (ending with an assistant
-        turn) so the result is the prompt for all of ``messages``. ``chain_end``: the chain's
-        last token if it is one of ``end_ids`` (the model stopped on it), else None; a template
-        that closes its own turns needs only whether (True/False), GLM's needs which: its turn
-        ends at the next message's opener, which the chain holds if the model sampled that one
+        turn) so the result is the prompt for all of ``messages`` (``TooLong`` instead
+        where they cannot fit in ``budget`` tokens). ``chain_end``: the chain's last token if
+        it is one of ``end_ids`` (the model stopped on it), else None; a template that closes
+        its own turns needs only whether (True/False), GLM's needs which: its turn ends at the
+        next message's opener, which the chain holds if the model sampled that one
         (``<|observation|>`` before tool results); any other chain gets the template's opener
         after its own last token, which it keeps (a length cut, a turn that stopped on
         ``<|user|>`` and is followed by tool results)."""
@@ -227,7 +235,8 @@ class ChatRenderer:
             held = chain_end is not None and chain_end == self.token_id(closer)
         tail = text[end_of_turn + len(closer) :]
         closing = [] if held else self.encode(closer)
-        return closing + self.encode(tail)
+        within = None if budget is None else budget - len(closing)
+        return closing + self.encode_within(tail, within)
 
 
 def template_source(tokenizer: Tokenizer) -> str | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+import unicodedata
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +26,103 @@ def load_tokenizer(model_path: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
 
 
-def text_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+class TooLong(ValueError):
+    """The text has at least ``at_least`` tokens, more than the budget it was encoded within:
+    counted by the tokenizer (``counted``), or bounded from its length without tokenizing it."""
+
+    def __init__(self, at_least: int, counted: bool) -> None:
+        super().__init__(f"at least {at_least} tokens")
+        self.at_least = at_least
+        self.counted = counted
+
+
+# Characters from which a text is encoded with the GIL released (a few ms of work).
+LONG_TEXT = 4_096
+
+
+class TextEncoder:
     """``tokenizer.encode(text, add_special_tokens=False)``, called on the Rust backend directly
     when that gives the same ids: no truncation or padding configured on it (transformers turns
     them off per call) and special tokens split as transformers splits them. transformers'
     wrapper around the backend cost 70 of 170 µs for a tool result's 99 tokens on a busy
-    machine (cold caches), as much as a third of the TITO continuation."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (
-        backend is None
-        or backend.truncation is not None
-        or backend.padding is not None
-        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
-    ):
-        return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-    encode = backend.encode
-    return lambda text: encode(text, add_special_tokens=False).ids  # a new list per call
+    machine (cold caches), as much as a third of the TITO continuation.
+
+    Long texts go through the backend's batch call, which releases the GIL while it works (a
+    single encode holds it: 0.8 s of a 1 MB text during which no other thread ran); same ids,
+    8 µs more a call. :meth:`within` refuses a text over a budget of tokens without making
+    its ids into Python ints (a 1 MB tool result's 400,000 held the GIL for 70 ms)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        direct = backend is not None and (
+            backend.truncation is None
+            and backend.padding is None
+            and backend.encode_special_tokens
+            == bool(getattr(tokenizer, "split_special_tokens", False))
+        )
+        self._backend = backend if direct else None
+        self._widest = _widest_token(tokenizer)
+
+    def __call__(self, text: str) -> list[int]:
+        backend = self._backend
+        if backend is not None and len(text) < LONG_TEXT:  # the hot path: a turn's new text
+            return backend.encode(text, add_special_tokens=False).ids  # type: ignore[no-any-return]
+        return self.within(text, None)
+
+    def within(self, text: str, budget: int | None) -> list[int]:
+        """The ids of ``text``; with ``budget``, :class:`TooLong` instead where it has more
+        tokens than that, known from :meth:`min_tokens` before tokenizing where it can be."""
+        if budget is not None and len(text) > budget:  # else no text can be over the budget
+            at_least = self.min_tokens(text)
+            if at_least > budget:
+                raise TooLong(at_least, counted=False)
+        backend = self._backend
+        if backend is None:
+            ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        elif len(text) < LONG_TEXT:
+            return backend.encode(text, add_special_tokens=False).ids  # type: ignore[no-any-return]
+        else:
+            encoding = backend.encode_batch([text], add_special_tokens=False)[0]
+            if budget is not None and len(encoding) > budget:
+                raise TooLong(len(encoding), counted=True)
+            ids = encoding.ids
+        if budget is not None and len(ids) > budget:
+            raise TooLong(len(ids), counted=True)
+        return ids
+
+    def min_tokens(self, text: str) -> int:
+        """A number of tokens ``text`` encodes to at least, cheaply: its length after the
+        tokenizer's normalizer, over the most characters one token covers (the longest
+        vocabulary entry or special token; a byte-level entry spells one byte a character, and
+        a character is at least a byte). 0 for a tokenizer without a Rust backend."""
+        if not self._widest:
+            return 0
+        normalizer = self._tokenizer.backend_tokenizer.normalizer
+        return -(-_normalized_length(normalizer, text) // self._widest)
+
+
+# Per tokenizer object: reading the vocabulary takes 0.35 s (150k entries), once, at start; in a
+# long request's render it held the GIL, and with it every other session, for that long.
+_WIDEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _widest_token(tokenizer: Any) -> int:
+    """The most characters of any vocabulary entry or special token (0: no Rust backend)."""
+    widest = _WIDEST.get(tokenizer)
+    if widest is None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        vocabulary = backend.get_vocab(with_added_tokens=True) if backend is not None else {}
+        widest = _WIDEST[tokenizer] = max(map(len, vocabulary), default=0)
+    return widest
+
+
+def _normalized_length(normalizer: Any, text: str) -> int:
+    if normalizer is None or text.isascii():  # isascii is a flag of the string: O(1)
+        return len(text)
+    form = json.loads(normalizer.__getstate__()).get("type")
+    if form in ("NFC", "NFKC", "NFD", "NFKD"):  # C-level, and a quick check first
+        if unicodedata.is_normalized(form, text):
+            return len(text)
+        return len(unicodedata.normalize(form, text))
+    return len(normalizer.normalize_str(text))
