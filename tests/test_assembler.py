@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from schemas.events import (
     SegmentFinalized,
     SessionDiscarded,
@@ -375,3 +378,43 @@ def test_white_box_steps_extend_a_chat_segment_like_any_tito_step() -> None:
     [segment] = assemble([chat, white_box])
     assert segment.token_ids == [1, 2, 3, 10, 11, 20, 21, 22, 23]
     assert segment.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1]
+
+
+@given(versions=st.lists(st.sampled_from(["v1", "v2", "v3"]), min_size=1, max_size=6))
+def test_partial_rollout_off_masks_every_token_other_weights_sampled(versions: list[str]) -> None:
+    """A session moved to a replica that could not refuse its step on newer weights: the worker
+    keeps the tokens and spans as sampled and trains only on what the session's first version
+    sampled (each step's completion is one span of the version drawn for it)."""
+    from schemas.events import VersionSpan
+
+    assembler = Assembler(partial_rollout=False)
+    on = Assembler()  # partial rollout on: nothing masked
+    tokens = 0  # the chain's length before each step: the next step's prefix
+    for index, version in enumerate(versions):
+        parent = f"s{index - 1}" if index else None
+        event = step(
+            f"s{index}",
+            [index + 1],
+            [20 + index, 21 + index],
+            parent=parent,
+            prefix_len=tokens,
+            weight_versions=[VersionSpan(version=version, start=0, end=2)],
+        )
+        tokens += 3
+        assembler.add_step(event, 0, index)
+        on.add_step(event, 0, index)
+    [segment] = assembler.finalize("s", "finalized")
+    [unmasked] = on.finalize("s", "finalized")
+    assert segment.token_ids == unmasked.token_ids and segment.logprobs == unmasked.logprobs
+    assert segment.weight_versions == unmasked.weight_versions
+    other = 0
+    for span in segment.weight_versions:
+        kept = span.version == versions[0]
+        other += 0 if kept else span.end - span.start
+        assert (
+            segment.loss_mask[span.start : span.end] == unmasked.loss_mask[span.start : span.end]
+            if kept
+            else [0] * (span.end - span.start)
+        )
+    assert sum(unmasked.loss_mask) - sum(segment.loss_mask) == other
+    assert assembler.counters["version_masked_tokens"] == other

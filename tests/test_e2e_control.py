@@ -301,12 +301,25 @@ async def test_one_broadcast_gates_every_replica_and_a_late_replica_starts_pause
 async def test_partial_rollout_off_refuses_a_step_on_newer_weights_in_each_api_shape(
     stack_settings: Settings, engine_url: str, tmp_path: Path
 ) -> None:
+    """The replica that holds a session's chain refuses its step on newer weights; a replica the
+    session moved to cannot know its first version and serves it, and the worker, which sees
+    every step of the session in order, masks what the newer weights sampled."""
     settings = stack_settings.model_copy(update={"admin_token": TOKEN, "partial_rollout": False})
     ingress, url = start_ingress(settings, tmp_path)
+    other, other_url = start_ingress(settings, tmp_path, "ingress-b")
+    worker = start_worker(settings, tmp_path)
     first = {"role": "user", "content": "hi"}
+    moved = f"moved-{uuid.uuid4().hex[:6]}"
     try:
         async with httpx.AsyncClient(timeout=60) as http:
             await admin(http, url, type="set_weight_version", version="v1")
+            # vLLM labels what it samples by its own version: the moved session's tokens must
+            # be v1's and v2's, not a label the engine had before the replica drove it.
+            await engine_is(http, engine_url, paused=False, version="v1")
+            started = await http.post(
+                f"{url}/sess/{moved}/v1/chat/completions",
+                json={"model": "m", "max_tokens": 4, "messages": [first]},
+            )
             chat = await http.post(
                 f"{url}/sess/c/v1/chat/completions",
                 json={"model": "m", "max_tokens": 4, "messages": [first]},
@@ -320,6 +333,7 @@ async def test_partial_rollout_off_refuses_a_step_on_newer_weights_in_each_api_s
                 json={"model": "m", "max_output_tokens": 4, "input": "hi", "store": False},
             )
             await admin(http, url, type="set_weight_version", version="v2")
+            await engine_is(http, engine_url, paused=False, version="v2")
             follow = {"role": "user", "content": "and then?"}
             chat_reply = chat.json()["choices"][0]["message"]
             refused_chat = await http.post(
@@ -360,8 +374,21 @@ async def test_partial_rollout_off_refuses_a_step_on_newer_weights_in_each_api_s
                 f"{url}/sess/new/v1/chat/completions",
                 json={"model": "m", "max_tokens": 4, "messages": [first]},
             )
+            reply = started.json()["choices"][0]["message"]["content"] or ""
+            history = [first, {"role": "assistant", "content": reply}, follow]
+            refused_here = await http.post(
+                f"{url}/sess/{moved}/v1/chat/completions",
+                json={"model": "m", "max_tokens": 4, "messages": history},
+            )
+            served_there = await http.post(
+                f"{other_url}/sess/{moved}/v1/chat/completions",
+                json={"model": "m", "max_tokens": 4, "messages": history},
+            )
+        segments = await finalized_segments(settings, url, moved)
     finally:
         ingress.stop()
+        other.stop()
+        worker.stop()
 
     assert [r.status_code for r in (chat, messages, responses)] == [200, 200, 200]
     for refused in (refused_chat, refused_responses):
@@ -374,6 +401,14 @@ async def test_partial_rollout_off_refuses_a_step_on_newer_weights_in_each_api_s
     assert refused_messages.json()["error"]["type"] == "invalid_request_error"
     assert "partial rollout is off" in refused_messages.json()["error"]["message"]
     assert fresh.status_code == 200  # a new session starts on the new weights
+    assert started.status_code == 200 and refused_here.status_code == 409
+    assert served_there.status_code == 200, served_there.text
+    # Every token of the moved session is in its segments as sampled; what v2 sampled (on the
+    # replica it moved to) is not trained on, what v1 sampled is.
+    stamped = [(s.version, s.start, s.end, m) for m in segments for s in m.weight_versions]
+    assert {version for version, *_ in stamped} == {"v1", "v2"}
+    for version, start, end, segment in stamped:
+        assert set(segment.loss_mask[start:end]) == ({1} if version == "v1" else {0})
 
 
 async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_sessions(

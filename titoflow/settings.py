@@ -191,7 +191,9 @@ class Settings(BaseSettings):
     partial_rollout: bool = Field(
         True,
         description="Whether a session may continue on newer weights than its first step "
-        "sampled with; false: such a step is refused with trajectory_version_changed.",
+        "sampled with; false: such a step is refused with trajectory_version_changed (by the "
+        "replica holding the session's chain; elsewhere workers mask what other weights "
+        "sampled).",
     )
 
     public_url: str = Field(

@@ -99,23 +99,28 @@ class Assembler:
         build_mode: BuildMode = "concat",
         recompute: bool = False,
         mask_stale_versions: bool = False,
+        partial_rollout: bool = True,
     ) -> None:
         """``decode`` (token ids → text) lets divergences be told apart as retokenization
         (same text, other ids) or template (other text); without it they count as template.
         ``rebuilder`` (the policy's chat template) is what ``last-step`` and ``recompute``
         need; without it segments stay concat and divergences split. ``recompute``: repair
         divergences and mark re-rendered turns for the recompute stage (else split / mask).
-        ``mask_stale_versions``: loss mask 0 on tokens of other versions than the latest."""
+        ``mask_stale_versions``: loss mask 0 on tokens of other versions than the latest;
+        ``partial_rollout`` off: loss mask 0 on tokens of other versions than the session's
+        first (counted in ``counters["version_masked_tokens"]``)."""
         self.max_segment_tokens = max_segment_tokens
         self.decode = decode
         self.recompute = recompute
         self._rebuilds = SegmentRebuilder(rebuilder, recompute)
-        self._emitter = SegmentEmitter(build_mode, self._rebuilds, mask_stale_versions)
+        self.counters: Counter[str] = Counter()
+        self._emitter = SegmentEmitter(
+            build_mode, self._rebuilds, mask_stale_versions, not partial_rollout, self.counters
+        )
         self._sessions: dict[str, Session] = {}
         # Sessions already ended here: a step for one of them is late, not new, and a second
         # end is refused naming the first.
         self._ended = EndedSessions()
-        self.counters: Counter[str] = Counter()
 
     @property
     def open_sessions(self) -> list[str]:
@@ -243,6 +248,8 @@ class Assembler:
             return StepOutcome(dead_letter_reason="step id already used by another step")
         session.instance_id = session.instance_id or step.instance_id
         session.last_event_time = step.event_time
+        if session.first_version is None and step.weight_versions:
+            session.first_version = step.weight_versions[0].version
         placed = self._place(session, step, tokens.tail)
         if isinstance(placed, str):
             self.counters[placed] += 1

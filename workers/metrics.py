@@ -54,3 +54,9 @@ RECOMPUTE_TOKENS = Counter(
     "Tokens the recompute stage handled: recomputed, or masked (kill switch, engine refusal).",
     ["outcome"],
 )
+VERSION_MASKED_TOKENS = Counter(
+    "titoflow_worker_version_masked_tokens_total",
+    "With partial rollout off: generated tokens given loss mask 0 because weights other than "
+    "those that sampled their session's first tokens sampled them (steps an ingress replica "
+    "could not refuse: the session had moved to it, or began before any version was set).",
+)

@@ -100,7 +100,9 @@ def assembler_for(settings: Settings) -> Assembler:
     if not (settings.model_path / "tokenizer_config.json").exists():
         log.warning("no tokenizer at %s: concat and split only", settings.model_path)
         return Assembler(
-            settings.max_segment_tokens, mask_stale_versions=settings.mask_stale_versions
+            settings.max_segment_tokens,
+            mask_stale_versions=settings.mask_stale_versions,
+            partial_rollout=settings.partial_rollout,
         )
     tokenizer = load_tokenizer(settings.model_path)
 
@@ -114,6 +116,7 @@ def assembler_for(settings: Settings) -> Assembler:
         settings.build_mode,
         settings.recompute_enabled,
         settings.mask_stale_versions,
+        settings.partial_rollout,
     )
 
 
@@ -134,6 +137,7 @@ class Worker:
         self._next_offset: dict[TopicPartition, int] = {}
         self._last_seen: dict[str, float] = {}
         self._divergences_seen: dict[str, int] = {}
+        self._masked_seen = 0
         # Sessions with a segment on <prefix>.recompute: their later segments follow it there,
         # so none overtakes it on the way to <prefix>.segments (last_of_session comes last).
         self._via_recompute: set[str] = set()
@@ -200,6 +204,9 @@ class Worker:
                 lag = highwater - self._next_offset.get(tp, highwater)
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(lag, 0))
         metrics.OPEN_SESSIONS.set(len(self.assembler.open_sessions))
+        masked = self.assembler.counters["version_masked_tokens"]
+        metrics.VERSION_MASKED_TOKENS.inc(masked - self._masked_seen)
+        self._masked_seen = masked
         for name, value in self.assembler.counters.items():
             if name.startswith("divergence_"):
                 kind = name.removeprefix("divergence_")

@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +21,7 @@ from schemas.events import BuildMode, SegmentFinalized
 from workers.assembly.rebuilt import SegmentRebuilder
 from workers.assembly.segment import OpenSegment
 from workers.assembly.session import Session
-from workers.versions import mask_stale_versions
+from workers.versions import mask_other_versions, mask_stale_versions
 
 FinalizeReason = Literal["finalized", "idle", "size"]
 
@@ -28,11 +29,17 @@ FinalizeReason = Literal["finalized", "idle", "size"]
 @dataclass(frozen=True)
 class SegmentEmitter:
     """``build_mode``: the worker's; ``mask_stale_versions``: loss mask 0 on tokens of other
-    versions than the latest."""
+    versions than the latest; ``one_version`` (partial rollout off): loss mask 0 on tokens of
+    other versions than the session's first, counted in ``counters``. An ingress refuses such a
+    step when its chain cache holds the session's first version; a replica the session moved to
+    does not know it, and what it let through is masked here, where every step of the session
+    arrives in order."""
 
     build_mode: BuildMode
     rebuilds: SegmentRebuilder
     mask_stale_versions: bool
+    one_version: bool
+    counters: Counter[str]
 
     def emit(
         self,
@@ -57,6 +64,13 @@ class SegmentEmitter:
         last_step_id = built.steps[-1].step_id
         segment_id = hashlib.sha256(f"{session_id}\0{last_step_id}".encode()).hexdigest()[:32]
         loss_mask = built.loss_mask.tolist()
+        if self.one_version and session.first_version is not None:
+            loss_mask, masked = mask_other_versions(
+                loss_mask, built.versions, session.first_version
+            )
+            self.counters["version_masked_tokens"] += masked
+        elif self.mask_stale_versions:
+            loss_mask = mask_stale_versions(loss_mask, built.versions)
         # Built from values already validated (events) or made here with the right types, so
         # validating again would only re-check every array element (a third of emitting one).
         return SegmentFinalized.model_construct(
@@ -67,9 +81,7 @@ class SegmentEmitter:
             instance_id=session.instance_id,
             rollout_id=str(session.metadata.get("rollout_id") or session_id),
             token_ids=built.tokens.tolist(),
-            loss_mask=mask_stale_versions(loss_mask, built.versions)
-            if self.mask_stale_versions
-            else loss_mask,
+            loss_mask=loss_mask,
             logprobs=built.logprobs.tolist(),
             logprob_source=built.source.tolist(),
             weight_versions=list(built.versions),

@@ -44,6 +44,9 @@ class Session:
     continued: set[str] = field(default_factory=set)  # steps some later step follows
     diagnostics: Counter[str] = field(default_factory=Counter)
     build_mode: BuildMode | None = None  # SessionOpened's options.build_mode
+    # The version that sampled the session's first versioned tokens: with partial rollout off,
+    # tokens of any other version are masked (steps a replica could not refuse: see emit).
+    first_version: str | None = None
 
     def start(self, chain_id: str, split_reason: str | None) -> OpenSegment:
         """A new, empty segment, the session's latest."""
