@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.processes import descendants, running
 from titoflow.bus import (
     Publisher,
     ensure_topics,
@@ -169,24 +170,6 @@ def test_up_exits_within_the_grace_with_its_broker_dead(
         print(f"up, broker dead: {elapsed:.2f}s, {code}")
         assert elapsed < BOUND_S, up.log_tail()
         assert code == 0, up.log_tail()
-        assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+        assert not [pid for pid in children if running(pid)]
     finally:
-        up.kill()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, ppid in parents.items() if ppid == parent]
-        found += children
-        frontier += children
-    return found
+        up.stop()  # its children too, if the test failed halfway

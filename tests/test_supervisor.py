@@ -3,7 +3,8 @@ processes: a killed child is reported (name, exit status, log file) and restarte
 backoff; one that may not be restarted stops everything; one that keeps exiting stops everything
 once past its budget. The engine's restart is tested here with a stand-in child named "engine"
 (a sleeping Python: the supervisor only ever sees a process); the whole stack, with its real
-children, is tests/test_up_supervision.py's."""
+children, is tests/test_up_supervision.py's. The restart budget and backoff are also a property
+over any sequence of exits, on fake children and a fake clock."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from titoflow.dev.procs import ManagedProcess
 from titoflow.dev.supervisor import RestartPolicy, Supervisor
@@ -110,3 +114,64 @@ def test_a_child_that_keeps_exiting_stops_everything_past_its_budget(
 def test_the_backoff_doubles_up_to_its_cap() -> None:
     policy = RestartPolicy(first_backoff_s=0.5, max_backoff_s=10.0)
     assert [policy.backoff_s(n) for n in range(1, 8)] == [0.5, 1, 2, 4, 8, 10, 10]
+
+
+class _Exited:
+    """What the supervisor reads of a child that has exited (``Popen``'s returncode)."""
+
+    returncode = 1
+
+
+class FakeChild:
+    """A child process as the supervisor sees it, dying when told: for the policy's property
+    test, where thousands of exits would take real processes minutes."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.log_path = Path(f"/logs/{pid}.log")
+        self.proc = _Exited()
+        self.dead = False
+
+    def alive(self) -> bool:
+        return not self.dead
+
+    def release(self) -> None:
+        pass
+
+
+@given(
+    gaps=st.lists(st.floats(0, 100), min_size=1, max_size=30),
+    max_restarts=st.integers(0, 5),
+)
+def test_a_child_is_restarted_until_it_exits_too_often_in_the_window(
+    gaps: list[float], max_restarts: int
+) -> None:
+    policy = RestartPolicy(max_restarts=max_restarts, window_s=60.0)
+    now = [0.0]
+    lines: list[str] = []
+    started: list[FakeChild] = []
+
+    def start() -> ManagedProcess:
+        started.append(FakeChild(len(started)))
+        return cast(ManagedProcess, started[-1])
+
+    supervisor = Supervisor(lines.append, policy, clock=lambda: now[0])
+    supervisor.add("worker", start(), start)
+    exits: list[float] = []
+    for gap in gaps:
+        now[0] += gap
+        started[-1].dead = True
+        exits.append(now[0])
+        recent = [t for t in exits if t >= now[0] - policy.window_s]
+        reason = supervisor.poll()
+        if len(recent) > max_restarts:
+            assert reason == (
+                f"worker exited {len(recent)} times within 60s; not restarting it again"
+            )
+            assert len(started) == len(exits)  # nothing restarted after the last exit
+            return
+        assert reason is None
+        assert lines[-1] == f"restarting worker in {policy.backoff_s(len(recent)):.1f}s"
+        now[0] += policy.backoff_s(len(recent))
+        assert supervisor.poll() is None
+        assert len(started) == len(exits) + 1 and not started[-1].dead
