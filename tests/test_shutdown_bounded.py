@@ -3,7 +3,8 @@
 ``shutdown_grace_s``. Before, aiokafka's final commit looked for the group coordinator forever: a
 worker was still running 40 s after SIGTERM. Each test has its own tansu, killed without
 disturbing the session's; no engine (the engine URLs point at a closed port). What the services
-commit and publish while the broker is up is tests/test_shutdown.py's.
+commit and publish while the broker is up is tests/test_shutdown.py's. Last, the watchdog that
+ends a process whose shutdown is stuck regardless.
 
 The bound asserted is the default grace (10 s) plus 3 s for the interpreter's own exit and the
 test's polling: generous on a loaded 2-core machine, and far below the 40 s seen before.
@@ -34,6 +35,7 @@ from titoflow.dev.model_build import RANDOM_MODEL_DIR, build_tiny_model
 from titoflow.dev.procs import ManagedProcess, free_port
 from titoflow.dev.stack import settings_env, start_ingress, start_recompute, start_worker
 from titoflow.settings import Settings
+from titoflow.shutdown import HARD_EXIT_STATUS
 
 GRACE_S = Settings().shutdown_grace_s
 BOUND_S = GRACE_S + 3.0
@@ -173,3 +175,24 @@ def test_up_exits_within_the_grace_with_its_broker_dead(
         assert not [pid for pid in children if running(pid)]
     finally:
         up.stop()  # its children too, if the test failed halfway
+
+
+def test_the_watchdog_ends_a_process_stuck_past_its_grace(tmp_path: Path) -> None:
+    """The last resort when a step ignores its bound: a process whose shutdown is stuck (here
+    a blocked main thread) exits at its grace with one line and status 1."""
+    stuck = ManagedProcess(
+        "stuck",
+        [
+            sys.executable,
+            "-c",
+            "import logging, time; from titoflow.shutdown import arm_hard_exit; "
+            "logging.basicConfig(); arm_hard_exit(0.5, logging.getLogger('t')); time.sleep(60)",
+        ],
+        tmp_path / "stuck.log",
+    )
+    try:
+        code = stuck.proc.wait(10)
+    finally:
+        stuck.kill()
+    assert code == HARD_EXIT_STATUS
+    assert "shutdown grace of 0.5s exceeded: exiting now" in stuck.log_tail()
