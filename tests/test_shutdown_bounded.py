@@ -2,9 +2,10 @@
 ``titoflow up``) is sent SIGTERM after its broker was killed, and exits within its
 ``shutdown_grace_s``. Before, aiokafka's final commit looked for the group coordinator forever: a
 worker was still running 40 s after SIGTERM. Each test has its own tansu, killed without
-disturbing the session's; no engine (the engine URLs point at a closed port). What the services
-commit and publish while the broker is up is tests/test_shutdown.py's. Last, the watchdog that
-ends a process whose shutdown is stuck regardless.
+disturbing the session's; no engine (the engine URLs point at a closed port). With the broker
+up, the worker and the recompute stage commit what they consumed (the ingress and the worker
+finishing work in flight: tests/test_shutdown.py). Last, the watchdog that ends a process whose
+shutdown is stuck regardless.
 
 The bound asserted is the default grace (10 s) plus 3 s for the interpreter's own exit and the
 test's polling: generous on a loaded 2-core machine, and far below the 40 s seen before.
