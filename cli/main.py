@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,14 @@ def _family_error(settings: Settings) -> str | None:
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
+    import math
     import socket
 
     import uvicorn
 
     from ingress.app import create_app
+    from ingress.server import BoundedServer
+    from titoflow.shutdown import drain_budget
 
     settings = _settings(args)
     _logging(settings)
@@ -96,25 +100,32 @@ def cmd_ingress(args: argparse.Namespace) -> int:
         create_app(settings),
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
-        timeout_graceful_shutdown=30,
+        # Turns in flight get the drain share of the grace; the lifespan closes in the rest.
+        timeout_graceful_shutdown=math.ceil(drain_budget(settings.shutdown_grace_s)),
         # Explicit, not "auto": a missing one fails at start instead of silently costing
         # latency on every turn (bench/overhead.py: uvloop + httptools vs asyncio + h11).
         loop="uvloop",
         http="httptools",
     )
-    uvicorn.Server(config).run(sockets=listeners)
+    BoundedServer(config, settings.shutdown_grace_s).run(sockets=listeners)
     return 0
 
 
-def _run_until_signalled(make_service: Callable[[], Any]) -> int:
-    """Run ``make_service().run(stop)`` until SIGINT or SIGTERM sets ``stop``; the service is
-    made inside the event loop (aiokafka clients need one)."""
+def _run_until_signalled(make_service: Callable[[], Any], settings: Settings) -> int:
+    """Run ``make_service().run(stop)`` until SIGINT or SIGTERM sets ``stop``, then exit within
+    ``shutdown_grace_s``; the service is made inside the event loop (aiokafka clients need one)."""
+    from titoflow.shutdown import arm_hard_exit
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stopping() -> None:
+            stop.set()
+            arm_hard_exit(settings.shutdown_grace_s, logging.getLogger("titoflow"))
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping)
         await make_service().run(stop)
 
     asyncio.run(run())
@@ -129,7 +140,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if error := _family_error(settings):
         print(f"titoflow worker: {error}", file=sys.stderr)
         return 2
-    return _run_until_signalled(lambda: Worker(settings))
+    return _run_until_signalled(lambda: Worker(settings), settings)
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:
@@ -137,7 +148,7 @@ def cmd_recompute(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
-    return _run_until_signalled(lambda: RecomputeWorker(settings))
+    return _run_until_signalled(lambda: RecomputeWorker(settings), settings)
 
 
 DRIVER_TOKEN_FILE = "driver-token"
@@ -157,6 +168,10 @@ def _new_driver_token(run_dir: Path) -> str:
     return token
 
 
+# How soon `up` notices a child's exit.
+SUPERVISE_INTERVAL_S = 0.2
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from cli.demo import run_demo
     from titoflow.dev.stack import LocalStack
@@ -173,7 +188,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     # explicitly because a shell starting us in the background leaves it ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
-    with LocalStack(settings, args.run_dir).start() as stack:
+
+    def report(line: str) -> None:
+        print(f"titoflow up: {line}", file=sys.stderr, flush=True)
+
+    with LocalStack(settings, args.run_dir, report).start() as stack:
         print("\ntitoflow is up. Give a scaffold this base URL (session 'my-session'):")
         print(f"  OpenAI:   {stack.ingress_url}/sess/my-session/v1")
         print(
@@ -188,10 +207,13 @@ def cmd_up(args: argparse.Namespace) -> int:
                 asyncio.run(run_demo(stack.settings, stack.ingress_url))
             if args.exit_after_demo:
                 return 0
-            print("\nCtrl-C stops everything.")
-            signal.pause()
+            print("\nCtrl-C stops everything.", flush=True)
+            while (reason := stack.supervise()) is None:
+                time.sleep(SUPERVISE_INTERVAL_S)
+            report(reason)
+            return 1
         except KeyboardInterrupt:
-            print("stopping...")
+            print("stopping...", flush=True)
     return 0
 
 

@@ -44,6 +44,7 @@ from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_top
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
+from titoflow.shutdown import Deadline, close_budget
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -123,10 +124,13 @@ def create_app(settings: Settings) -> FastAPI:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await follower.stop()
-        await ends.stop()
-        await publisher.stop()
-        await engine.close()
+        # Each close bounded (aiokafka waits on a dead broker): an unflushed record was never
+        # acknowledged, so no client got a 200 for it.
+        closing = Deadline(close_budget(settings.shutdown_grace_s), log)
+        await closing.run("stopping the control log reader", follower.stop())
+        await closing.run("stopping the ended-sessions reader", ends.stop())
+        await closing.run("flushing and closing the producer", publisher.stop())
+        await closing.run("closing the engine clients", engine.close())
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
     for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes, token_api):

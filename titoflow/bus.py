@@ -29,6 +29,7 @@ from faststream.kafka.subscriber.usecase import LogicSubscriber
 from faststream.message import StreamMessage
 
 from titoflow.settings import Settings
+from titoflow.shutdown import drain_budget
 
 # The client types and errors the services name (imported as X as X above) are theirs to import
 # from here: this module stays the only one that imports aiokafka (tests/test_layering.py).
@@ -423,8 +424,9 @@ def service_broker(
         allow_auto_create_topics=False,
         logger=logger,
         log_level=logging.DEBUG,
-        # A handler runs at most one batch; stopping waits for it, as the services' commits do.
-        graceful_timeout=settings.publish_timeout_s * 2,
+        # A handler runs at most one batch; stopping waits for it (its publish and commit) for
+        # the drain share of the shutdown grace, then cancels it uncommitted.
+        graceful_timeout=drain_budget(settings.shutdown_grace_s),
     )
 
 

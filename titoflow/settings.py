@@ -258,6 +258,16 @@ class Settings(BaseSettings):
         description="Port of the recompute stage's Prometheus /metrics (on metrics_host); 0: none.",
     )
 
+    shutdown_grace_s: float = Field(
+        10.0,
+        gt=0,
+        description="On SIGTERM or SIGINT every service (ingress, worker, recompute, `up`) exits "
+        "within this many seconds, broker up or down: about 60% of it finishes the work in hand "
+        "(an ingress' turns in flight, a worker's batch), the rest commits, flushes and closes, "
+        "each step bounded; what is still unfinished at the end is named in one log line and "
+        "the process exits regardless (status 1).",
+    )
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level."
     )

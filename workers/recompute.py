@@ -176,8 +176,9 @@ class RecomputeWorker:
         for record, result in zip(records, finished, strict=True):
             await self._publish(record, result)
         self.in_flight = 0
-        try:  # everything fetched is published: its offsets may go
-            await message.ack()
+        try:  # everything fetched is published: its offsets may go (bounded as the worker's)
+            async with asyncio.timeout(self.settings.publish_timeout_s):
+                await message.ack()
         except CommitFailedError:  # rebalanced meanwhile: the next owner redoes it
             log.info("commit lost to a rebalance; segments will be republished")
         await self._observe()

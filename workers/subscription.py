@@ -8,7 +8,9 @@ pass the failed one's records. One batch runs at a time, under ``lock``, which a
 listener takes too. Stopping waits for the batch in hand; cancelling is a death (as SIGKILL):
 the batch in hand is abandoned and nothing more is published or committed by it. The service's
 own start and stop (topics, publisher, engine client) are the FastStream application's hooks
-around its broker.
+around its broker. Stopping takes at most the drain and close budgets of ``shutdown_grace_s``
+(:mod:`titoflow.shutdown`), broker up or down: the final commit gets half the close budget, and
+what is unfinished then is abandoned (uncommitted: the next owner re-reads it).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from titoflow.bus import (
     service_broker,
 )
 from titoflow.settings import Settings
+from titoflow.shutdown import Deadline, close_budget, drain_budget
 
 Records = tuple[ConsumerRecord, ...]
 
@@ -52,6 +55,7 @@ class BatchSubscription:
     ) -> None:
         self.handle = handle
         self.log = logger
+        self.grace_s = settings.shutdown_grace_s
         self.broker = service_broker(settings, logger)
         self.subscriber = batch_subscriber(
             self.broker,
@@ -92,7 +96,9 @@ class BatchSubscription:
             self.closing = True  # a batch fetched from now on is left for the next owner
             if last is not None and self._failed is None and not self.lock.locked():
                 async with self.lock:
-                    await last()
+                    # aiokafka retries a commit forever while the broker is away
+                    commit = Deadline(close_budget(self.grace_s) / 2, self.log)
+                    await commit.run("the final commit", last())
 
         app = FastStream(
             self.broker,
@@ -116,7 +122,12 @@ class BatchSubscription:
             raise
         finally:
             relay.cancel()
-            await app.stop()
+            closing = Deadline(drain_budget(self.grace_s) + close_budget(self.grace_s), self.log)
+            await closing.run(
+                "stopping (the batch in hand, the final commit, leaving the group, flushing "
+                "the producer)",
+                app.stop(),
+            )
         if self._failed is not None:
             raise self._failed
 

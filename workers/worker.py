@@ -310,4 +310,7 @@ class Worker:
         assigned = self.steps.consumer.assignment()
         offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
         if offsets:
-            await self.steps.consumer.commit(offsets)
+            # aiokafka retries a commit forever while the broker is away: fail the batch instead
+            # (the worker stops uncommitted, as when its publish fails)
+            async with asyncio.timeout(self.settings.publish_timeout_s):
+                await self.steps.consumer.commit(offsets)

@@ -116,6 +116,11 @@ def _generates(client: httpx.Client) -> bool:
     return bool(choices[0].get("token_ids"))
 
 
+def launch_vllm(settings: Settings, port: int, log_dir: Path) -> ManagedProcess:
+    """vLLM started on ``port``, not waited for (a restart: its clients retry meanwhile)."""
+    return ManagedProcess("vllm", vllm_argv(settings, port), log_dir / "vllm.log", env=ENGINE_ENV)
+
+
 def start_vllm(
     settings: Settings, port: int | None = None, *, log_dir: Path
 ) -> tuple[ManagedProcess, str]:
@@ -135,7 +140,7 @@ def start_vllm(
         )
     port = port if port is not None else free_port(HOST)
     base_url = f"http://{HOST}:{port}"
-    proc = ManagedProcess("vllm", vllm_argv(settings, port), log_dir / "vllm.log", env=ENGINE_ENV)
+    proc = launch_vllm(settings, port, log_dir)
     try:
         with httpx.Client(base_url=base_url) as client:
             proc.wait_until(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -79,16 +80,29 @@ class ManagedProcess:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the group, then SIGKILL what is left after ``timeout_s``."""
-        if self.alive():
-            self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
+        stop_all([self], timeout_s)
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
         self.proc.wait()
+        self.release()
+
+    def release(self) -> None:
+        """After its exit: SIGKILL what is left of its group (its own children), close its log."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self._log.close()
+
+
+def stop_all(processes: Sequence[ManagedProcess], timeout_s: float) -> None:
+    """SIGTERM every group at once, then SIGKILL what is left after ``timeout_s`` (in all)."""
+    for proc in processes:
+        proc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in processes:
+        try:
+            proc.proc.wait(max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            proc.signal(signal.SIGKILL)
+            proc.proc.wait()
+        proc.release()
