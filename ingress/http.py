@@ -3,8 +3,11 @@ addresses of a call, the service, bounded JSON bodies and their lenient models, 
 keys, the admission checks and JSON answers.
 
 Invariants: a body is read within ``max_request_bytes`` whether or not it declares its length,
-and holds only values JSON can carry back unchanged; a session call is admitted (its session's
-key, then its model) before the service sees it. Statuses and error bodies are
+nests at most ``max_json_depth`` arrays and objects deep, and holds only values JSON can carry
+back unchanged (no NaN, no infinity, no lone surrogate); whatever its depth or content, reading
+it never recurses past a bound nor raises anything but a 4xx. A session call names one session
+id of :data:`SESSION_ID_PATTERN`'s form and is admitted (its session's key, then its model)
+before the service sees it. Statuses and error bodies are
 ``ingress/errors.py``'s, streams ``ingress/sse.py``'s."""
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -84,9 +89,10 @@ def lower_headers(request: Request) -> dict[str, str]:
 
 
 async def read_json(request: Request, allow_empty: bool = False) -> Any:
-    limit = settings(request).max_request_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    config = settings(request)
+    limit = config.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the body has {declared} bytes; the limit is {limit}")
     raw = bytearray()
     async for chunk in request.stream():  # bounded even without a Content-Length
@@ -95,20 +101,97 @@ async def read_json(request: Request, allow_empty: bool = False) -> Any:
             raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
     if not raw and allow_empty:
         return {}
+    return parse_json(raw, config.max_json_depth)
+
+
+def parse_json(raw: bytes | bytearray, max_depth: int) -> Any:
+    """A body's JSON value, nested at most ``max_depth`` arrays and objects deep, else a 400."""
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        pass  # orjson refuses lone surrogates, which clients do send; json has the final word
+        value = _loads_slowly(raw, max_depth)
+    if nesting_exceeds(value, max_depth):
+        raise InvalidRequest(_too_deep(max_depth))
+    return value
+
+
+def _loads_slowly(raw: bytes | bytearray, max_depth: int) -> Any:
+    """What orjson refused, read by the standard library, which has the final word: lone
+    surrogates, which clients do send (mended), and bodies orjson finds too deep (beyond 1,024
+    levels) or invalid, which it explains. Its recursion is bounded by Python's, so a body too
+    deep for it is refused too, never a crash."""
     try:
-        return json.loads(raw, parse_constant=_not_json)
+        value = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError as exc:
+        raise InvalidRequest(_too_deep(max_depth)) from exc
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    return _mend_surrogates(value)
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep; walked with a stack
+    of its own, so no depth makes it recurse (the template, the event encoders and the caches
+    downstream do)."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        if depth > limit:
+            return True
+        for child in node.values() if type(node) is dict else node:
+            kind = type(child)  # exact types: what a JSON parser makes, checked fastest
+            if kind is dict or kind is list:
+                push((child, depth + 1))
+    return False
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins the escapes of a pair
+
+
+def _mend_surrogates(value: Any) -> Any:
+    """``value`` with each lone surrogate (what a client sends that cut a UTF-16 string
+    between the halves of a pair) replaced by U+FFFD, as a UTF-8 decoder replaces any invalid
+    sequence: no tokenizer takes them as text. Deterministic, so a re-sent history reads the
+    same. Walked with a stack of its own, like :func:`nesting_exceeds`."""
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        container, key = stack.pop()
+        node = container[key]
+        if isinstance(node, str):
+            container[key] = _LONE_SURROGATE.sub("\ufffd", node)
+        elif isinstance(node, list):
+            stack.extend((node, index) for index in range(len(node)))
+        elif isinstance(node, dict):
+            mended = {_LONE_SURROGATE.sub("\ufffd", name): child for name, child in node.items()}
+            container[key] = mended
+            stack.extend((mended, name) for name in mended)
+    return root[0]
+
+
+def _too_deep(limit: int) -> str:
+    return (
+        f"the body nests arrays and objects more than {limit} levels deep "
+        "(the limit: TITOFLOW_MAX_JSON_DEPTH)"
+    )
 
 
 def _not_json(constant: str) -> Any:
     """NaN and ±Infinity are not JSON. Refused, so every body holds only values that orjson
     writes back as they came: caches key parsed messages and tools by those bytes."""
     raise ValueError(f"{constant} is not a JSON value")
+
+
+def _finite(literal: str) -> float:
+    """A number literal beyond a double (``1e999``) would be read as ±inf, which JSON cannot
+    carry back: refused like NaN."""
+    number = float(literal)
+    if math.isinf(number):
+        raise ValueError(f"{literal} is beyond the range of a double")
+    return number
 
 
 def session_key(secret: str, session_id: str) -> str:
@@ -141,7 +224,7 @@ def check_session_key(request: Request, session_id: str, body: Any) -> None:
     # body field can move the call elsewhere, and scaffolds send such headers of their own
     # (OpenCode's x-session-id carries its internal session id).
     named = [path] if path else _session_names(None, lower_headers(request), fields)
-    if {str(n) for n in named if n} - {session_id}:
+    if {str(n) for n in named if n not in (None, "")} - {session_id}:
         raise Forbidden("the request names more than one session")
     if not presents(request, session_key(config.driver_token, session_id), api_key_header=True):
         raise Unauthorized(
@@ -149,12 +232,42 @@ def check_session_key(request: Request, session_id: str, body: Any) -> None:
         )
 
 
+# Session ids become URL paths (/sess/<id>/v1), Kafka keys and log and trace fields: letters,
+# digits and ``._:-`` (no client escapes them), at most 128, starting with a letter or digit.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_SESSION_ID = re.compile(SESSION_ID_PATTERN.removeprefix("^").removesuffix("$"))
+
+
+def checked_session_id(value: Any, where: str) -> str:
+    """``value`` (read from ``where``) as a session id, or a 400 saying what one is. Numbers
+    are taken as their digits, as they always were."""
+    text = str(value) if type(value) is int else value
+    if not isinstance(text, str) or not _SESSION_ID.fullmatch(text):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise InvalidRequest(
+            f"{where}: {shown} is not a session id (1 to 128 letters, digits, '.', '_', ':' or "
+            "'-', starting with a letter or digit)",
+            "session_id",
+        )
+    return text
+
+
+# Where a request may name its session, in the order session_ref reads them.
+_SESSION_PLACES = (
+    "the path",
+    "X-Session-Id",
+    "X-SMG-Routing-Key",
+    "session_id",
+    "metadata.session_id",
+)
+
+
 def _session_names(
     path_session: str | None, headers: dict[str, str], body_fields: dict[str, Any]
 ) -> list[Any]:
     """Every place a request may name its session, in the order :func:`session_ref` reads
     them: the path, ``X-Session-Id``, ``X-SMG-Routing-Key`` (a routing gateway's session key),
-    the body's ``session_id``, then ``metadata.session_id``."""
+    the body's ``session_id``, then ``metadata.session_id`` (:data:`_SESSION_PLACES`)."""
     metadata = body_fields.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
     return [
@@ -171,25 +284,44 @@ def session_ref(
     headers: dict[str, str],
     body_fields: dict[str, Any],
 ) -> SessionRef:
-    """Session id from the first place that names one (:func:`_session_names`); instance and
-    turn ids from their headers, then the body's fields, then its metadata."""
+    """Session id from the first place that names one (:func:`_session_names`), which must be
+    a session id; instance and turn ids from their headers, then the body's fields, then its
+    metadata (strings, or numbers taken as their digits)."""
     metadata = body_fields.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
 
     def pick(header: str, field: str) -> str | None:
-        value = headers.get(header) or body_fields.get(field) or metadata.get(field)
-        return str(value) if value is not None else None
+        for value, where in (
+            (headers.get(header), header),
+            (body_fields.get(field), field),
+            (metadata.get(field), f"metadata.{field}"),
+        ):
+            if value is None or value == "":
+                continue
+            if type(value) is int:
+                return str(value)
+            if not isinstance(value, str):
+                raise InvalidRequest(f"{where}: must be a string", where)
+            return value
+        return None
 
-    named = next((n for n in _session_names(path_session, headers, body_fields) if n), None)
-    session_id = str(named) if named is not None else None
-    if not session_id:
+    named = _session_names(path_session, headers, body_fields)
+    found = next(
+        (
+            (name, where)
+            for name, where in zip(named, _SESSION_PLACES, strict=True)
+            if name not in (None, "")
+        ),
+        None,
+    )
+    if found is None:
         raise MissingSession(
             "no session: use a /sess/<id>/v1 base URL, an X-Session-Id header, "
             "or a session_id field",
             "session_id",
         )
     return SessionRef(
-        session_id=session_id,
+        session_id=checked_session_id(*found),
         instance_id=pick("x-instance-id", "instance_id"),
         turn_id=pick("x-turn-id", "turn_id"),
     )

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ingress import errors, http, sse
-from ingress.adapter import TextPart, TurnApi, text_of, token_counts
+from ingress.adapter import TextPart, ToolName, TurnApi, text_of, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.service import TokensSampled, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
@@ -41,6 +41,19 @@ class _Message(http.Lenient):
     tool_calls: list[_ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+
+class _FunctionSpec(http.Lenient):
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class _Tool(http.Lenient):
+    """A tool of the request, checked; the template takes it as it came."""
+
+    type: Literal["function"]
+    function: _FunctionSpec
 
 
 class _NamedChoice(http.Lenient):
@@ -105,6 +118,8 @@ def parse_request(
 ) -> tuple[ChatTurn, ChatCompletionRequest]:
     """Validate a chat.completions body into a turn (session: path, header, then body)."""
     request = http.validated(ChatCompletionRequest, body)
+    for index, tool in enumerate(request.tools or ()):
+        http.validated(_Tool, tool, f"tools.{index}")
     choice = request.tool_choice
     named = choice.function.get("name") if isinstance(choice, _NamedChoice) else None
     session = http.session_ref(path_session, headers, body if isinstance(body, dict) else {})
