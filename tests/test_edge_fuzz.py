@@ -32,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingress.http import session_key
 from ingress.service import ServiceOptions
 from tests.apps import scripted_ingress
 from tests.doubles import RecordingBus, RecordingPublisher
@@ -325,15 +326,13 @@ valid_ids = st.one_of(
     st.sampled_from(["fz-chat-4", "fz-chat-5"]),
     st.integers(1, 10**9).map("fz-end-{}".format),
 )
-session_ids = st.one_of(
-    valid_ids,
-    valid_ids,
-    valid_ids,
+odd_ids = st.one_of(
     # What a URL path can carry (httpx refuses control characters; it escapes the rest).
     st.text(st.characters(exclude_characters="/?#%", exclude_categories=["Cs", "Cc"]), max_size=12),
     st.integers(200, 5000).map(lambda n: "s" * n),
     st.sampled_from(["..", "a b", "a:b", "é", "-x", "x" * 129]),
 )
+session_ids = st.integers(0, 3).flatmap(lambda pick: odd_ids if pick == 0 else valid_ids)
 header_values = st.one_of(
     st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=24),
     st.sampled_from(["²", "-1", "99999999999999999999", "0", "", "Bearer ", "fz-chat-6"]),
@@ -371,13 +370,21 @@ class Case:
 
 
 @st.composite
-def cases(draw: st.DrawFn, endpoint: Endpoint) -> Case:
-    path = endpoint.path.replace("{s}", draw(session_ids))
+def cases(draw: st.DrawFn, endpoint: Endpoint, keyed: bool = False) -> Case:
+    """A request to ``endpoint``; ``keyed``: carrying, as its API key, the key of the session
+    its path or its seed names (``implicit_sessions`` off)."""
+    session = draw(session_ids)
+    path = endpoint.path.replace("{s}", session)
     own = DRIVER_PORT if endpoint.plane == "driver" else SCAFFOLD_PORT
     other = SCAFFOLD_PORT if own == DRIVER_PORT else DRIVER_PORT
     port = draw(st.sampled_from([own] * 9 + [other]))
     token = ADMIN_TOKEN if endpoint.path.startswith("/admin") else DRIVER_TOKEN
     headers = {"content-type": "application/json", "authorization": f"Bearer {token}"}
+    if keyed and endpoint.seed is not None:
+        named = endpoint.seed.get("session_id") or endpoint.seed["metadata"]["session_id"]
+        headers["x-api-key"] = session_key(
+            DRIVER_TOKEN, session if "{s}" in endpoint.path else named
+        )
     headers.update(draw(bad_headers) if draw(st.booleans()) else {})
     method = endpoint.method
     if draw(st.integers(0, 19)) == 0:  # now and then a method the route does not take
@@ -437,11 +444,13 @@ class Ingress:
     client: httpx2.AsyncClient
     publisher: RecordingPublisher
     bus: RecordingBus
+    label: str  # of its counts, before each endpoint's
     statuses: dict[str, Counter[int]]
 
 
 @contextmanager
-def fuzzed_ingress() -> Iterator[Ingress]:
+def fuzzed_ingress(label: str = "", **overrides: Any) -> Iterator[Ingress]:
+    """The fuzzed app (``overrides``: settings), its cases counted under ``label``."""
     config = Settings(
         ingress_port=SCAFFOLD_PORT,
         driver_port=DRIVER_PORT,
@@ -450,6 +459,7 @@ def fuzzed_ingress() -> Iterator[Ingress]:
         engine_url="http://127.0.0.1:9",
         bootstrap_servers="127.0.0.1:9",
         max_request_bytes=2 * 1024 * 1024,
+        **overrides,
     )
     options = ServiceOptions(max_model_len=4096, default_max_tokens=8, vocab_size=len(qwen3()))
     app, publisher, bus = scripted_ingress(config, ["Done.<|im_end|>"] * 100_000, options)
@@ -458,7 +468,7 @@ def fuzzed_ingress() -> Iterator[Ingress]:
     client = httpx2.AsyncClient(transport=transport, base_url="http://ingress")
     loop = asyncio.new_event_loop()
     try:
-        yield Ingress(loop, client, publisher, bus, {})
+        yield Ingress(loop, client, publisher, bus, label, {})
     finally:
         loop.run_until_complete(client.aclose())
         loop.close()
@@ -481,6 +491,14 @@ def ingress() -> Iterator[Ingress]:
         print("\n" + report(fuzzed.statuses))
 
 
+@pytest.fixture(scope="module")
+def keyed_ingress() -> Iterator[Ingress]:
+    """Session keys on: every scaffold call needs its session's key and names no other."""
+    with fuzzed_ingress("keys: ", implicit_sessions=False) as fuzzed:
+        yield fuzzed
+        print("\n" + report(fuzzed.statuses))
+
+
 async def send(ingress: Ingress, endpoint: Endpoint, case: Case) -> None:
     before = len(ingress.publisher.events), len(ingress.bus.records)
     response = await ingress.client.request(
@@ -491,7 +509,7 @@ async def send(ingress: Ingress, endpoint: Endpoint, case: Case) -> None:
         timeout=30,
     )
     status = response.status_code
-    ingress.statuses.setdefault(endpoint.label, Counter())[status] += 1
+    ingress.statuses.setdefault(ingress.label + endpoint.label, Counter())[status] += 1
     if endpoint.path == "/ready" and status == 503:
         assert set(response.json()) == {"tokenizer", "broker", "engine"}
         return
@@ -516,5 +534,24 @@ def test_no_request_gets_a_5xx_or_an_error_out_of_shape(
     @given(case=cases(endpoint))
     def run(case: Case) -> None:
         ingress.loop.run_until_complete(send(ingress, endpoint, case))
+
+    run()
+
+
+SESSION_CALLS = [e for e in ENDPOINTS if e.plane == "scaffold" and e.seed is not None]
+
+
+@pytest.mark.parametrize("endpoint", SESSION_CALLS, ids=[e.label for e in SESSION_CALLS])
+def test_with_session_keys_no_request_gets_a_5xx_or_an_error_out_of_shape(
+    keyed_ingress: Ingress, endpoint: Endpoint
+) -> None:
+    @settings(
+        max_examples=EXAMPLES // 3,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(case=cases(endpoint, keyed=True))
+    def run(case: Case) -> None:
+        keyed_ingress.loop.run_until_complete(send(keyed_ingress, endpoint, case))
 
     run()
