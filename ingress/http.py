@@ -129,10 +129,28 @@ def _loads_slowly(raw: bytes | bytearray, max_depth: int) -> Any:
     return _mend_surrogates(value)
 
 
+# The deepest nesting orjson.dumps writes (it refuses more: "Recursion limit reached").
+_ORJSON_DEPTH = 254
+
+
 def nesting_exceeds(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests arrays and objects more than ``limit`` deep; walked with a stack
-    of its own, so no depth makes it recurse (the template, the event encoders and the caches
-    downstream do)."""
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (``limit`` at most
+    :data:`_ORJSON_DEPTH`). orjson checks it in C: ``value`` wrapped in as many arrays as it
+    writes beyond ``limit`` levels is written, or refused as too deep — a fifth of a walk's
+    cost on Claude Code's requests. What orjson refuses for another reason (an integer beyond
+    64 bits, from the standard library's parse) is walked instead."""
+    wrapped = value
+    for _ in range(_ORJSON_DEPTH - limit):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return _walk_exceeds(value, limit)
+    return False
+
+
+def _walk_exceeds(value: Any, limit: int) -> bool:
+    """:func:`nesting_exceeds` walked with a stack of its own, so no depth makes it recurse."""
     if type(value) is not dict and type(value) is not list:
         return False
     stack = [(value, 1)]
@@ -155,7 +173,7 @@ def _mend_surrogates(value: Any) -> Any:
     """``value`` with each lone surrogate (what a client sends that cut a UTF-16 string
     between the halves of a pair) replaced by U+FFFD, as a UTF-8 decoder replaces any invalid
     sequence: no tokenizer takes them as text. Deterministic, so a re-sent history reads the
-    same. Walked with a stack of its own, like :func:`nesting_exceeds`."""
+    same. Walked with a stack of its own, like :func:`_walk_exceeds`."""
     root = [value]
     stack: list[tuple[Any, Any]] = [(root, 0)]
     while stack:

@@ -12,7 +12,7 @@ from itertools import chain
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import Field, InstanceOf, RootModel
 
 from ingress import errors, http, sse
 from ingress.adapter import TextPart, ToolName, TurnApi, text_of, token_counts
@@ -46,14 +46,18 @@ class _Message(http.Lenient):
 class _FunctionSpec(http.Lenient):
     name: ToolName
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    # Only its type: a schema is the template's to read, and copying it cost a third of this
+    # check (12 µs for OpenCode's 10 tools).
+    parameters: InstanceOf[dict] | None = None  # type: ignore[type-arg]
 
 
 class _Tool(http.Lenient):
-    """A tool of the request, checked; the template takes it as it came."""
-
     type: Literal["function"]
     function: _FunctionSpec
+
+
+class _Tools(RootModel[list[_Tool]]):
+    """The request's tools, checked in one call; the template takes them as they came."""
 
 
 class _NamedChoice(http.Lenient):
@@ -118,8 +122,8 @@ def parse_request(
 ) -> tuple[ChatTurn, ChatCompletionRequest]:
     """Validate a chat.completions body into a turn (session: path, header, then body)."""
     request = http.validated(ChatCompletionRequest, body)
-    for index, tool in enumerate(request.tools or ()):
-        http.validated(_Tool, tool, f"tools.{index}")
+    if request.tools:
+        http.validated(_Tools, request.tools, "tools")
     choice = request.tool_choice
     named = choice.function.get("name") if isinstance(choice, _NamedChoice) else None
     session = http.session_ref(path_session, headers, body if isinstance(body, dict) else {})

@@ -89,6 +89,18 @@ async def test_a_body_nested_too_deep_is_a_400_in_its_apis_shape(path: str, body
     assert not publisher.events and not engine.prompts
 
 
+@pytest.mark.parametrize(("levels", "status"), [(128, 200), (129, 400)])
+async def test_the_depth_of_what_orjson_cannot_write_is_walked(levels: int, status: int) -> None:
+    """An integer beyond 64 bits (read by the standard library, here after a lone surrogate)
+    makes orjson refuse the body for a reason other than its depth: the depth is still held."""
+    client, _, publisher = app_for(replies=1)
+    raw = json.dumps({**CHAT, "metadata": {"s": "\ud800", "n": 2**70, "x": "X"}}).encode()
+    raw = raw.replace(b'"X"', deep(levels - 2))  # inside the body and its metadata
+    answer = await client.post("/sess/s1/v1/chat/completions", content=raw)
+    assert answer.status_code == status, answer.text
+    assert len(publisher.events) == (status == 200)
+
+
 async def test_the_depth_limit_is_its_setting_exactly() -> None:
     client, _, publisher = app_for(replies=1, settings=Settings(max_json_depth=16))
 
