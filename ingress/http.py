@@ -17,6 +17,7 @@ import hmac
 import json
 import math
 import re
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -133,19 +134,42 @@ def _loads_slowly(raw: bytes | bytearray, max_depth: int) -> Any:
 _ORJSON_DEPTH = 254
 
 
+class _Wrappers(threading.local):
+    """Per thread and depth limit, ``_ORJSON_DEPTH - limit`` nested one-element arrays, the
+    innermost a slot for the value probed: built once, as building them cost more than
+    writing a small body."""
+
+    def __init__(self) -> None:
+        self.by_limit: dict[int, tuple[list[Any], list[Any]]] = {}
+
+    def around(self, limit: int) -> tuple[list[Any], list[Any]]:
+        """The outermost array and the slot."""
+        if limit not in self.by_limit:
+            slot: list[Any] = [None]
+            outer = slot
+            for _ in range(_ORJSON_DEPTH - limit - 1):
+                outer = [outer]
+            self.by_limit[limit] = outer, slot
+        return self.by_limit[limit]
+
+
+_WRAPPERS = _Wrappers()
+
+
 def nesting_exceeds(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests arrays and objects more than ``limit`` deep (``limit`` at most
-    :data:`_ORJSON_DEPTH`). orjson checks it in C: ``value`` wrapped in as many arrays as it
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep (``limit`` below
+    :data:`_ORJSON_DEPTH`). orjson checks it in C: ``value`` inside as many arrays as orjson
     writes beyond ``limit`` levels is written, or refused as too deep — a fifth of a walk's
     cost on Claude Code's requests. What orjson refuses for another reason (an integer beyond
     64 bits, from the standard library's parse) is walked instead."""
-    wrapped = value
-    for _ in range(_ORJSON_DEPTH - limit):
-        wrapped = [wrapped]
+    outer, slot = _WRAPPERS.around(limit)
+    slot[0] = value
     try:
-        orjson.dumps(wrapped)
+        orjson.dumps(outer)
     except orjson.JSONEncodeError:
         return _walk_exceeds(value, limit)
+    finally:
+        slot[0] = None  # holds no body past its check
     return False
 
 
@@ -309,37 +333,29 @@ def session_ref(
     metadata = metadata if isinstance(metadata, dict) else {}
 
     def pick(header: str, field: str) -> str | None:
-        for value, where in (
-            (headers.get(header), header),
-            (body_fields.get(field), field),
-            (metadata.get(field), f"metadata.{field}"),
-        ):
-            if value is None or value == "":
-                continue
-            if type(value) is int:
-                return str(value)
-            if not isinstance(value, str):
-                raise InvalidRequest(f"{where}: must be a string", where)
+        value = headers.get(header) or body_fields.get(field) or metadata.get(field)
+        if value is None or type(value) is str:
             return value
-        return None
+        if type(value) is int:
+            return str(value)
+        where = field if body_fields.get(field) is value else f"metadata.{field}"
+        raise InvalidRequest(f"{where}: must be a string", where)
 
-    named = _session_names(path_session, headers, body_fields)
-    found = next(
-        (
-            (name, where)
-            for name, where in zip(named, _SESSION_PLACES, strict=True)
-            if name not in (None, "")
-        ),
-        None,
-    )
-    if found is None:
+    session_id = None
+    for place, name in zip(
+        _SESSION_PLACES, _session_names(path_session, headers, body_fields), strict=True
+    ):
+        if name is not None and name != "":
+            session_id = checked_session_id(name, place)
+            break
+    if session_id is None:
         raise MissingSession(
             "no session: use a /sess/<id>/v1 base URL, an X-Session-Id header, "
             "or a session_id field",
             "session_id",
         )
     return SessionRef(
-        session_id=checked_session_id(*found),
+        session_id=session_id,
         instance_id=pick("x-instance-id", "instance_id"),
         turn_id=pick("x-turn-id", "turn_id"),
     )
