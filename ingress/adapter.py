@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import Field
 
 from ingress import http, sse
 from ingress.errors import ErrorShape
@@ -59,6 +60,12 @@ class TurnApi(Generic[Raw]):
             return http.json_response(self.whole(request, turn, raw, result))
         except TitoflowError as exc:
             return self.errors.response(exc)
+
+
+# Tool names as OpenAI and Anthropic accept them (letters, digits, '_' and '-', up to 64: every
+# scaffold's, Claude Code's mcp__server__tool included), widened to what MCP allows (dots, up
+# to 128). A name reaches the template and the tool-call parser as it came.
+ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
 
 
 class TextPart(http.Lenient):

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BeforeValidator, Field
 
 from ingress import errors, http, sse
-from ingress.adapter import TurnApi, token_counts
+from ingress.adapter import ToolName, TurnApi, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions, SessionRef
@@ -88,7 +88,7 @@ class _Message(http.Lenient):
 
 class _Tool(http.Lenient):
     type: str | None = None
-    name: str
+    name: ToolName
     description: str | None = None
     input_schema: dict[str, Any] | None = None
 

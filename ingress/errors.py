@@ -77,6 +77,7 @@ class ErrorShape:
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     409: "invalid_request_error",
     413: "invalid_request_error",

@@ -3,15 +3,17 @@ addresses of a call, the service, bounded JSON bodies and their lenient models, 
 keys, the admission checks and JSON answers.
 
 Invariants: a body is read within ``max_request_bytes`` whether or not it declares its length,
-and holds only values JSON can carry back unchanged; a session call is admitted (its session's
-key, then its model) before the service sees it. Statuses and error bodies are
+and parsed within :mod:`ingress.json_body`'s bounds (``max_json_depth``; only values JSON
+carries back unchanged), a 4xx otherwise. A session call names one session id of
+:data:`SESSION_ID_PATTERN`'s form and is admitted (its session's key, then its model) before
+the service sees it. Statuses and error bodies are
 ``ingress/errors.py``'s, streams ``ingress/sse.py``'s."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -20,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ingress.json_body import parse_json
 from ingress.service import ChatService
 from ingress.turn import ChatTurn, SessionRef, TokenCall
 from titoflow.errors import (
@@ -84,9 +87,10 @@ def lower_headers(request: Request) -> dict[str, str]:
 
 
 async def read_json(request: Request, allow_empty: bool = False) -> Any:
-    limit = settings(request).max_request_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    config = settings(request)
+    limit = config.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the body has {declared} bytes; the limit is {limit}")
     raw = bytearray()
     async for chunk in request.stream():  # bounded even without a Content-Length
@@ -95,20 +99,7 @@ async def read_json(request: Request, allow_empty: bool = False) -> Any:
             raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
     if not raw and allow_empty:
         return {}
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass  # orjson refuses lone surrogates, which clients do send; json has the final word
-    try:
-        return json.loads(raw, parse_constant=_not_json)
-    except ValueError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
-
-
-def _not_json(constant: str) -> Any:
-    """NaN and ±Infinity are not JSON. Refused, so every body holds only values that orjson
-    writes back as they came: caches key parsed messages and tools by those bytes."""
-    raise ValueError(f"{constant} is not a JSON value")
+    return parse_json(raw, config.max_json_depth)
 
 
 def session_key(secret: str, session_id: str) -> str:
@@ -141,7 +132,7 @@ def check_session_key(request: Request, session_id: str, body: Any) -> None:
     # body field can move the call elsewhere, and scaffolds send such headers of their own
     # (OpenCode's x-session-id carries its internal session id).
     named = [path] if path else _session_names(None, lower_headers(request), fields)
-    if {str(n) for n in named if n} - {session_id}:
+    if {str(n) for n in named if n not in (None, "")} - {session_id}:
         raise Forbidden("the request names more than one session")
     if not presents(request, session_key(config.driver_token, session_id), api_key_header=True):
         raise Unauthorized(
@@ -149,12 +140,42 @@ def check_session_key(request: Request, session_id: str, body: Any) -> None:
         )
 
 
+# Session ids become URL paths (/sess/<id>/v1), Kafka keys and log and trace fields: letters,
+# digits and ``._:-`` (no client escapes them), at most 128, starting with a letter or digit.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_SESSION_ID = re.compile(SESSION_ID_PATTERN.removeprefix("^").removesuffix("$"))
+
+
+def checked_session_id(value: Any, where: str) -> str:
+    """``value`` (read from ``where``) as a session id, or a 400 saying what one is. Numbers
+    are taken as their digits, as they always were."""
+    text = str(value) if type(value) is int else value
+    if not isinstance(text, str) or not _SESSION_ID.fullmatch(text):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise InvalidRequest(
+            f"{where}: {shown} is not a session id (1 to 128 letters, digits, '.', '_', ':' or "
+            "'-', starting with a letter or digit)",
+            "session_id",
+        )
+    return text
+
+
+# Where a request may name its session, in the order session_ref reads them.
+_SESSION_PLACES = (
+    "the path",
+    "X-Session-Id",
+    "X-SMG-Routing-Key",
+    "session_id",
+    "metadata.session_id",
+)
+
+
 def _session_names(
     path_session: str | None, headers: dict[str, str], body_fields: dict[str, Any]
 ) -> list[Any]:
     """Every place a request may name its session, in the order :func:`session_ref` reads
     them: the path, ``X-Session-Id``, ``X-SMG-Routing-Key`` (a routing gateway's session key),
-    the body's ``session_id``, then ``metadata.session_id``."""
+    the body's ``session_id``, then ``metadata.session_id`` (:data:`_SESSION_PLACES`)."""
     metadata = body_fields.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
     return [
@@ -171,18 +192,29 @@ def session_ref(
     headers: dict[str, str],
     body_fields: dict[str, Any],
 ) -> SessionRef:
-    """Session id from the first place that names one (:func:`_session_names`); instance and
-    turn ids from their headers, then the body's fields, then its metadata."""
+    """Session id from the first place that names one (:func:`_session_names`), which must be
+    a session id; instance and turn ids from their headers, then the body's fields, then its
+    metadata (strings, or numbers taken as their digits)."""
     metadata = body_fields.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
 
     def pick(header: str, field: str) -> str | None:
         value = headers.get(header) or body_fields.get(field) or metadata.get(field)
-        return str(value) if value is not None else None
+        if value is None or type(value) is str:
+            return value
+        if type(value) is int:
+            return str(value)
+        where = field if body_fields.get(field) is value else f"metadata.{field}"
+        raise InvalidRequest(f"{where}: must be a string", where)
 
-    named = next((n for n in _session_names(path_session, headers, body_fields) if n), None)
-    session_id = str(named) if named is not None else None
-    if not session_id:
+    session_id = None
+    for place, name in zip(
+        _SESSION_PLACES, _session_names(path_session, headers, body_fields), strict=True
+    ):
+        if name is not None and name != "":
+            session_id = checked_session_id(name, place)
+            break
+    if session_id is None:
         raise MissingSession(
             "no session: use a /sess/<id>/v1 base URL, an X-Session-Id header, "
             "or a session_id field",

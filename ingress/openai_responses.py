@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ingress import errors, http, sse
-from ingress.adapter import TextPart, TurnApi, text_of, token_counts
+from ingress.adapter import TextPart, ToolName, TurnApi, text_of, token_counts
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.errors import InvalidRequest
@@ -76,7 +76,7 @@ class _Reasoning(http.Lenient):
 
 
 class _FunctionTool(http.Lenient):
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
@@ -132,6 +132,8 @@ class _Transcript:
         if not isinstance(raw, dict):
             raise InvalidRequest(f"{at}: an input item must be an object", at)
         kind = raw.get("type", "message")
+        if not isinstance(kind, str):
+            raise InvalidRequest(f"{at}.type: an item's type must be a string", f"{at}.type")
         if kind in _IGNORED_ITEMS:
             return
         if kind == "message":
@@ -170,7 +172,12 @@ def _chat_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     ``web_search`` and a ``namespace`` tool) are left out: this policy cannot call them here."""
     chat = []
     for index, tool in enumerate(tools):
-        if tool.get("type") == "function":
+        kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequest(
+                f"tools.{index}.type: a tool's type must be a string", f"tools.{index}.type"
+            )
+        if kind == "function":
             function = http.validated(_FunctionTool, tool, f"tools.{index}")
             # "strict" is an API switch, not part of the tool the model reads.
             chat.append({"type": "function", "function": function.model_dump(exclude_none=True)})

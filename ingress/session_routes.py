@@ -23,9 +23,6 @@ from ingress.turn import SessionRef
 from schemas.events import SessionOptions
 from titoflow.errors import InvalidRequest, TitoflowError, Unauthorized
 
-# Ids go into URL paths (/sess/<id>/v1): keep them to characters no client escapes.
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-
 # Options that shape how the ingress renders, not how workers assemble. The ingress keeps no
 # per-session state (any replica serves any call, and none reads the steps log), so they can
 # only be deployment-wide settings.
@@ -37,7 +34,7 @@ class _Options(SessionOptions):
 
 
 class OpenSessionBody(http.Lenient):
-    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+    session_id: str | None = Field(None, pattern=http.SESSION_ID_PATTERN)
     instance_id: str | None = None
     channel: str | None = None
     metadata: dict[str, Any] | None = None
@@ -147,7 +144,7 @@ def driver_router() -> APIRouter:
     async def session_state(request: Request, session: str) -> Response:
         try:
             check_driver(request)
-            ended = http.service(request).ended.get(session)
+            ended = http.service(request).ended.get(http.checked_session_id(session, "the path"))
         except TitoflowError as exc:
             return errors.OPENAI.response(exc)
         how = {"how": ended.how, "at": ended.event_time} if ended else None
@@ -177,7 +174,11 @@ def router() -> APIRouter:
     # Claude Code probes its base URL (HEAD /sess/<id>) before connecting; SDKs may GET it.
     @routes.api_route("/sess/{session}", methods=["GET", "HEAD"])
     @routes.api_route("/sess/{session}/v1", methods=["GET", "HEAD"])
-    async def base_url(session: str) -> dict[str, str]:
-        return {"session_id": session, "status": "ok"}
+    async def base_url(session: str) -> Response:
+        try:
+            http.checked_session_id(session, "the path")
+        except TitoflowError as exc:
+            return errors.OPENAI.response(exc)
+        return JSONResponse({"session_id": session, "status": "ok"})
 
     return routes

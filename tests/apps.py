@@ -15,11 +15,14 @@ import httpx2
 import uvicorn
 from fastapi import APIRouter, FastAPI
 
+from ingress.app import create_app
 from ingress.chains import ChainStore
+from ingress.control_state import ControlState, PauseGate
 from ingress.service import ChatService, ServiceOptions
-from tests.doubles import RecordingPublisher, ScriptedEngine
+from tests.doubles import RecordingBus, RecordingPublisher, ScriptedEngine
 from tests.families import qwen3
 from titoflow.dev.procs import free_port
+from titoflow.engine.pool import EnginePool
 from titoflow.settings import Settings
 from titoflow.tito.render import ChatRenderer
 
@@ -47,6 +50,25 @@ def scripted_app(
     for make_router in routers:
         app.include_router(make_router())
     return app, engine, publisher
+
+
+def scripted_ingress(
+    settings: Settings, replies: list[str], options: ServiceOptions
+) -> tuple[FastAPI, RecordingPublisher, RecordingBus]:
+    """The whole ingress of :func:`ingress.app.create_app` (every route of both planes, the
+    plane split, its error handlers), its lifespan not run: its service on the scripted engine
+    double, its events and control commands recorded (nothing reaches a broker or an engine;
+    ``/ready`` answers what the unreachable ones make it)."""
+    app = create_app(settings)
+    scripted, _, publisher = scripted_app(replies, [], settings, options)
+    gate = PauseGate(ControlState(), settings.pause_hold_s)
+    bus = RecordingBus(gate.apply)
+    app.state.settings = settings
+    app.state.service = scripted.state.service
+    app.state.control_gate = gate
+    app.state.publisher = bus
+    app.state.engines = EnginePool.from_settings(settings)
+    return app, publisher, bus
 
 
 def asgi_client(app: FastAPI) -> httpx2.AsyncClient:

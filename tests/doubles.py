@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 from ingress.service import SessionEvent
+from schemas.control import AnyControl, control_adapter
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import GenerateParams, Generation, GenerationChunk
 from titoflow.errors import EngineUnavailable, PublishFailed
@@ -107,6 +108,22 @@ class RecordingPublisher:
             self.fail_next = False
             raise PublishFailed("broker down (scripted)")
         self.events.append(event)
+
+
+class RecordingBus:
+    """Stands in for the broker under the admin route (``titoflow.bus.Publisher``'s
+    ``publish``): records each record and hands it, decoded, to ``apply`` at its offset, as the
+    ingress' control follower would, so the route's wait for its replica ends at once."""
+
+    def __init__(self, apply: Callable[[AnyControl, int], None]) -> None:
+        self.records: list[tuple[str, str, bytes]] = []
+        self.apply = apply
+
+    async def publish(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
+        self.records.append((topic, key, value))
+        offset = len(self.records) - 1
+        self.apply(control_adapter.validate_json(value), offset)
+        return 0, offset
 
 
 class StubEngine:

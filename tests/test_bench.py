@@ -72,3 +72,11 @@ def test_assembly_bench_measures_a_step_here_and_against_a_checkout() -> None:
     assert isinstance(rows, list)
     [row] = rows
     assert row["us_per_step"] > 0 and row["against_us_per_step"] > 0 and row["ratio"] > 0
+
+
+def test_edge_cost_bench_times_each_capture_here_and_against_a_checkout() -> None:
+    argv = ["--repeat", "2", "--rounds", "1", "--against", str(ROOT)]
+    rows = run_bench("bench/edge_cost.py", *argv)["rows"]
+    assert isinstance(rows, list) and len(rows) == 10  # nine captures and the long history
+    for row in rows:
+        assert row["us"] > 0 and row["against_us"] > 0 and row["ratio"] > 0

@@ -131,6 +131,14 @@ class Settings(BaseSettings):
         0, description="Steps a session's chain may take; 0: no limit."
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, description="Largest request body accepted.")
+    max_json_depth: int = Field(
+        128,
+        ge=1,
+        le=200,
+        description="Deepest nesting of arrays and objects accepted in a request body (real "
+        "scaffolds send about 12); deeper is a 400. At most 200: events carrying a body's values "
+        "are serialized by encoders that stop at 255 levels.",
+    )
     accepted_models: str = Field(
         "*",
         description="Comma-separated model names clients may ask for; '*' accepts any (scaffolds "
