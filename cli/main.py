@@ -1,5 +1,5 @@
-"""``titoflow`` command line. Every setting is also a flag (``--topic-prefix``...) on the
-commands that read it; flags win over ``TITOFLOW_*`` environment variables.
+"""``titoflow`` command line. Every setting is also a flag (``--topic-prefix``...); a command's
+help lists those it reads, and flags win over ``TITOFLOW_*`` environment variables.
 
 Invariant: a setting no command can work with ends the command with one line naming it and the
 fix (exit status 2), never a traceback; libraries' log lines stay out of the terminal of the
@@ -26,19 +26,20 @@ from titoflow.settings import COMMANDS, PROJECT_ROOT, SettingError, Settings, pl
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    """A flag for each setting ``command`` reads (:data:`titoflow.settings.COMMANDS`)."""
+    """A flag for every setting; help shows those ``command`` reads
+    (:data:`titoflow.settings.COMMANDS`). The others are accepted and unused, as their
+    variables are, so one set of flags serves e.g. a worker and a replay of its segments."""
     group = parser.add_argument_group("settings (also TITOFLOW_<NAME> environment variables)")
     for name, field in Settings.model_fields.items():
-        if command not in COMMANDS[name]:
-            continue
         default = str(field.default).replace(str(PROJECT_ROOT), "<repo>")
+        # argparse formats help with %: a literal one in a description must be doubled.
+        shown = f"{field.description or ''} [default: {default}]".replace("%", "%%")
         group.add_argument(
             f"--{name.replace('_', '-')}",
             dest=f"setting_{name}",
             default=None,
             metavar=placeholder(name),
-            # argparse formats help with %: a literal one in a description must be doubled.
-            help=f"{field.description or ''} [default: {default}]".replace("%", "%%"),
+            help=shown if command in COMMANDS[name] else argparse.SUPPRESS,
         )
 
 
@@ -64,12 +65,16 @@ def _logging(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format)
 
 
+# Libraries' log level in the terminal of a command run by hand, unless one is asked for.
+QUIET_LIBRARIES = "CRITICAL"
+
+
 def _library_level(args: argparse.Namespace) -> str | None:
     """Libraries' log level in the terminal of a command run by hand (up, replay, inspect,
     control): none of their lines (the command says its own failures, in one line), unless a
     log level was asked for; then they log at it as titoflow does. The services' processes log
     everything, to their log files."""
-    return None if _given(args, "log_level") else "CRITICAL"
+    return None if _given(args, "log_level") else QUIET_LIBRARIES
 
 
 def _check_model(settings: Settings, tokenizer_needed: bool) -> None:

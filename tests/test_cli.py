@@ -174,3 +174,23 @@ def test_up_makes_its_driver_token_before_checking_the_settings(tmp_path: Path) 
     token = run_dir / "driver-token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text().strip()) > 30
     assert (notes / "todo.txt").read_text() == "mine\n" and len(list(notes.iterdir())) == 1
+
+
+def test_quiet_libraries_keep_titoflows_own_lines() -> None:
+    """The logging of a hand-run command at its default level: titoflow's INFO lines shown,
+    none of a library's, not even an error (the command says its failures itself)."""
+    code = (
+        "import logging; from titoflow.logs import setup_logging; from cli.main import "
+        "QUIET_LIBRARIES; setup_logging('INFO', 'json', QUIET_LIBRARIES); "
+        "logging.getLogger('titoflow.up').info('ours'); logging.getLogger('httpx').info('x'); "
+        "logging.getLogger('aiokafka').error('y')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=60,
+    )
+    [line] = result.stderr.splitlines()
+    assert '"logger": "titoflow.up"' in line and '"message": "ours"' in line
