@@ -105,6 +105,31 @@ def _check_broker(settings: Settings) -> None:
         )
 
 
+def _engine_urls(settings: Settings) -> list[str]:
+    """The URLs of ``engine_url`` and ``engine_urls`` (none: `up` starts an engine, an ingress
+    may get its engines by control commands)."""
+    from titoflow.engine.pool import parse_engine_specs
+
+    try:
+        return [spec.url for spec in parse_engine_specs(settings)]
+    except ValueError as exc:
+        raise SettingError("TITOFLOW_ENGINE_URLS", str(exc)) from None
+
+
+def _check_hosts(settings: Settings) -> None:
+    """The ingress' bind addresses resolve (the ingress itself binds them at start)."""
+    import socket
+
+    for plane, host in (("INGRESS", settings.ingress_host), ("DRIVER", settings.driver_host)):
+        try:
+            socket.getaddrinfo(host or settings.ingress_host, None)
+        except OSError as exc:
+            raise SettingError(
+                f"TITOFLOW_{plane}_HOST",
+                f"{host!r}: {exc.strerror}: give an address of this machine",
+            ) from None
+
+
 def _check_engines(settings: Settings, urls: list[str]) -> None:
     """Each engine URL is one the engine client can call."""
     from titoflow.engine.http1 import Http1Client
@@ -125,17 +150,12 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ingress.app import create_app
-    from titoflow.engine.pool import parse_engine_specs
 
     settings = _settings(args)
     _logging(settings)
     _check_model(settings, tokenizer_needed=True)
     _check_broker(settings)
-    try:
-        specs = parse_engine_specs(settings)
-    except ValueError as exc:
-        raise SettingError("TITOFLOW_ENGINE_URLS", str(exc)) from None
-    _check_engines(settings, [spec.url for spec in specs])
+    _check_engines(settings, _engine_urls(settings))
     if settings.otel_traces:
         from ingress.tracing import install_otlp_exporter
 
@@ -235,6 +255,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     made_token = secrets.token_urlsafe(32)
     settings = _settings(args, driver_token=made_token)
     setup_logging(settings.log_level, settings.log_format, _library_level(args))
+    # What its services would refuse at their start, said before any starts.
+    _check_engines(settings, _engine_urls(settings))
+    _check_hosts(settings)
     if settings.driver_token == made_token:
         _write_driver_token(args.run_dir, made_token)
     print(

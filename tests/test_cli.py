@@ -108,6 +108,8 @@ BAD_SETTINGS = [
         "TITOFLOW_DRIVER_PORT",
         "own",
     ),
+    ("up", {"TITOFLOW_ENGINE_URLS": "tgi=http://x"}, "TITOFLOW_ENGINE_URLS", "vllm, sglang"),
+    ("up", {"TITOFLOW_DRIVER_HOST": "nowhere.invalid"}, "TITOFLOW_DRIVER_HOST", "address"),
 ]
 EXTRA_ARGS = {
     "replay": ["--out", "/dev/null"],
