@@ -121,12 +121,13 @@ def _check_hosts(settings: Settings) -> None:
     import socket
 
     for plane, host in (("INGRESS", settings.ingress_host), ("DRIVER", settings.driver_host)):
+        address = host or settings.ingress_host
         try:
-            socket.getaddrinfo(host or settings.ingress_host, None)
+            socket.getaddrinfo(address, None)
         except OSError as exc:
             raise SettingError(
                 f"TITOFLOW_{plane}_HOST",
-                f"{host!r}: {exc.strerror}: give an address of this machine",
+                f"{address!r}: {exc.strerror}: give an address of this machine",
             ) from None
 
 
@@ -608,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingError as exc:
         print(f"titoflow {command}: {exc}", file=sys.stderr)
         return 2
-    except (BrokerUnavailable, KafkaError) as exc:  # at start: the broker named is not there
+    except (BrokerUnavailable, KafkaError) as exc:  # no broker answers there: aiokafka's error
         print(
             f"titoflow {command}: the broker (TITOFLOW_BOOTSTRAP_SERVERS): {exc}", file=sys.stderr
         )

