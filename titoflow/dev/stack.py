@@ -146,7 +146,7 @@ class LocalStack:
                 self.settings = self.settings.model_copy(update={"bootstrap_servers": bootstrap})
             asyncio.run(ensure_topics(self.settings))
             if not (self.settings.engine_url or self.settings.engine_urls):
-                build_default_model(self.settings.model_path)
+                build_default_model(self.settings)
                 engine, engine_url = start_vllm(self.settings, log_dir=self.log_dir)
                 port = int(engine_url.rsplit(":", 1)[1])
                 self.supervisor.add(

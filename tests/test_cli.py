@@ -1,0 +1,198 @@
+"""The command line as people meet it: a setting no command can work with is one line naming it
+and the fix (exit status 2, no traceback), libraries' log lines stay out of the terminal, and
+``titoflow <command> --help`` offers exactly the settings that command reads, with readable
+placeholders."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from titoflow.dev.procs import free_port
+from titoflow.settings import COMMANDS, PROJECT_ROOT, Settings
+
+HAND_RUN = ("up", "ingress", "worker", "recompute", "replay", "inspect", "control")
+SERVICES = ("ingress", "worker", "recompute")
+
+
+def titoflow(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``titoflow ARGS`` in a fresh process, with only ``env`` of the TITOFLOW_* variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TITOFLOW_")}
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, "PYTHONPATH": str(PROJECT_ROOT), **env},
+        timeout=120,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str], command: str, status: int = 2) -> str:
+    assert result.returncode == status, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"titoflow {command}: "), result.stderr
+    return lines[0]
+
+
+def test_every_setting_names_the_commands_that_read_it() -> None:
+    assert set(COMMANDS) == set(Settings.model_fields)
+    for name, commands in COMMANDS.items():
+        assert commands and set(commands) <= set(HAND_RUN), name
+        if set(commands) & set(SERVICES):  # `up` passes it to the service it starts
+            assert "up" in commands, name
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["up"],
+        ["ingress"],
+        ["worker"],
+        ["recompute"],
+        ["replay"],
+        ["inspect"],
+        ["control", "resume"],
+    ],
+)
+def test_help_offers_the_settings_its_command_reads(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    settings = shown[shown.index("settings (also TITOFLOW_<NAME>") :]
+    offered = dict(re.findall(r"^  --([a-z0-9-]+) (\S+)", settings, re.MULTILINE))
+    expected = {name for name, commands in COMMANDS.items() if argv[0] in commands}
+    assert set(offered) == {name.replace("_", "-") for name in expected}
+    for flag, shown_value in offered.items():  # <port>, <true|false>, <clamp|refuse>...
+        assert re.fullmatch(r"<[^<>\s]+>", shown_value), (flag, shown_value)
+    assert "typing." not in shown and "Literal[" not in shown and str(PROJECT_ROOT) not in shown
+
+
+def test_each_command_reads_only_its_own() -> None:
+    """Spot checks of the table against what the code reads."""
+    assert "worker" not in COMMANDS["ingress_port"] and "ingress" not in COMMANDS["worker_group"]
+    assert COMMANDS["engine_python"] == ("up",)
+    assert "control" in COMMANDS["steps_partitions"]  # it creates the topics
+    assert "inspect" not in COMMANDS["steps_partitions"]
+
+
+BAD_SETTINGS = [
+    # (command, variables, the setting the line must name, a part of its fix)
+    ("ingress", {"TITOFLOW_INGRESS_PORT": "99999"}, "TITOFLOW_INGRESS_PORT: ", "65535"),
+    ("ingress", {"TITOFLOW_ENGINE_URLS": "tgi=http://x"}, "TITOFLOW_ENGINE_URLS", "vllm, sglang"),
+    ("ingress", {"TITOFLOW_ENGINE_URL": "localhost:8000"}, "TITOFLOW_ENGINE_URL", "http://"),
+    ("ingress", {"TITOFLOW_MODEL_PATH": "/nonexistent"}, "TITOFLOW_MODEL_PATH", "build-model"),
+    ("ingress", {"TITOFLOW_INGRESS_HOST": "nowhere.invalid"}, "TITOFLOW_INGRESS_HOST", "free port"),
+    ("ingress", {"TITOFLOW_IMPLICIT_SESSIONS": "false"}, "TITOFLOW_DRIVER_TOKEN", "set"),
+    ("worker", {"TITOFLOW_BUILD_MODE": "last"}, "TITOFLOW_BUILD_MODE: ", "'concat'"),
+    ("worker", {"TITOFLOW_MODEL_FAMILY": "gpt5"}, "TITOFLOW_MODEL_FAMILY: ", "qwen3"),
+    ("worker", {"TITOFLOW_BOOTSTRAP_SERVERS": ""}, "TITOFLOW_BOOTSTRAP_SERVERS", "host:port"),
+    ("recompute", {"TITOFLOW_ENGINE_URL": ""}, "TITOFLOW_ENGINE_URL", "base URL"),
+    ("replay", {"TITOFLOW_STEPS_PARTITIONS": "eight"}, "TITOFLOW_STEPS_PARTITIONS", "integer"),
+    ("inspect", {"TITOFLOW_BOOTSTRAP_SERVERS": ""}, "TITOFLOW_BOOTSTRAP_SERVERS", "host:port"),
+    ("control", {"TITOFLOW_LOG_FORMAT": "xml"}, "TITOFLOW_LOG_FORMAT: ", "'json'"),
+    ("build-model", {"TITOFLOW_LOG_LEVEL": "LOUD"}, "TITOFLOW_LOG_LEVEL: ", "'DEBUG'"),
+    (
+        "up",
+        {"TITOFLOW_DRIVER_PORT": "7", "TITOFLOW_INGRESS_PORT": "7"},
+        "TITOFLOW_DRIVER_PORT",
+        "own",
+    ),
+    ("up", {"TITOFLOW_ENGINE_URLS": "tgi=http://x"}, "TITOFLOW_ENGINE_URLS", "vllm, sglang"),
+    ("up", {"TITOFLOW_DRIVER_HOST": "nowhere.invalid"}, "TITOFLOW_DRIVER_HOST", "address"),
+]
+EXTRA_ARGS = {
+    "replay": ["--out", "/dev/null"],
+    "inspect": ["--session", "s"],
+    "control": ["resume"],
+}
+
+
+@pytest.mark.parametrize(("command", "env", "named", "fix"), BAD_SETTINGS)
+def test_a_bad_setting_is_one_line_naming_it(
+    command: str,
+    env: dict[str, str],
+    named: str,
+    fix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In this process (a traceback would be this test's error); every other setting a command
+    checks is good, and the unreachable broker and engine are never called: the bad setting
+    stops the command first."""
+    for name in [name for name in os.environ if name.startswith("TITOFLOW_")]:
+        monkeypatch.delenv(name)
+    good = {
+        "TITOFLOW_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port('127.0.0.1')}",
+        "TITOFLOW_ENGINE_URL": "http://127.0.0.1:1",
+    }
+    for name, value in {**good, **env}.items():
+        monkeypatch.setenv(name, value)
+    args = [command, *EXTRA_ARGS.get(command, [])]
+    if command == "up":
+        args += ["--run-dir", str(tmp_path)]
+    assert main(args) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"titoflow {command}: "), lines
+    assert named in lines[0] and fix in lines[0], lines[0]
+
+
+def test_an_unreachable_broker_is_one_line_without_library_logs() -> None:
+    """aiokafka's own error lines about the connection stay out of the terminal."""
+    broker = f"127.0.0.1:{free_port('127.0.0.1')}"
+    line = one_line(titoflow("control", "resume", TITOFLOW_BOOTSTRAP_SERVERS=broker), "control", 1)
+    assert broker in line, line
+    asked = titoflow("control", "resume", "--log-level", "ERROR", TITOFLOW_BOOTSTRAP_SERVERS=broker)
+    assert '"logger": "aiokafka"' in asked.stderr  # shown when a log level is asked for
+
+
+def test_up_makes_its_driver_token_before_checking_the_settings(tmp_path: Path) -> None:
+    """Compose's posture (no implicit sessions) needs a driver token, which `up` makes: the run
+    goes on to the model, refused here since the directory is not one (a cheap stop)."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine\n")
+    run_dir = tmp_path / "run"
+    result = titoflow(
+        "up",
+        "--run-dir",
+        str(run_dir),
+        TITOFLOW_IMPLICIT_SESSIONS="false",
+        TITOFLOW_MODEL_PATH=str(notes),
+    )
+    line = one_line(result, "up")
+    assert line.startswith(f"titoflow up: TITOFLOW_MODEL_PATH: {notes} holds files"), line
+    token = run_dir / "driver-token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text().strip()) > 30
+    assert (notes / "todo.txt").read_text() == "mine\n" and len(list(notes.iterdir())) == 1
+
+
+def test_quiet_libraries_keep_titoflows_own_lines() -> None:
+    """The logging of a hand-run command at its default level: titoflow's INFO lines shown,
+    none of a library's, not even an error (the command says its failures itself)."""
+    code = (
+        "import logging; from titoflow.logs import setup_logging; from cli.main import "
+        "QUIET_LIBRARIES; setup_logging('INFO', 'json', QUIET_LIBRARIES); "
+        "logging.getLogger('titoflow.up').info('ours'); logging.getLogger('httpx').info('x'); "
+        "logging.getLogger('aiokafka').error('y')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        timeout=60,
+    )
+    [line] = result.stderr.splitlines()
+    assert '"logger": "titoflow.up"' in line and '"message": "ours"' in line
