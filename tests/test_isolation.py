@@ -12,14 +12,11 @@ import time
 
 import httpx
 import orjson
-import pytest
 from openai import AsyncOpenAI
 
 from ingress import metrics, openai_chat
 from ingress.service import ServiceOptions
 from tests.apps import scripted_app, serving
-from tests.families import qwen3
-from titoflow.tito.render import ChatRenderer
 
 CONTEXT = 32_768
 SMALL_TURNS = 12
@@ -94,23 +91,15 @@ async def test_small_turns_go_on_while_huge_requests_are_processed() -> None:
     assert metrics.EARLY_CONTEXT_REFUSALS._value.get() == early + 1
     tool_seconds = tool_end - tool_start
     beside = [end - start for start, end in during if start < tool_end]
-    # The bound: a small turn beside the huge ones takes at most 0.75 s or 10x its usual median,
-    # whichever is larger (measured: 0.1-0.2 s, 0.54 s at worst, on two cores under a load of 6,
-    # where the usual turn took 20-40 ms; what remains is the huge bodies' parsing and the
-    # tokenizer's end of work, which hold the GIL). Tokenizing the tool result takes seconds
-    # (checked), so a turn that waited for it breaks the bound: before this change, 3-15 s.
-    bound = max(0.75, 10 * statistics.median(usual))
-    assert tool_seconds > 2 * bound, f"the huge tool result took only {tool_seconds:.2f} s"
+    # The bound: a small turn beside the huge ones takes at most a third of the time the tool
+    # result took to be tokenized and refused, which is itself long against a usual turn
+    # (checked): a turn that waited for that work, as every turn did before this change, breaks
+    # it. Measured: 0.1-0.2 s beside (0.54 s at worst, under a load of 6, where the tool result
+    # took 4-6 s; 1.2 s on a quiet machine), usual turns 20-40 ms; what remains is the huge
+    # bodies' parsing and the tokenizer's end of work, which hold the GIL.
+    assert tool_seconds > 15 * statistics.median(usual), (tool_seconds, usual)
+    bound = tool_seconds / 3
     assert len(beside) >= 3, beside
     assert max(beside) < bound, (beside, usual, tool_seconds)
     # Refused requests publish nothing: one step per small turn.
     assert len(publisher.events) == len(usual) + len(during)
-
-
-@pytest.mark.parametrize("family", ["qwen3"])
-def test_the_lower_bound_never_exceeds_the_token_count(family: str) -> None:
-    """Spot checks of the bound on texts built to be dense for the tokenizer (the property
-    over every family's tokenizer is tests/tito/test_tokenizer_bound.py)."""
-    renderer = ChatRenderer(qwen3())
-    for text in ("-" * 5000, " " * 5000, "é" * 300, "e\u0301" * 300, _text(0.01)):
-        assert renderer.min_tokens(text) <= len(renderer.encode(text))
