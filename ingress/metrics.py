@@ -72,3 +72,10 @@ NOT_APPEND_ONLY = Counter(
     "once the new messages follow, e.g. moves a later system message up front): rendered in "
     "full as a new chain, so the worker starts a new segment.",
 )
+REFUSALS = Counter(
+    "titoflow_ingress_refusals_total",
+    "Requests refused before the status line, by reason: the error code, or overloaded_replica "
+    "/ overloaded_engine (generations in flight at their bound), budget_turns / budget_tokens / "
+    "budget_wall_s (a session's budget used up).",
+    ["reason"],
+)

@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description="Calls in flight on one engine from which further calls go to the session's "
         "next engine (the least loaded when all are this busy); 0: no limit.",
     )
+    engine_in_flight_limit: int = Field(
+        0,
+        description="Calls in flight on one engine beyond which a call is refused (429, "
+        "Anthropic 529, with Retry-After) when every engine that could take it is this busy; "
+        "0: no limit.",
+    )
     engine_health_interval_s: float = Field(
         5.0,
         description="Seconds between health probes of each engine. A failed call marks an "
@@ -129,6 +135,14 @@ class Settings(BaseSettings):
     )
     max_steps_per_session: int = Field(
         0, description="Steps a session's chain may take; 0: no limit."
+    )
+    max_in_flight: int = Field(
+        0,
+        description="Generations in flight on one ingress replica beyond which a call is "
+        "refused at once, before rendering (429, Anthropic 529, with Retry-After); 0: no bound.",
+    )
+    overload_retry_after_s: int = Field(
+        1, ge=1, description="The Retry-After, in seconds, of a call refused for overload."
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, description="Largest request body accepted.")
     accepted_models: str = Field(

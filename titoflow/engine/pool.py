@@ -6,8 +6,10 @@ stays in one engine's cache, and adding or draining an engine moves only the ses
 ranked it first. Fallback, in the session's own ranking order (a sticky second choice): past an
 engine that is unhealthy (a failed call, or a failed ``/health`` probe), or overloaded (more
 calls in flight than ``max_in_flight``); when every healthy engine is overloaded, the least
-loaded one. A call that fails before the engine produced anything (unreachable, 502/503/504) is
-retried on the next engine; a stream that already yielded tokens is not.
+loaded one, unless it is at ``in_flight_limit``: then the call is refused
+(:class:`~titoflow.errors.Overloaded`) before any engine sees it. A call that fails before the
+engine produced anything (unreachable, 502/503/504) is retried on the next engine; a stream
+that already yielded tokens is not.
 
 Run time changes (:meth:`EnginePool.add`, :meth:`drain`, :meth:`remove`) are idempotent and
 take effect at once (no await between them), so replaying them in order (a replica reading the
@@ -34,7 +36,7 @@ from schemas.control import Backend
 from titoflow.engine.api import Engine, GenerateParams, Generation, GenerationChunk
 from titoflow.engine.sglang import SGLangEngine
 from titoflow.engine.vllm import VLLMEngine
-from titoflow.errors import EngineUnavailable
+from titoflow.errors import EngineUnavailable, Overloaded
 from titoflow.settings import Settings
 
 log = logging.getLogger("titoflow.engines")
@@ -139,9 +141,13 @@ class EnginePool:
         make: Callable[[EngineSpec], Engine],
         max_in_flight: int = 0,
         health_interval_s: float = 5.0,
+        in_flight_limit: int = 0,
+        retry_after_s: int = 1,
     ) -> None:
         self._make = make
         self.max_in_flight = max_in_flight
+        self.in_flight_limit = in_flight_limit
+        self.retry_after_s = retry_after_s
         self.health_interval_s = health_interval_s
         self._members: dict[str, _Member] = {}
         self._health_task: asyncio.Task[None] | None = None
@@ -156,6 +162,8 @@ class EnginePool:
             lambda spec: make_engine(spec, settings),
             settings.engine_max_in_flight,
             settings.engine_health_interval_s,
+            settings.engine_in_flight_limit,
+            settings.overload_retry_after_s,
         )
 
     # --- run-time changes -------------------------------------------------------------------
@@ -240,6 +248,13 @@ class EnginePool:
         else:
             idle = [m for m in healthy if not self._overloaded(m)]
             chosen = idle[0] if idle else min(healthy, key=lambda m: m.in_flight)
+            if self.in_flight_limit and chosen.in_flight >= self.in_flight_limit:
+                raise Overloaded(
+                    f"every engine has {self.in_flight_limit} calls in flight, their bound "
+                    "(TITOFLOW_ENGINE_IN_FLIGHT_LIMIT): retry after the Retry-After seconds",
+                    "engine",
+                    self.retry_after_s,
+                )
         first = ranked[0]
         if chosen is not first:
             reason = (
