@@ -5,6 +5,8 @@ Invariants:
   window, this replica's bound on generations in flight, a pause held past its time, with
   partial rollout off weights other than those the chain started on) is raised before the
   engine is called, so a refused call publishes nothing and leaves every chain as it was.
+- The engines' bound is asked here too, before rendering, so that a stream is refused before
+  its status line (the pool asks again when it picks an engine, the last word).
 - A call admitted holds one :class:`Slot` of :class:`InFlight` until it ends, however it ends
   (answered, failed, cancelled, its stream dropped): the slot's release is idempotent and the
   service releases it on every path. A call beyond the bound is refused at once (429/529 with
@@ -43,6 +45,12 @@ class Control(Protocol):
     def version(self) -> str | None: ...
 
     async def admit(self) -> None: ...
+
+
+class Capacity(Protocol):
+    """The engines' room as admission sees it (:class:`titoflow.engine.pool.EnginePool`)."""
+
+    def check_room(self) -> None: ...
 
 
 class Slot:
@@ -93,12 +101,15 @@ class Admission:
     # Unbounded unless the service is given the replica's (tests and benchmarks).
     budgets: SessionBudgets = field(default_factory=lambda: SessionBudgets(sys.maxsize))
     in_flight: InFlight = field(default_factory=lambda: InFlight(0))
+    engines: Capacity | None = None  # None: the engines' room is not bounded
 
     def enter(self, session_id: str, turn: int | None) -> Slot:
         """Admit a call of ``session_id`` (its ``turn``-th, None if not known before it is
         prepared) within its budget and this replica's bound: before any rendering, so a refusal
         costs next to nothing. The caller releases the slot when the call ends."""
         self.budgets.check(session_id, turn, time.time())
+        if self.engines is not None:
+            self.engines.check_room()
         return self.in_flight.acquire()
 
     def fit_budget(self, call: PreparedCall[R]) -> PreparedCall[R]:

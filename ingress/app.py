@@ -117,6 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
             control=gate,
             ended=ended,
             budgets=budgets,
+            capacity=pool,
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates

@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 
-from ingress.admission import Admission, Control, InFlight, Slot, turn_number
+from ingress.admission import Admission, Capacity, Control, InFlight, Slot, turn_number
 from ingress.budgets import SessionBudgets
 from ingress.chains import ChainStore
 from ingress.detokenize import Decoder
@@ -76,6 +76,7 @@ class ChatService:
         control: Control | None = None,
         ended: EndedSessions | None = None,
         budgets: SessionBudgets | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
@@ -89,7 +90,7 @@ class ChatService:
         self.ended = ended if ended is not None else EndedSessions(kept=sys.maxsize)
         self.budgets = budgets if budgets is not None else SessionBudgets(kept=sys.maxsize)
         in_flight = InFlight(options.max_in_flight, options.retry_after_s)
-        self.admission = Admission(options, control, self.ended, self.budgets, in_flight)
+        self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
         recorder = StepRecorder(publish, chains, renderer.end_ids)
         self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)

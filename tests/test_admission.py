@@ -26,16 +26,19 @@ from ingress import anthropic_messages, openai_chat, session_routes
 from ingress.admission import InFlight
 from ingress.app import create_app
 from ingress.budgets import SessionBudgets
-from ingress.service import ChatService, ServiceOptions, TokensSampled
+from ingress.chains import ChainStore
+from ingress.service import ChatService, ServiceOptions, TokensSampled, TurnDone
 from ingress.turn import ChatTurn, SessionRef
 from schemas.events import SessionBudget, SessionBudgeted, SessionOpened, StepRecorded
 from tests.apps import asgi_client, scripted_app, serving, until
-from tests.doubles import RecordingPublisher, ScriptedEngine
+from tests.doubles import RecordingPublisher, ScriptedEngine, StubEngine
 from tests.families import qwen3
 from titoflow.engine.api import GenerateParams, Generation, GenerationChunk
+from titoflow.engine.pool import EnginePool, EngineSpec
 from titoflow.errors import EngineError, Overloaded, SessionBudgetExceeded
 from titoflow.settings import Settings
 from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
 
 REPLY = "Fine, thanks.<|im_end|>"
 ROUTERS = [
@@ -234,6 +237,35 @@ async def _run_fates(fates: list[str], limit: int) -> None:
 @given(fates=st.lists(st.sampled_from(FATES), min_size=1, max_size=8), limit=st.integers(1, 4))
 def test_every_call_frees_its_slot_whatever_its_fate(fates: list[str], limit: int) -> None:
     asyncio.run(_run_fates(fates, limit))
+
+
+async def test_a_stream_no_engine_has_room_for_is_refused_before_its_status_line() -> None:
+    """The engines' bound is asked at admission: a stream is refused by open_stream (the
+    adapter's 429/529), not by an error event after a 200."""
+    stub = StubEngine("http://a")
+    pool = EnginePool([EngineSpec(stub.url)], lambda _: stub, in_flight_limit=1)
+    tokenizer, publisher = qwen3(), RecordingPublisher()
+    service = ChatService(
+        ChatRenderer(tokenizer),
+        tokenizer,
+        pool,
+        publisher,
+        ChainStore(10),
+        ServiceOptions(max_model_len=4096, default_max_tokens=8),
+        capacity=pool,
+    )
+    stub.release.clear()
+    held = asyncio.create_task(service.complete(turn("held")))
+    await until(lambda: _true(len(stub.calls) == 1), "one call at the engine", 10)
+    with pytest.raises(Overloaded) as refused:
+        await service.open_stream(turn("streamed"))
+    assert refused.value.reason == "overloaded_engine"
+    assert stub.calls == ["held"] and service.admission.in_flight.count == 1
+    stub.release.set()
+    await held
+    assert stepped(publisher) == ["held"]
+    _, events = await service.open_stream(turn("streamed"))
+    assert isinstance([e async for e in events][-1], TurnDone)
 
 
 # --- in flight, over HTTP with the official SDKs -------------------------------------------------

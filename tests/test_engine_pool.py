@@ -140,6 +140,8 @@ async def test_a_call_no_engine_has_room_for_is_refused_before_any_engine_sees_i
     held = [asyncio.create_task(served_by(pool, s)) for s in SESSIONS[:4]]
     await asyncio.sleep(0)
     assert sorted(s.in_flight for s in pool.status()) == [2, 2]
+    with pytest.raises(Overloaded):
+        pool.check_room()  # what the ingress asks before it renders
     calls = sum(len(stub.calls) for stub in stubs.values())
     with pytest.raises(Overloaded) as refused:
         await served_by(pool, SESSIONS[4])
@@ -150,6 +152,7 @@ async def test_a_call_no_engine_has_room_for_is_refused_before_any_engine_sees_i
     for stub in stubs.values():
         stub.release.set()
     await asyncio.gather(*held)
+    pool.check_room()
     assert await served_by(pool, SESSIONS[4]) in {"http://a", "http://b"}  # room again
 
 

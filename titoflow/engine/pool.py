@@ -249,12 +249,7 @@ class EnginePool:
             idle = [m for m in healthy if not self._overloaded(m)]
             chosen = idle[0] if idle else min(healthy, key=lambda m: m.in_flight)
             if self.in_flight_limit and chosen.in_flight >= self.in_flight_limit:
-                raise Overloaded(
-                    f"every engine has {self.in_flight_limit} calls in flight, their bound "
-                    "(TITOFLOW_ENGINE_IN_FLIGHT_LIMIT): retry after the Retry-After seconds",
-                    "engine",
-                    self.retry_after_s,
-                )
+                raise self._overloaded_error()
         first = ranked[0]
         if chosen is not first:
             reason = (
@@ -266,6 +261,23 @@ class EnginePool:
             )
             FALLBACKS.labels(reason).inc()
         return chosen
+
+    def check_room(self) -> None:
+        """Refuse (:class:`Overloaded`) when every healthy serving engine is at
+        ``in_flight_limit``: the ingress asks before it renders, so that the refusal is cheap
+        and comes before a stream's status line; the choice of an engine asks again."""
+        healthy = [m for m in self._members.values() if m.serving and m.healthy]
+        limit = self.in_flight_limit
+        if limit and healthy and all(m.in_flight >= limit for m in healthy):
+            raise self._overloaded_error()
+
+    def _overloaded_error(self) -> Overloaded:
+        return Overloaded(
+            f"every engine has {self.in_flight_limit} calls in flight, their bound "
+            "(TITOFLOW_ENGINE_IN_FLIGHT_LIMIT): retry after the Retry-After seconds",
+            "engine",
+            self.retry_after_s,
+        )
 
     def _overloaded(self, member: _Member) -> bool:
         return bool(self.max_in_flight) and member.in_flight >= self.max_in_flight
