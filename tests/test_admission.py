@@ -33,6 +33,7 @@ from schemas.events import SessionBudget, SessionBudgeted, SessionOpened, StepRe
 from tests.apps import asgi_client, scripted_app, serving, until
 from tests.doubles import RecordingPublisher, ScriptedEngine, StubEngine
 from tests.families import qwen3
+from titoflow.client.rollout import RolloutClient
 from titoflow.engine.api import GenerateParams, Generation, GenerationChunk
 from titoflow.engine.pool import EnginePool, EngineSpec
 from titoflow.errors import EngineError, Overloaded, SessionBudgetExceeded
@@ -490,11 +491,8 @@ async def test_a_budget_set_on_one_replica_holds_on_another(settings: Settings) 
             service: ChatService = app.state.service
             engine = ScriptedEngine(qwen3(), [REPLY] * 4)
             service.runner = replace(service.runner, engine=engine)
-        async with httpx.AsyncClient(timeout=30) as http:
-            opened = await http.post(
-                f"{one}/v1/sessions", json={"session_id": "moved", "budget": {"turns": 1}}
-            )
-            assert opened.status_code == 200, opened.text
+        async with RolloutClient(one, settings) as driver:
+            await driver.open(session_id="moved", budget={"turns": 1})
             budgets: SessionBudgets = second.state.service.budgets
             await until(lambda: _true(budgets.get("moved") is not None), "the budget followed")
             client = openai.AsyncOpenAI(base_url=f"{two}/sess/moved/v1", api_key="k")
