@@ -9,7 +9,8 @@ Invariants:
   admin routes), Anthropic's ``{"type": "error", "error": {type, message}}``; inside a stream,
   after the status line, the event that API's SDKs read as an error. A request no route took
   (unknown path, method, plane, or a bug) is answered in the shape its path belongs to.
-- A retryable error carries ``Retry-After`` (the error's ``retry_after_s``).
+- A retryable error carries ``Retry-After`` (the error's ``retry_after_s``); a refusal no retry
+  can change (a 4xx) says ``x-should-retry: false``.
 - Every refusal answered before the status line (a 4xx by the domain's status: bad input,
   ended sessions, budgets, overload; Anthropic's 529 for overload included) is counted in
   ``titoflow_ingress_refusals_total`` by its reason.
@@ -79,12 +80,17 @@ class ErrorShape:
         if status_of(error) < 500:  # a refusal, not a failure (those have their own counters)
             metrics.REFUSALS.labels(error.reason).inc()
         headers = {"retry-after": str(error.retry_after_s)} if error.retryable else None
+        if status_of(error) < 500 and not error.retryable:
+            # The SDKs (openai, anthropic, Claude Code's, OpenCode's) obey it over their status
+            # rules, which retry a 409 (an ended session) that no retry can change.
+            headers = {"x-should-retry": "false"}
         return JSONResponse(self.body(error), status_code=self.status(error), headers=headers)
 
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     409: "invalid_request_error",
     413: "invalid_request_error",

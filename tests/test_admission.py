@@ -1,7 +1,7 @@
 """Admission control and session budgets (issue 26, part 3) on the SCRIPTED ENGINE DOUBLE,
 in-process: the bound on generations in flight (a fast 429 / Anthropic 529 with Retry-After,
 nothing published, its slot freed on every path, streams cut mid-way included) and the budgets a
-rollout driver sets at open (a 400 neither official SDK retries), as the openai and anthropic
+rollout driver sets at open (a 403 no scaffold retries), as the openai and anthropic
 SDKs see them; the budget on a second replica, through the real broker. The engine's own bound
 (the pool's): tests/test_engine_pool.py."""
 
@@ -389,7 +389,7 @@ async def open_with(app: Any, session: str, **budget: float) -> None:
     assert answer.status_code == 200, answer.text
 
 
-async def test_a_turn_budget_ends_in_a_400_the_openai_sdk_does_not_retry() -> None:
+async def test_a_turn_budget_ends_in_a_403_the_openai_sdk_does_not_retry() -> None:
     app, engine, publisher = gated_app(0)
     engine.gate.set()
     await open_with(app, "t", turns=1)
@@ -402,11 +402,13 @@ async def test_a_turn_budget_ends_in_a_400_the_openai_sdk_does_not_retry() -> No
     again.append({"role": "user", "content": "and now?"})
     sent = http.sent
     for stream in (False, True):
-        with pytest.raises(openai.BadRequestError) as refused:
+        with pytest.raises(openai.PermissionDeniedError) as refused:
             await client.chat.completions.create(model="m", messages=again, stream=stream)
+        assert refused.value.response.headers["x-should-retry"] == "false"
         error = refused.value.body
         assert isinstance(error, dict)
-        assert (error["code"], error["param"]) == ("session_budget_exceeded", "budget.turns")
+        assert (error["type"], error["code"]) == ("permission_error", "session_budget_exceeded")
+        assert error["param"] == "budget.turns"
         assert error["budget"] == {"name": "turns", "limit": 1, "used": 1}
         assert "used up its budget of 1 turns" in error["message"]
     assert http.sent == sent + 2  # one request each: not retried
@@ -440,12 +442,12 @@ async def test_token_and_wall_budgets_through_the_anthropic_sdk() -> None:
     assert (clamped.usage.output_tokens, clamped.stop_reason) == (2, "max_tokens")
     longer = [*ask, {"role": "assistant", "content": "Fine"}, {"role": "user", "content": "go"}]
     sent = http.sent
-    with pytest.raises(anthropic.BadRequestError) as refused:
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
         await sdk.messages.create(model="m", max_tokens=32, messages=longer)
-    assert http.sent == sent + 1  # the anthropic SDK does not retry a 400 either
+    assert http.sent == sent + 1  # the anthropic SDK does not retry a 403 either
     body = refused.value.body
     assert isinstance(body, dict) and body["type"] == "error"
-    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["type"] == "permission_error"
     assert f"used up its budget of {prompt + 2} tokens" in body["error"]["message"]
 
     await open_with(app, "wall", wall_s=30)
@@ -456,7 +458,7 @@ async def test_token_and_wall_budgets_through_the_anthropic_sdk() -> None:
     )
     await walled.messages.create(model="m", max_tokens=8, messages=ask)
     service.budgets.record(budgeted.model_copy(update={"event_time": time.time() - 31}))
-    with pytest.raises(anthropic.BadRequestError, match="wall-time budget of 30 s"):
+    with pytest.raises(anthropic.PermissionDeniedError, match="wall-time budget of 30 s"):
         await walled.messages.create(model="m", max_tokens=8, messages=ask, stream=True)
     assert stepped(publisher) == ["free", "tok", "wall"]
 
@@ -500,6 +502,6 @@ async def test_a_budget_set_on_one_replica_holds_on_another(settings: Settings) 
             answer = await client.chat.completions.create(model="m", messages=ask)
             ask += [{"role": "assistant", "content": answer.choices[0].message.content}]
             ask += [{"role": "user", "content": "more"}]
-            with pytest.raises(openai.BadRequestError, match="budget of 1 turns"):
+            with pytest.raises(openai.PermissionDeniedError, match="budget of 1 turns"):
                 await client.chat.completions.create(model="m", messages=ask)
             await client.close()

@@ -64,26 +64,6 @@ class SessionStepLimit(InvalidRequest):
     code = "session_step_limit"
 
 
-class SessionBudgetExceeded(InvalidRequest):
-    """The session used up a budget the rollout driver set when it opened it (turns, tokens,
-    wall time). Not retryable: no retry of the same call can fit; the driver ends the session."""
-
-    code = "session_budget_exceeded"
-
-    def __init__(self, message: str, budget: str, limit: float, used: float) -> None:
-        super().__init__(message, f"budget.{budget}")
-        self.budget = budget
-        self.limit = limit
-        self.used = used
-
-    def details(self) -> dict[str, Any]:
-        return {"budget": {"name": self.budget, "limit": self.limit, "used": self.used}}
-
-    @property
-    def reason(self) -> str:
-        return f"budget_{self.budget}"
-
-
 class UnknownModel(TitoflowError):
     code = "model_not_found"
 
@@ -175,3 +155,24 @@ class Forbidden(TitoflowError):
     """A valid credential used beyond what it covers (another session's routes)."""
 
     code = "forbidden"
+
+
+class SessionBudgetExceeded(Forbidden):
+    """The session used up a budget the rollout driver set when it opened it (turns, tokens,
+    wall time): its credential covers no more calls. Not retryable: no retry of the same call
+    can fit; the driver ends the session."""
+
+    code = "session_budget_exceeded"
+
+    def __init__(self, message: str, budget: str, limit: float, used: float) -> None:
+        super().__init__(message, f"budget.{budget}")
+        self.budget = budget
+        self.limit = limit
+        self.used = used
+
+    def details(self) -> dict[str, Any]:
+        return {"budget": {"name": self.budget, "limit": self.limit, "used": self.used}}
+
+    @property
+    def reason(self) -> str:
+        return f"budget_{self.budget}"
