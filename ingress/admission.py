@@ -9,7 +9,7 @@ Invariants:
   its status line (the pool asks again when it picks an engine, the last word).
 - A call admitted holds one :class:`Slot` of :class:`InFlight` until it ends, however it ends
   (answered, failed, cancelled, its stream dropped): the slot's release is idempotent and the
-  service releases it on every path. A call beyond the bound is refused at once (429/529 with
+  service releases it on every path. A call beyond the bound is refused at once (429 with
   ``Retry-After``), not queued: the engine queues already, and every scaffold's SDK retries.
 """
 

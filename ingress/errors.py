@@ -12,7 +12,7 @@ Invariants:
 - A retryable error carries ``Retry-After`` (the error's ``retry_after_s``); a refusal no retry
   can change (a 4xx) says ``x-should-retry: false``.
 - Every refusal answered before the status line (a 4xx by the domain's status: bad input,
-  ended sessions, budgets, overload; Anthropic's 529 for overload included) is counted in
+  ended sessions, budgets, overload) is counted in
   ``titoflow_ingress_refusals_total`` by its reason.
 """
 
@@ -127,6 +127,11 @@ _ANTHROPIC_TYPES = {
 
 
 def _anthropic_status_and_type(error: TitoflowError) -> tuple[int, str]:
+    if isinstance(error, Overloaded):
+        # Not 529: Claude Code drops a 529 of its background queries unretried and gives up
+        # after three when a fallback model is set; a 429 it retries (API key, not claude.ai
+        # login) up to CLAUDE_CODE_MAX_RETRIES, as litellm-based scaffolds retry a rate limit.
+        return 429, "rate_limit_error"
     if error.retryable:  # 529 is what Claude Code and the SDKs retry with backoff
         return 529, "overloaded_error"
     status = status_of(error)

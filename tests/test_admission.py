@@ -1,5 +1,5 @@
 """Admission control and session budgets (issue 26, part 3) on the SCRIPTED ENGINE DOUBLE,
-in-process: the bound on generations in flight (a fast 429 / Anthropic 529 with Retry-After,
+in-process: the bound on generations in flight (a fast 429 in each API's shape, Retry-After,
 nothing published, its slot freed on every path, streams cut mid-way included) and the budgets a
 rollout driver sets at open (a 403 no scaffold retries), as the openai and anthropic
 SDKs see them; the budget on a second replica, through the real broker. The engine's own bound
@@ -242,7 +242,7 @@ def test_every_call_frees_its_slot_whatever_its_fate(fates: list[str], limit: in
 
 async def test_a_stream_no_engine_has_room_for_is_refused_before_its_status_line() -> None:
     """The engines' bound is asked at admission: a stream is refused by open_stream (the
-    adapter's 429/529), not by an error event after a 200."""
+    adapter's 429), not by an error event after a 200."""
     stub = StubEngine("http://a")
     pool = EnginePool([EngineSpec(stub.url)], lambda _: stub, in_flight_limit=1)
     tokenizer, publisher = qwen3(), RecordingPublisher()
@@ -317,7 +317,7 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_anthropic_clients_get_529_overloaded_with_retry_after() -> None:
+async def test_anthropic_clients_get_429_rate_limit_error_with_retry_after() -> None:
     app, engine, publisher = gated_app(1)
     held = asyncio.create_task(
         openai.AsyncOpenAI(
@@ -329,17 +329,17 @@ async def test_anthropic_clients_get_529_overloaded_with_retry_after() -> None:
         base_url="http://ingress/sess/a", api_key="k", http_client=asgi_client(app), max_retries=0
     )
     for stream in (False, True):
-        with pytest.raises(anthropic.OverloadedError) as refused:
+        with pytest.raises(anthropic.RateLimitError) as refused:
             await sdk.messages.create(
                 model="m",
                 max_tokens=16,
                 messages=[{"role": "user", "content": "hi"}],
                 stream=stream,
             )
-        assert refused.value.status_code == 529
+        assert refused.value.status_code == 429
         assert refused.value.response.headers["retry-after"] == "1"
         body = refused.value.body
-        assert isinstance(body, dict) and body["error"]["type"] == "overloaded_error"
+        assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error"
     engine.gate.set()
     await held
     assert stepped(publisher) == ["h"]

@@ -73,9 +73,8 @@ class Settings(BaseSettings):
     )
     engine_in_flight_limit: int = Field(
         0,
-        description="Calls in flight on one engine beyond which a call is refused (429, "
-        "Anthropic 529, with Retry-After) when every engine that could take it is this busy; "
-        "0: no limit.",
+        description="Calls in flight on one engine beyond which a call is refused (429, with "
+        "Retry-After) when every engine that could take it is this busy; 0: no limit.",
     )
     engine_health_interval_s: float = Field(
         5.0,
@@ -139,7 +138,7 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(
         0,
         description="Generations in flight on one ingress replica beyond which a call is "
-        "refused at once, before rendering (429, Anthropic 529, with Retry-After); 0: no bound.",
+        "refused at once, before rendering (429, with Retry-After); 0: no bound.",
     )
     overload_retry_after_s: int = Field(
         1, ge=1, description="The Retry-After, in seconds, of a call refused for overload."
