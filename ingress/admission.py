@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -103,10 +104,11 @@ class Admission:
     in_flight: InFlight = field(default_factory=lambda: InFlight(0))
     engines: Capacity | None = None  # None: the engines' room is not bounded
 
-    def enter(self, session_id: str, turn: int | None) -> Slot:
-        """Admit a call of ``session_id`` (its ``turn``-th, None if not known before it is
-        prepared) within its budget and this replica's bound: before any rendering, so a refusal
-        costs next to nothing. The caller releases the slot when the call ends."""
+    def enter(self, session_id: str, turn: Callable[[], int]) -> Slot:
+        """Admit a call of ``session_id`` (its ``turn()``-th in its conversation, counted only
+        for a session with a turn budget) within its budget and the bounds on calls in flight:
+        before any rendering, so a refusal costs next to nothing. The caller releases the slot
+        when the call ends."""
         self.budgets.check(session_id, turn, time.time())
         if self.engines is not None:
             self.engines.check_room()

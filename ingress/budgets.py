@@ -11,6 +11,7 @@ record is bounded (the most recent budgets), like :class:`~ingress.ended_session
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from schemas.events import SessionBudgeted
 from titoflow.errors import SessionBudgetExceeded
@@ -30,9 +31,9 @@ class SessionBudgets:
     def get(self, session_id: str) -> SessionBudgeted | None:
         return self._budgets.get(session_id)
 
-    def check(self, session_id: str, turn: int | None, now: float) -> None:
-        """Refuse the session's ``turn``-th call (None: not known yet) past its turn or wall-time
-        budget."""
+    def check(self, session_id: str, turn: Callable[[], int], now: float) -> None:
+        """Refuse the session's ``turn()``-th call past its turn or wall-time budget (``turn``
+        is called only for a session with a turn budget: it reads the whole history)."""
         held = self._budgets.get(session_id)
         if held is None:
             return
@@ -45,12 +46,12 @@ class SessionBudgets:
                 budget.wall_s,
                 round(now - held.event_time, 3),
             )
-        if turn is not None and budget.turns is not None and turn > budget.turns:
+        if budget.turns is not None and (number := turn()) > budget.turns:
             raise SessionBudgetExceeded(
                 f"session {session_id} used up its budget of {budget.turns} turns",
                 "turns",
                 budget.turns,
-                turn - 1,
+                number - 1,
             )
 
     def max_tokens(self, session_id: str, wanted: int, prompt_len: int) -> int:

@@ -104,7 +104,7 @@ class ChatService:
         return len(self.renderer.full_prompt(turn.messages, turn.tools, turn.template_kwargs))
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
-        slot = self.admission.enter(turn.session.session_id, turn_number(turn))
+        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
         try:
             with self.tracer.call(turn.api, turn.session.session_id) as span:
                 call = self.admission.fit_budget(self._prepare(turn))
@@ -117,7 +117,7 @@ class ChatService:
         bad tool_choice, paused past the hold time) raise here, before an adapter commits to a
         200; the events are deltas as the engine samples, then :class:`TurnDone` once the step
         is durable. The turn's slot in flight is released when the stream ends, however."""
-        slot = self.admission.enter(turn.session.session_id, turn_number(turn))
+        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
         try:
             call = self.admission.fit_budget(self._prepare(turn))
             version = await self._admit(call)
@@ -136,7 +136,7 @@ class ChatService:
         with self.tracer.call("generate", call.session.session_id) as span:
             prepared = self.prompts.for_tokens(call)  # no render: its turn is its chain's depth
             depth = prepared.parent.depth if prepared.parent else 0
-            slot = self.admission.enter(call.session.session_id, depth + 1)
+            slot = self.admission.enter(call.session.session_id, lambda: depth + 1)
             try:
                 prepared = self.admission.fit_budget(prepared)
                 return await self.runner.tokens(prepared, await self._admit(prepared), span)

@@ -152,19 +152,19 @@ def test_budgets_read_what_a_call_used_from_the_call() -> None:
     opened = 1000.0
     budget = SessionBudget(turns=3, tokens=100, wall_s=60)
     budgets.record(SessionBudgeted(session_id="s", event_time=opened, budget=budget))
-    budgets.check("s", 3, opened + 59)  # the third turn, within the minute
+    budgets.check("s", lambda: 3, opened + 59)  # the third turn, within the minute
     with pytest.raises(SessionBudgetExceeded) as turns:
-        budgets.check("s", 4, opened + 1)
+        budgets.check("s", lambda: 4, opened + 1)
     assert (turns.value.budget, turns.value.limit, turns.value.used) == ("turns", 3, 3)
     assert turns.value.param == "budget.turns" and turns.value.reason == "budget_turns"
     with pytest.raises(SessionBudgetExceeded, match="wall-time budget of 60 s") as wall:
-        budgets.check("s", 1, opened + 61)
+        budgets.check("s", lambda: 1, opened + 61)
     assert wall.value.details() == {"budget": {"name": "wall_s", "limit": 60, "used": 61.0}}
     assert budgets.max_tokens("s", 64, 10) == 64
     assert budgets.max_tokens("s", 64, 90) == 10  # clamped to the trajectory's budget
     with pytest.raises(SessionBudgetExceeded, match="budget of 100 tokens: the prompt has 100"):
         budgets.max_tokens("s", 64, 100)
-    budgets.check("other", 10**6, 10**12)  # a session without a budget has no limit
+    budgets.check("other", lambda: pytest.fail("counted"), 10**12)  # no budget: not counted
     assert budgets.max_tokens("other", 64, 10**6) == 64
     for name in ("a", "b"):  # bounded: the oldest budget goes first
         budgets.record(SessionBudgeted(session_id=name, event_time=opened, budget=budget))

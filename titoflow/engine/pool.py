@@ -266,9 +266,11 @@ class EnginePool:
         """Refuse (:class:`Overloaded`) when every healthy serving engine is at
         ``in_flight_limit``: the ingress asks before it renders, so that the refusal is cheap
         and comes before a stream's status line; the choice of an engine asks again."""
-        healthy = [m for m in self._members.values() if m.serving and m.healthy]
         limit = self.in_flight_limit
-        if limit and healthy and all(m.in_flight >= limit for m in healthy):
+        if not limit:
+            return
+        healthy = [m for m in self._members.values() if m.serving and m.healthy]
+        if healthy and all(m.in_flight >= limit for m in healthy):
             raise self._overloaded_error()
 
     def _overloaded_error(self) -> Overloaded:
