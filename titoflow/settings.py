@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     ended_sessions_kept: int = Field(
         1_000_000,
         description="Ended sessions each ingress replica remembers (the most recent; about "
-        "200 bytes each) to refuse a second end, a reopening or a model call.",
+        "200 bytes each) to refuse a second end, a reopening or a model call; as many session "
+        "budgets.",
     )
     max_event_bytes: int = Field(
         16 * 1024 * 1024,
