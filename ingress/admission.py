@@ -5,8 +5,9 @@ Invariants:
   window, this replica's bound on generations in flight, a pause held past its time, with
   partial rollout off weights other than those the chain started on) is raised before the
   engine is called, so a refused call publishes nothing and leaves every chain as it was.
-- The engines' bound is asked here too, before rendering, so that a stream is refused before
-  its status line (the pool asks again when it picks an engine, the last word).
+- A call's place among the engines' bound is reserved here too, before rendering, so that
+  concurrent calls cannot all pass and a stream is refused before its status line (the pool
+  refuses again when it picks an engine at its limit, the last word).
 - A call admitted holds one :class:`Slot` of :class:`InFlight` until it ends, however it ends
   (answered, failed, cancelled, its stream dropped): the slot's release is idempotent and the
   service releases it on every path. A call beyond the bound is refused at once (429 with
@@ -50,23 +51,28 @@ class Control(Protocol):
 
 
 class Capacity(Protocol):
-    """The engines' room as admission sees it (:class:`titoflow.engine.pool.EnginePool`)."""
+    """The engines' room as admission sees it (:class:`titoflow.engine.pool.EnginePool`): a
+    place reserved for the call, or :class:`Overloaded`; calling the result frees it."""
 
-    def check_room(self) -> None: ...
+    def reserve(self) -> Callable[[], None]: ...
 
 
 class Slot:
-    """One admitted generation's place in flight: released once, whichever path releases it."""
+    """One admitted generation's place in flight (and its engine reservation, ``also``):
+    released once, whichever path releases it."""
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_also", "_owner")
 
-    def __init__(self, owner: InFlight) -> None:
+    def __init__(self, owner: InFlight, also: Callable[[], None] | None = None) -> None:
         self._owner: InFlight | None = owner
+        self._also = also
 
     def release(self) -> None:
         if self._owner is not None:
             self._owner.count -= 1
             self._owner = None
+            if self._also is not None:
+                self._also()
 
 
 class InFlight:
@@ -77,8 +83,12 @@ class InFlight:
         self.retry_after_s = retry_after_s
         self.count = 0
 
-    def acquire(self) -> Slot:
+    def acquire(self, also: Callable[[], None] | None = None) -> Slot:
+        """A slot, or :class:`Overloaded` at the bound; ``also`` (the call's engine
+        reservation) is called when the slot is released, or at once when it is refused."""
         if self.limit and self.count >= self.limit:
+            if also is not None:
+                also()
             raise Overloaded(
                 f"this ingress replica has {self.count} generations in flight, its bound "
                 "(TITOFLOW_MAX_IN_FLIGHT): retry after the Retry-After seconds",
@@ -86,7 +96,7 @@ class InFlight:
                 self.retry_after_s,
             )
         self.count += 1
-        return Slot(self)
+        return Slot(self, also)
 
 
 _ROLE = attrgetter("role")
@@ -114,9 +124,8 @@ class Admission:
         before any rendering, so a refusal costs next to nothing. The caller releases the slot
         when the call ends."""
         self.budgets.check(session_id, turn, time.time())
-        if self.engines is not None:
-            self.engines.check_room()
-        return self.in_flight.acquire()
+        reserved = self.engines.reserve() if self.engines is not None else None
+        return self.in_flight.acquire(also=reserved)
 
     def fit_budget(self, call: PreparedCall[R]) -> PreparedCall[R]:
         """``call`` with its max_tokens clamped to what its session's token budget leaves."""

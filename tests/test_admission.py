@@ -240,9 +240,9 @@ def test_every_call_frees_its_slot_whatever_its_fate(fates: list[str], limit: in
     asyncio.run(_run_fates(fates, limit))
 
 
-async def test_a_stream_no_engine_has_room_for_is_refused_before_its_status_line() -> None:
-    """The engines' bound is asked at admission: a stream is refused by open_stream (the
-    adapter's 429), not by an error event after a 200."""
+async def test_the_engines_bound_is_reserved_at_admission_before_any_engine_is_picked() -> None:
+    """Two streams admitted before either reached the pool cannot both pass: the second is
+    refused by open_stream (the adapter's 429), not by an error event after its 200."""
     stub = StubEngine("http://a")
     pool = EnginePool([EngineSpec(stub.url)], lambda _: stub, in_flight_limit=1)
     tokenizer, publisher = qwen3(), RecordingPublisher()
@@ -252,21 +252,26 @@ async def test_a_stream_no_engine_has_room_for_is_refused_before_its_status_line
         pool,
         publisher,
         ChainStore(10),
-        ServiceOptions(max_model_len=4096, default_max_tokens=8),
+        ServiceOptions(max_model_len=4096, default_max_tokens=8, max_in_flight=10),
         capacity=pool,
     )
-    stub.release.clear()
-    held = asyncio.create_task(service.complete(turn("held")))
-    await until(lambda: _true(len(stub.calls) == 1), "one call at the engine", 10)
+    _, first = await service.open_stream(turn("first"))
     with pytest.raises(Overloaded) as refused:
-        await service.open_stream(turn("streamed"))
+        await service.open_stream(turn("second"))
     assert refused.value.reason == "overloaded_engine"
-    assert stub.calls == ["held"] and service.admission.in_flight.count == 1
-    stub.release.set()
-    await held
-    assert stepped(publisher) == ["held"]
-    _, events = await service.open_stream(turn("streamed"))
-    assert isinstance([e async for e in events][-1], TurnDone)
+    assert stub.calls == [] and service.admission.in_flight.count == 1
+    assert isinstance([e async for e in first][-1], TurnDone)
+    assert (pool.reserved, service.admission.in_flight.count) == (0, 0)
+    _, second = await service.open_stream(turn("second"))
+    del second  # never read: its slot and its reservation go with it
+    assert (pool.reserved, service.admission.in_flight.count) == (0, 0)
+    bounded = InFlight(1)
+    held = bounded.acquire()
+    with pytest.raises(Overloaded):  # refused by the replica: the reservation is given back
+        bounded.acquire(also=pool.reserve())
+    assert pool.reserved == 0
+    held.release()
+    assert stepped(publisher) == ["first"]
 
 
 # --- in flight, over HTTP with the official SDKs -------------------------------------------------

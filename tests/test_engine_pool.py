@@ -140,8 +140,6 @@ async def test_a_call_no_engine_has_room_for_is_refused_before_any_engine_sees_i
     held = [asyncio.create_task(served_by(pool, s)) for s in SESSIONS[:4]]
     await asyncio.sleep(0)
     assert sorted(s.in_flight for s in pool.status()) == [2, 2]
-    with pytest.raises(Overloaded):
-        pool.check_room()  # what the ingress asks before it renders
     calls = sum(len(stub.calls) for stub in stubs.values())
     with pytest.raises(Overloaded) as refused:
         await served_by(pool, SESSIONS[4])
@@ -152,8 +150,27 @@ async def test_a_call_no_engine_has_room_for_is_refused_before_any_engine_sees_i
     for stub in stubs.values():
         stub.release.set()
     await asyncio.gather(*held)
-    pool.check_room()
     assert await served_by(pool, SESSIONS[4]) in {"http://a", "http://b"}  # room again
+
+
+def test_the_ingress_reserves_a_place_among_the_healthy_engines_before_it_renders() -> None:
+    pool, _ = pool_of("http://a", "http://b", in_flight_limit=2)
+    places = [pool.reserve() for _ in range(4)]  # two engines, two calls each
+    with pytest.raises(Overloaded) as refused:
+        pool.reserve()
+    assert refused.value.reason == "overloaded_engine"
+    places.pop()()
+    places.append(pool.reserve())  # a freed place is taken again
+    pool.drain("http://b")  # one engine left: its two places are all there is
+    for release in places[:2]:
+        release()
+    with pytest.raises(Overloaded):
+        pool.reserve()
+    for release in places[2:]:
+        release()
+    assert pool.reserved == 0
+    unbounded, _ = pool_of("http://a")
+    assert [unbounded.reserve() for _ in range(100)] and unbounded.reserved == 0
 
 
 async def test_drain_and_remove_let_calls_in_flight_finish() -> None:

@@ -7,7 +7,8 @@ ranked it first. Fallback, in the session's own ranking order (a sticky second c
 engine that is unhealthy (a failed call, or a failed ``/health`` probe), or overloaded (more
 calls in flight than ``max_in_flight``); when every healthy engine is overloaded, the least
 loaded one, unless it is at ``in_flight_limit``: then the call is refused
-(:class:`~titoflow.errors.Overloaded`) before any engine sees it. A call that fails before the
+(:class:`~titoflow.errors.Overloaded`) before any engine sees it (the ingress reserves its place
+earlier, :meth:`EnginePool.reserve`). A call that fails before the
 engine produced anything (unreachable, 502/503/504) is retried on the next engine; a stream
 that already yielded tokens is not.
 
@@ -101,6 +102,10 @@ def _experts_per_token(settings: Settings) -> int:
     return int(config.get("num_experts_per_tok") or 0)
 
 
+def _nothing() -> None:
+    return None
+
+
 def rendezvous_score(session_id: str, url: str, weight: float) -> float:
     """Weighted HRW: each engine's share of sessions is proportional to its weight."""
     digest = hashlib.blake2b(f"{session_id}\0{url}".encode(), digest_size=8).digest()
@@ -148,6 +153,7 @@ class EnginePool:
         self.max_in_flight = max_in_flight
         self.in_flight_limit = in_flight_limit
         self.retry_after_s = retry_after_s
+        self.reserved = 0  # calls admitted against in_flight_limit (see reserve)
         self.health_interval_s = health_interval_s
         self._members: dict[str, _Member] = {}
         self._health_task: asyncio.Task[None] | None = None
@@ -262,16 +268,24 @@ class EnginePool:
             FALLBACKS.labels(reason).inc()
         return chosen
 
-    def check_room(self) -> None:
-        """Refuse (:class:`Overloaded`) when every healthy serving engine is at
-        ``in_flight_limit``: the ingress asks before it renders, so that the refusal is cheap
-        and comes before a stream's status line; the choice of an engine asks again."""
+    def reserve(self) -> Callable[[], None]:
+        """A place for one call among the engines' ``in_flight_limit`` (all healthy serving
+        engines' together), taken when the ingress admits the call, before it renders, and
+        released by calling the result when the call ended; refused (:class:`Overloaded`)
+        when every place is taken. Reserving before the engine is picked is what keeps
+        concurrent admissions from overshooting (a stream refused after its status line); the
+        choice of an engine still refuses one at its limit, the last word."""
         limit = self.in_flight_limit
         if not limit:
-            return
-        healthy = [m for m in self._members.values() if m.serving and m.healthy]
-        if healthy and all(m.in_flight >= limit for m in healthy):
+            return _nothing
+        healthy = sum(1 for m in self._members.values() if m.serving and m.healthy)
+        if self.reserved >= limit * max(healthy, 1):
             raise self._overloaded_error()
+        self.reserved += 1
+        return self._unreserve
+
+    def _unreserve(self) -> None:
+        self.reserved -= 1
 
     def _overloaded_error(self) -> Overloaded:
         return Overloaded(
