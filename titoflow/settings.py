@@ -74,8 +74,9 @@ class Settings(BaseSettings):
     )
     engine_in_flight_limit: int = Field(
         0,
-        description="Calls in flight on one engine beyond which a call is refused (429, with "
-        "Retry-After) when every engine that could take it is this busy; 0: no limit.",
+        description="Calls in flight from one ingress replica on one engine beyond which a "
+        "call is refused (429, with Retry-After) when every engine is this busy (replicas "
+        "count their own calls: divide an engine's capacity by the replicas); 0: no limit.",
     )
     engine_health_interval_s: float = Field(
         5.0,
