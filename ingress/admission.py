@@ -1,20 +1,44 @@
 """Whether a call may reach the engine, and how many tokens it may ask for.
 
-Invariant: every refusal (a session that already ended, the session's step limit, the context
-window, a pause held past its time, with partial rollout off weights other than those the chain
-started on) is raised before the engine is called, so a refused call publishes nothing and leaves
-every chain as it was.
+Invariants:
+- Every refusal (a session that already ended, the session's step limit or budget, the context
+  window, this replica's bound on generations in flight, a pause held past its time, with
+  partial rollout off weights other than those the chain started on) is raised before the
+  engine is called, so a refused call publishes nothing and leaves every chain as it was.
+- A call's place among the engines' bound is reserved here too, before rendering, so that
+  concurrent calls cannot all pass and a stream is refused before its status line (the pool
+  refuses again when it picks an engine at its limit, the last word).
+- A call admitted holds one :class:`Slot` of :class:`InFlight` until it ends, however it ends
+  (answered, failed, cancelled, its stream dropped): the slot's release is idempotent and the
+  service releases it on every path. A call beyond the bound is refused at once (429 with
+  ``Retry-After``), not queued: the engine queues already, and every scaffold's SDK retries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from ingress.budgets import SessionBudgets
 from ingress.chains import Chain
 from ingress.ended_sessions import EndedSessions
 from ingress.service_options import ServiceOptions
-from titoflow.errors import ContextOverflow, SessionStepLimit, TrajectoryVersionChanged
+from ingress.turn import ChatTurn, TokenCall
+from titoflow.errors import (
+    ContextOverflow,
+    Overloaded,
+    SessionStepLimit,
+    TrajectoryVersionChanged,
+)
+
+if TYPE_CHECKING:
+    from ingress.prompts import PreparedCall
+
+R = TypeVar("R", ChatTurn, TokenCall)
 
 
 class Control(Protocol):
@@ -26,11 +50,91 @@ class Control(Protocol):
     async def admit(self) -> None: ...
 
 
+class Capacity(Protocol):
+    """The engines' room as admission sees it (:class:`titoflow.engine.pool.EnginePool`): a
+    place reserved for the call, or :class:`Overloaded`; calling the result frees it."""
+
+    def reserve(self) -> Callable[[], None]: ...
+
+
+class Slot:
+    """One admitted generation's place in flight (and its engine reservation, ``also``):
+    released once, whichever path releases it."""
+
+    __slots__ = ("_also", "_owner")
+
+    def __init__(self, owner: InFlight, also: Callable[[], None] | None = None) -> None:
+        self._owner: InFlight | None = owner
+        self._also = also
+
+    def release(self) -> None:
+        if self._owner is not None:
+            self._owner.count -= 1
+            self._owner = None
+            if self._also is not None:
+                self._also()
+
+
+class InFlight:
+    """Generations in flight on this replica, bounded by ``limit`` (0: unbounded)."""
+
+    def __init__(self, limit: int, retry_after_s: int = 1) -> None:
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.count = 0
+
+    def acquire(self, also: Callable[[], None] | None = None) -> Slot:
+        """A slot, or :class:`Overloaded` at the bound; ``also`` (the call's engine
+        reservation) is called when the slot is released, or at once when it is refused."""
+        if self.limit and self.count >= self.limit:
+            if also is not None:
+                also()
+            raise Overloaded(
+                f"this ingress replica has {self.count} generations in flight, its bound "
+                "(TITOFLOW_MAX_IN_FLIGHT): retry after the Retry-After seconds",
+                "replica",
+                self.retry_after_s,
+            )
+        self.count += 1
+        return Slot(self, also)
+
+
+_ROLE = attrgetter("role")
+
+
+def turn_number(turn: ChatTurn) -> int:
+    """The call's place in its conversation, read from the call alone (so every replica reads
+    the same): one more than the assistant turns its history holds."""
+    return 1 + list(map(_ROLE, turn.messages)).count("assistant")  # 400 messages: ~24 µs
+
+
 @dataclass(frozen=True)
 class Admission:
     options: ServiceOptions
     control: Control | None  # None: never paused, no weight version announced
     ended: EndedSessions
+    # Unbounded unless the service is given the replica's (tests and benchmarks).
+    budgets: SessionBudgets = field(default_factory=lambda: SessionBudgets(sys.maxsize))
+    in_flight: InFlight = field(default_factory=lambda: InFlight(0))
+    engines: Capacity | None = None  # None: the engines' room is not bounded
+
+    def enter(self, session_id: str, turn: Callable[[], int]) -> Slot:
+        """Admit a call of ``session_id`` (its ``turn()``-th in its conversation, counted only
+        for a session with a turn budget) within its budget and the bounds on calls in flight:
+        before any rendering, so a refusal costs next to nothing. The caller releases the slot
+        when the call ends."""
+        self.budgets.check(session_id, turn, time.time())
+        reserved = self.engines.reserve() if self.engines is not None else None
+        return self.in_flight.acquire(also=reserved)
+
+    def fit_budget(self, call: PreparedCall[R]) -> PreparedCall[R]:
+        """``call`` with its max_tokens clamped to what its session's token budget leaves."""
+        session_id = call.request.session.session_id
+        wanted = call.params.max_tokens
+        granted = self.budgets.max_tokens(session_id, wanted, len(call.prompt))
+        if granted == wanted:
+            return call
+        return replace(call, params=replace(call.params, max_tokens=granted))
 
     def check_open(self, session_id: str) -> None:
         """A session the driver (or a worker's idle timeout) ended takes no more calls: their

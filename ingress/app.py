@@ -3,8 +3,8 @@ wires the service, the session operations, discovery and health routes.
 
 Invariants: every request is answered in its API's shape (a route's own errors by the route;
 an unknown route, the wrong plane or a bug by :mod:`ingress.errors`), and every session event
-is published keyed by its session: its end (``session_ended``) to the ended topic, all others
-to the steps topic."""
+is published keyed by its session: its end (``session_ended``) and its budget
+(``session_budgeted``) to the ended topic, all others to the steps topic."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from ingress import (
     session_routes,
     token_api,
 )
+from ingress.budgets import SessionBudgets
 from ingress.chains import ChainStore
 from ingress.control_state import ControlState, PauseGate
 from ingress.ended_sessions import EndedSessions
@@ -39,7 +40,7 @@ from ingress.planes import PlaneSplit
 from ingress.pool_control import apply_to_pool
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
-from schemas.events import SessionEnded
+from schemas.events import SessionBudgeted, SessionEnded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
@@ -58,8 +59,15 @@ def create_app(settings: Settings) -> FastAPI:
     engine = PausableEngine(pool, gate)
     follower = control_follower(settings)
     ended = EndedSessions(settings.ended_sessions_kept)
+    budgets = SessionBudgets(settings.ended_sessions_kept)
     ends = ended_follower(settings)
-    ends.subscribe(ended.record)
+    ends.subscribe(
+        lambda event, offset: (
+            budgets.record(event, offset)
+            if isinstance(event, SessionBudgeted)
+            else ended.record(event, offset)
+        )
+    )
     follower.subscribe(gate.apply)
     # Before the driver hears of an event: an engine just added is driven with the others.
     follower.subscribe(lambda event, _offset: apply_to_pool(pool, event))
@@ -70,7 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     async def publish(event: SessionEvent) -> None:
         started = time.perf_counter()
-        topic = ended_topic if isinstance(event, SessionEnded) else steps_topic
+        topic = ended_topic if isinstance(event, SessionEnded | SessionBudgeted) else steps_topic
         try:
             await publisher.publish(topic, event.session_id, event.model_dump_json().encode())
         except BrokerUnavailable as exc:
@@ -103,10 +111,14 @@ def create_app(settings: Settings) -> FastAPI:
                 matcher=settings.matcher,
                 vocab_size=len(tokenizer),
                 partial_rollout=settings.partial_rollout,
+                max_in_flight=settings.max_in_flight,
+                retry_after_s=settings.overload_retry_after_s,
             ),
             tracer=CallTracer(settings.otel_traces),
             control=gate,
             ended=ended,
+            budgets=budgets,
+            capacity=pool,
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates

@@ -9,7 +9,11 @@ Invariants:
   admin routes), Anthropic's ``{"type": "error", "error": {type, message}}``; inside a stream,
   after the status line, the event that API's SDKs read as an error. A request no route took
   (unknown path, method, plane, or a bug) is answered in the shape its path belongs to.
-- A retryable error carries ``Retry-After``.
+- A retryable error carries ``Retry-After`` (the error's ``retry_after_s``); a refusal no retry
+  can change (a 4xx) says ``x-should-retry: false``.
+- Every refusal answered before the status line (a 4xx by the domain's status: bad input,
+  ended sessions, budgets, overload) is counted in
+  ``titoflow_ingress_refusals_total`` by its reason.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ingress import metrics
 from titoflow.errors import (
     ContextOverflow,
     EngineError,
     Forbidden,
     InvalidRequest,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
     SessionAlreadyEnded,
     TitoflowError,
@@ -50,6 +56,7 @@ _STATUS: dict[type[TitoflowError], int] = {
     TrajectoryVersionChanged: 409,
     SessionAlreadyEnded: 409,
     PayloadTooLarge: 413,
+    Overloaded: 429,
     EngineError: 502,
     Unavailable: 503,
 }
@@ -70,7 +77,13 @@ class ErrorShape:
     event: Callable[[TitoflowError], dict[str, Any]]
 
     def response(self, error: TitoflowError) -> JSONResponse:
-        headers = {"retry-after": "1"} if error.retryable else None
+        if status_of(error) < 500:  # a refusal, not a failure (those have their own counters)
+            metrics.REFUSALS.labels(error.reason).inc()
+        headers = {"retry-after": str(error.retry_after_s)} if error.retryable else None
+        if status_of(error) < 500 and not error.retryable:
+            # The SDKs (openai, anthropic, Claude Code's, OpenCode's) obey it over their status
+            # rules, which retry a 409 (an ended session) that no retry can change.
+            headers = {"x-should-retry": "false"}
         return JSONResponse(self.body(error), status_code=self.status(error), headers=headers)
 
 
@@ -81,6 +94,7 @@ _OPENAI_TYPES = {
     404: "not_found_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_exceeded",
     503: "service_unavailable",
 }
 
@@ -113,6 +127,11 @@ _ANTHROPIC_TYPES = {
 
 
 def _anthropic_status_and_type(error: TitoflowError) -> tuple[int, str]:
+    if isinstance(error, Overloaded):
+        # Not 529: Claude Code drops a 529 of its background queries unretried and gives up
+        # after three when a fallback model is set; a 429 it retries (API key, not claude.ai
+        # login) up to CLAUDE_CODE_MAX_RETRIES, as litellm-based scaffolds retry a rate limit.
+        return 429, "rate_limit_error"
     if error.retryable:  # 529 is what Claude Code and the SDKs retry with backoff
         return 529, "overloaded_error"
     status = status_of(error)

@@ -23,7 +23,7 @@ from faststream.kafka.subscriber.usecase import LogicSubscriber
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.control import AnyControl, control_adapter
-from schemas.events import SessionEnded, ended_adapter
+from schemas.events import SessionBudgeted, SessionEnded, ended_adapter
 from titoflow.bus import (
     Consumer,
     KafkaError,
@@ -141,6 +141,6 @@ def control_follower(settings: Settings) -> LogFollower[AnyControl]:
     return follower
 
 
-def ended_follower(settings: Settings) -> LogFollower[SessionEnded]:
-    """``<prefix>.ended``: how and when sessions ended."""
+def ended_follower(settings: Settings) -> LogFollower[SessionEnded | SessionBudgeted]:
+    """``<prefix>.ended``: how and when sessions ended, and the budgets they were opened with."""
     return LogFollower(settings, settings.topic("ended"), ended_adapter)

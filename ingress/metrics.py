@@ -82,3 +82,10 @@ EARLY_CONTEXT_REFUSALS = Counter(
     "Turns refused as too long for the context from a lower bound on their length (characters "
     "over the most a token covers), before their text was tokenized.",
 )
+REFUSALS = Counter(
+    "titoflow_ingress_refusals_total",
+    "Requests refused before the status line, by reason: the error code, or overloaded_replica "
+    "/ overloaded_engine (generations in flight at their bound), budget_turns / budget_tokens / "
+    "budget_wall_s (a session's budget used up).",
+    ["reason"],
+)

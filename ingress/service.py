@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import weakref
 from collections.abc import AsyncIterator
 
-from ingress.admission import Admission, Control
+from ingress.admission import Admission, Capacity, Control, InFlight, Slot, turn_number
+from ingress.budgets import SessionBudgets
 from ingress.chains import ChainStore
 from ingress.detokenize import Decoder
 from ingress.ended_sessions import EndedSessions
@@ -74,6 +76,8 @@ class ChatService:
         tracer: CallTracer | None = None,
         control: Control | None = None,
         ended: EndedSessions | None = None,
+        budgets: SessionBudgets | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
@@ -85,12 +89,14 @@ class ChatService:
         self.control = control
         # None: an unbounded record (tests and benchmarks build services without settings).
         self.ended = ended if ended is not None else EndedSessions(kept=sys.maxsize)
-        self.admission = Admission(options, control, self.ended)
+        self.budgets = budgets if budgets is not None else SessionBudgets(kept=sys.maxsize)
+        in_flight = InFlight(options.max_in_flight, options.retry_after_s)
+        self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
         recorder = StepRecorder(publish, chains, renderer.end_ids)
         self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
         # The rollout driver's session calls are the lifecycle's own.
-        sessions = SessionLifecycle(publish, chains, self.ended)
+        sessions = SessionLifecycle(publish, chains, self.ended, self.budgets)
         self.open_session = sessions.open_session
         self.finalize = sessions.finalize
         self.discard = sessions.discard
@@ -103,33 +109,55 @@ class ChatService:
         return len(prompt)
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
-        with self.tracer.call(turn.api, turn.session.session_id) as span:
-            call = await self.prompts.for_turn(turn)
-            return await self.runner.complete(call, await self._admit(call), span)
+        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
+        try:
+            with self.tracer.call(turn.api, turn.session.session_id) as span:
+                call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+                return await self.runner.complete(call, await self._admit(call), span)
+        finally:
+            slot.release()
 
     async def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
-        """Prepare a streamed turn. Refusals (context overflow, step limit, bad tool_choice,
-        paused past the hold time) raise here, before an adapter commits to a 200; the events
-        are deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
-        call = await self.prompts.for_turn(turn)
-        version = await self._admit(call)
+        """Prepare a streamed turn. Refusals (overload, budget, context overflow, step limit,
+        bad tool_choice, paused past the hold time) raise here, before an adapter commits to a
+        200; the events are deltas as the engine samples, then :class:`TurnDone` once the step
+        is durable. The turn's slot in flight is released when the stream ends, however."""
+        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
+        try:
+            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+            version = await self._admit(call)
+        except BaseException:
+            slot.release()
+            raise
         started = TurnStarted(call.step_id, len(call.prompt), time.time())
-        return started, self._stream(call, version)
+        events = self._stream(call, version, slot)
+        # A stream never iterated (its client left before the first event) runs no finally.
+        weakref.finalize(events, slot.release)
+        return started, events
 
     async def generate_tokens(self, call: TokenCall) -> TokensResult:
         """A white-box call: the caller's prompt ids as they are, recorded like a chat turn
         (see :meth:`ingress.prompts.PromptBuilder.for_tokens`)."""
         with self.tracer.call("generate", call.session.session_id) as span:
-            prepared = self.prompts.for_tokens(call)
-            return await self.runner.tokens(prepared, await self._admit(prepared), span)
+            prepared = self.prompts.for_tokens(call)  # no render: its turn is its chain's depth
+            depth = prepared.parent.depth if prepared.parent else 0
+            slot = self.admission.enter(call.session.session_id, lambda: depth + 1)
+            try:
+                prepared = self.admission.fit_budget(prepared)
+                return await self.runner.tokens(prepared, await self._admit(prepared), span)
+            finally:
+                slot.release()
 
     async def _admit(self, call: AnyCall) -> str | None:
         return await self.admission.admit(call.request.session.session_id, call.parent)
 
     async def _stream(
-        self, call: PreparedCall[ChatTurn], version: str | None
+        self, call: PreparedCall[ChatTurn], version: str | None, slot: Slot
     ) -> AsyncIterator[TurnEvent]:
         # The span covers the stream, not its preparation: it lives as long as the adapter reads.
-        with self.tracer.call(call.request.api, call.request.session.session_id) as span:
-            async for event in self.runner.stream(call, version, span):
-                yield event
+        try:
+            with self.tracer.call(call.request.api, call.request.session.session_id) as span:
+                async for event in self.runner.stream(call, version, span):
+                    yield event
+        finally:  # done, failed, or closed by a client that left mid-stream
+            slot.release()

@@ -24,3 +24,5 @@ class ServiceOptions:
     matcher: Matcher = "strict"
     vocab_size: int = 1 << 31  # token ids a white-box call may send: [0, vocab_size)
     partial_rollout: bool = True  # False: refuse a step on newer weights than its chain's first
+    max_in_flight: int = 0  # generations in flight on this replica; 0: no bound
+    retry_after_s: int = 1  # what a call refused for overload is told to wait

@@ -1,6 +1,8 @@
 """A session's opening and end on its log, as the rollout driver asks for them.
 
-Invariant: a session ends once, and is not reopened. Its end is claimed on this replica before
+Invariant: a session ends once, and is not reopened. A budget set at open is on
+``<prefix>.ended`` (for every replica) before the session's opening is on its log, and this
+replica enforces it from then on. Its end is claimed on this replica before
 it is published (a concurrent second end is refused) and released if the publish fails (the
 driver's retry gets through); its cached chains are forgotten only once the end is on the
 session's log, and then ``<prefix>.ended`` tells every replica.
@@ -12,11 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ingress.budgets import SessionBudgets
 from ingress.chains import ChainStore
 from ingress.ended_sessions import EndedSessions
 from ingress.session_log import Publish
 from ingress.turn import SessionRef
 from schemas.events import (
+    SessionBudget,
+    SessionBudgeted,
     SessionDiscarded,
     SessionEnded,
     SessionFinalized,
@@ -30,6 +35,7 @@ class SessionLifecycle:
     publish: Publish
     chains: ChainStore
     ended: EndedSessions
+    budgets: SessionBudgets
 
     async def open_session(
         self,
@@ -37,8 +43,10 @@ class SessionLifecycle:
         channel: str | None,
         metadata: dict[str, Any],
         options: SessionOptions,
+        budget: SessionBudget | None = None,
     ) -> SessionOpened:
         self.ended.refuse_if_ended(session.session_id)  # an ended session is not reopened
+        budget = budget or SessionBudget()
         event = SessionOpened(
             session_id=session.session_id,
             event_time=time.time(),
@@ -46,7 +54,15 @@ class SessionLifecycle:
             channel=channel,
             metadata=metadata,
             options=options,
+            budget=budget,
         )
+        if budget:
+            # First: a failed publish leaves no session opened without its budget.
+            budgeted = SessionBudgeted(
+                session_id=event.session_id, event_time=event.event_time, budget=budget
+            )
+            await self.publish(budgeted)
+            self.budgets.record(budgeted)
         await self.publish(event)
         return event
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from schemas.events import (
+    SessionBudgeted,
     SessionDiscarded,
     SessionEnded,
     SessionFinalized,
@@ -17,5 +18,12 @@ from schemas.events import (
     StepRecorded,
 )
 
-SessionEvent = SessionOpened | StepRecorded | SessionFinalized | SessionDiscarded | SessionEnded
+SessionEvent = (
+    SessionOpened
+    | StepRecorded
+    | SessionFinalized
+    | SessionDiscarded
+    | SessionEnded
+    | SessionBudgeted
+)
 Publish = Callable[[SessionEvent], Awaitable[None]]

@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field
 
 from ingress import errors, http
 from ingress.turn import SessionRef
-from schemas.events import SessionOptions
+from schemas.events import SessionBudget, SessionOptions
 from titoflow.errors import InvalidRequest, TitoflowError, Unauthorized
 
 # Options that shape how the ingress renders, not how workers assemble. The ingress keeps no
@@ -33,12 +33,17 @@ class _Options(SessionOptions):
     model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt option is an error
 
 
+class _Budget(SessionBudget):
+    model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt limit is an error
+
+
 class OpenSessionBody(http.Lenient):
     session_id: str | None = Field(None, pattern=http.SESSION_ID_PATTERN)
     instance_id: str | None = None
     channel: str | None = None
     metadata: dict[str, Any] | None = None
     options: _Options = Field(default_factory=_Options)
+    budget: _Budget = Field(default_factory=_Budget)
 
 
 class CloseSessionBody(http.Lenient):
@@ -96,7 +101,7 @@ async def open_session(request: Request) -> Response:
             session_id=body.session_id or uuid.uuid4().hex, instance_id=body.instance_id
         )
         event = await http.service(request).open_session(
-            ref, body.channel, body.metadata or {}, body.options
+            ref, body.channel, body.metadata or {}, body.options, body.budget
         )
     except TitoflowError as exc:
         return errors.OPENAI.response(exc)

@@ -11,8 +11,10 @@ Topics (``<prefix>`` is configurable):
   rebuilt tokens wait for the recompute stage to fill in the engine's prompt logprobs.
 - ``<prefix>.dlq``: :class:`DeadLetter` — events no worker could use, with the reason.
 - ``<prefix>.ended``, key = session id: :class:`SessionEnded` — how and when each session ended
-  (the driver's finalize or discard, published by the ingress; an idle timeout, by a worker).
-  Every ingress replica follows it so that a second end of a session is refused.
+  (the driver's finalize or discard, published by the ingress; an idle timeout, by a worker) —
+  and :class:`SessionBudgeted`, a session's budget when the driver set one at open.
+  Every ingress replica follows it so that a second end of a session is refused and every
+  replica enforces the budget.
 
 Every event has ``schema_version``; a reader that meets a version it does not know must not guess.
 Large arrays are packed (see :mod:`schemas.arrays`). Events are JSON (UTF-8) on the wire.
@@ -52,6 +54,33 @@ class SessionOptions(BaseModel):
     )
 
 
+class SessionBudget(BaseModel):
+    """Limits the rollout driver set on a session's model calls when it opened it (None: no
+    limit). Beyond one, a model call is refused (400 ``session_budget_exceeded``); the session
+    stays open for the driver's finalize or discard."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    turns: int | None = Field(
+        None,
+        ge=1,
+        description="Model calls in one conversation: a call whose history holds this many "
+        "assistant turns already is refused (a white-box call: its chain's steps).",
+    )
+    tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens of a trajectory, prompt plus completion, per call: max_tokens is "
+        "clamped to what remains (finish_reason length) and a prompt of this many is refused.",
+    )
+    wall_s: float | None = Field(
+        None, gt=0, description="Seconds from the open call after which model calls are refused."
+    )
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.turns, self.tokens, self.wall_s))
+
+
 class SessionOpened(_Event):
     """A session announced before its first call (optional: sessions also start implicitly)."""
 
@@ -60,6 +89,7 @@ class SessionOpened(_Event):
     channel: str | None = Field(None, description="A label such as train or val; free-form.")
     metadata: dict[str, Any] = Field(default_factory=dict)
     options: SessionOptions = Field(default_factory=SessionOptions)
+    budget: SessionBudget = Field(default_factory=SessionBudget)
 
 
 class VersionSpan(BaseModel):
@@ -188,7 +218,17 @@ class SessionEnded(_Event):
     )
 
 
-ended_adapter: TypeAdapter[SessionEnded] = TypeAdapter(SessionEnded)
+class SessionBudgeted(_Event):
+    """A session's budget, on ``<prefix>.ended`` so that every ingress replica enforces it
+    (replicas do not read the steps topic); ``event_time`` is when the session opened, from
+    which ``budget.wall_s`` counts. Compaction keeps the session's end instead, once it ended."""
+
+    type: Literal["session_budgeted"] = "session_budgeted"
+    budget: SessionBudget
+
+
+EndedTopicEvent = Annotated[SessionEnded | SessionBudgeted, Field(discriminator="type")]
+ended_adapter: TypeAdapter[SessionEnded | SessionBudgeted] = TypeAdapter(EndedTopicEvent)
 
 
 StepsTopicEvent = Annotated[
@@ -350,6 +390,7 @@ ALL_EVENTS: dict[str, type[BaseModel]] = {
         SessionFinalized,
         SessionDiscarded,
         SessionEnded,
+        SessionBudgeted,
         SegmentFinalized,
         RecomputeRequested,
         DeadLetter,

@@ -32,10 +32,12 @@ def scripted_app(
     routers: list[Callable[[], APIRouter]],
     settings: Settings | None = None,
     options: ServiceOptions | None = None,
+    engine_type: type[ScriptedEngine] = ScriptedEngine,
 ) -> tuple[FastAPI, ScriptedEngine, RecordingPublisher]:
-    """An app whose engine answers with the token ids of ``replies``, one per call."""
+    """An app whose engine (``engine_type``) answers with the token ids of ``replies``, one per
+    call."""
     tokenizer = qwen3()
-    engine = ScriptedEngine(tokenizer, replies)
+    engine = engine_type(tokenizer, replies)
     publisher = RecordingPublisher()
     app = FastAPI()
     app.state.settings = settings or Settings()

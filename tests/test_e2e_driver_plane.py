@@ -332,7 +332,9 @@ async def test_a_session_ends_once_on_every_replica_and_says_how(
     steps = [e.session_id for e in events if e.session_id in ours and e.type == "step_recorded"]
     assert sorted(steps) == sorted(ours)  # each session's one call before its end, no other
     logged = await read_all(settings, settings.topic("ended"), ended_adapter)
-    assert {e.session_id: e.how for e in logged if e.session_id in ours} == {
+    assert {
+        e.session_id: e.how for e in logged if e.session_id in ours and e.type == "session_ended"
+    } == {
         done.session_id: "finalized",
         dropped.session_id: "discarded",
         idle.session_id: "idle",

@@ -28,21 +28,24 @@ from schemas.control import (
 from tests.doubles import ControlledStubEngine, StubEngine
 from titoflow.engine.api import GenerateParams
 from titoflow.engine.pool import EnginePool, EngineSpec, parse_engine_specs
-from titoflow.errors import EngineUnavailable
+from titoflow.errors import EngineUnavailable, Overloaded
 from titoflow.settings import Settings
 
 PARAMS = GenerateParams(max_tokens=1)
 SESSIONS = [f"session-{i}" for i in range(300)]
 
 
-def pool_of(*urls: str, max_in_flight: int = 0) -> tuple[EnginePool, dict[str, StubEngine]]:
+def pool_of(
+    *urls: str, max_in_flight: int = 0, in_flight_limit: int = 0
+) -> tuple[EnginePool, dict[str, StubEngine]]:
     stubs: dict[str, StubEngine] = {}
 
     def make(spec: EngineSpec) -> StubEngine:
         stubs[spec.url] = StubEngine(spec.url)
         return stubs[spec.url]
 
-    return EnginePool([EngineSpec(u) for u in urls], make, max_in_flight), stubs
+    pool = EnginePool([EngineSpec(u) for u in urls], make, max_in_flight, 5.0, in_flight_limit)
+    return pool, stubs
 
 
 async def served_by(pool: EnginePool, session: str) -> str:
@@ -128,6 +131,46 @@ async def test_overloaded_engines_pass_calls_on_to_the_next() -> None:
     stubs["http://a"].release.set()
     assert await held == "http://a"
     assert await served_by(pool, session) == "http://a"
+
+
+async def test_a_call_no_engine_has_room_for_is_refused_before_any_engine_sees_it() -> None:
+    pool, stubs = pool_of("http://a", "http://b", max_in_flight=1, in_flight_limit=2)
+    for stub in stubs.values():
+        stub.release.clear()
+    held = [asyncio.create_task(served_by(pool, s)) for s in SESSIONS[:4]]
+    await asyncio.sleep(0)
+    assert sorted(s.in_flight for s in pool.status()) == [2, 2]
+    calls = sum(len(stub.calls) for stub in stubs.values())
+    with pytest.raises(Overloaded) as refused:
+        await served_by(pool, SESSIONS[4])
+    assert (refused.value.what, refused.value.retry_after_s) == ("engine", 1)
+    assert sum(len(stub.calls) for stub in stubs.values()) == calls  # no engine was called
+    with pytest.raises(Overloaded):
+        [_ async for _ in pool.generate_stream([1], PARAMS, "r", session_id=SESSIONS[4])]
+    for stub in stubs.values():
+        stub.release.set()
+    await asyncio.gather(*held)
+    assert await served_by(pool, SESSIONS[4]) in {"http://a", "http://b"}  # room again
+
+
+def test_the_ingress_reserves_a_place_among_the_healthy_engines_before_it_renders() -> None:
+    pool, _ = pool_of("http://a", "http://b", in_flight_limit=2)
+    places = [pool.reserve() for _ in range(4)]  # two engines, two calls each
+    with pytest.raises(Overloaded) as refused:
+        pool.reserve()
+    assert refused.value.reason == "overloaded_engine"
+    places.pop()()
+    places.append(pool.reserve())  # a freed place is taken again
+    pool.drain("http://b")  # one engine left: its two places are all there is
+    for release in places[:2]:
+        release()
+    with pytest.raises(Overloaded):
+        pool.reserve()
+    for release in places[2:]:
+        release()
+    assert pool.reserved == 0
+    unbounded, _ = pool_of("http://a")
+    assert [unbounded.reserve() for _ in range(100)] and unbounded.reserved == 0
 
 
 async def test_drain_and_remove_let_calls_in_flight_finish() -> None:

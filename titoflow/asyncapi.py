@@ -23,9 +23,9 @@ from schemas.control import ControlEvent
 from schemas.events import (
     SCHEMA_VERSION,
     DeadLetter,
+    EndedTopicEvent,
     RecomputeRequested,
     SegmentsTopicEvent,
-    SessionEnded,
     StepsTopicEvent,
 )
 from titoflow.settings import Settings
@@ -124,13 +124,14 @@ _TOPICS = (
     ),
     _Topic(
         _DEFAULTS.topic("ended"),
-        SessionEnded,
-        carries="How and when each session ended, once; compacted, kept "
-        "TITOFLOW_ENDED_RETENTION_S.",
+        EndedTopicEvent,
+        carries="How and when each session ended, once, and the budget a session was opened "
+        "with (before its end); compacted, kept TITOFLOW_ENDED_RETENTION_S.",
         key="session id",
-        produced_by="the ingress (the rollout driver's finalize or discard); the workers (idle "
-        "timeout)",
-        consumed_by="every ingress replica, from the beginning, so a second end is refused",
+        produced_by="the ingress (a budget at the open; the rollout driver's finalize or "
+        "discard); the workers (idle timeout)",
+        consumed_by="every ingress replica, from the beginning, so a second end is refused and "
+        "every replica enforces a session's budget",
     ),
 )
 

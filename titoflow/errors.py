@@ -16,6 +16,7 @@ from typing import Any
 class TitoflowError(Exception):
     code = "internal_error"
     retryable = False
+    retry_after_s = 1  # when retryable: how long a client should wait before trying again
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -25,6 +26,12 @@ class TitoflowError(Exception):
     def details(self) -> dict[str, Any]:
         """Fields beyond the message that the error body carries (machine-readable)."""
         return {}
+
+    @property
+    def reason(self) -> str:
+        """What the refusal metrics count it under: its code, or finer where a code covers
+        several causes."""
+        return self.code
 
 
 class InvalidRequest(TitoflowError):
@@ -117,6 +124,23 @@ class SessionAlreadyEnded(TitoflowError):
         return {"ended": {"how": self.how, "at": self.ended_at}}
 
 
+class Overloaded(Unavailable):
+    """More generations in flight than this replica (``what="replica"``) or every engine that
+    could take the call (``what="engine"``) is bounded to: refused before any engine work, to be
+    retried after ``retry_after_s``."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, what: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.what = what
+        self.retry_after_s = retry_after_s
+
+    @property
+    def reason(self) -> str:
+        return f"overloaded_{self.what}"
+
+
 class Paused(Unavailable):
     """Generation is paused (a weight update) and did not resume within the hold time."""
 
@@ -131,3 +155,24 @@ class Forbidden(TitoflowError):
     """A valid credential used beyond what it covers (another session's routes)."""
 
     code = "forbidden"
+
+
+class SessionBudgetExceeded(Forbidden):
+    """The session used up a budget the rollout driver set when it opened it (turns, tokens,
+    wall time): its credential covers no more calls. Not retryable: no retry of the same call
+    can fit; the driver ends the session."""
+
+    code = "session_budget_exceeded"
+
+    def __init__(self, message: str, budget: str, limit: float, used: float) -> None:
+        super().__init__(message, f"budget.{budget}")
+        self.budget = budget
+        self.limit = limit
+        self.used = used
+
+    def details(self) -> dict[str, Any]:
+        return {"budget": {"name": self.budget, "limit": self.limit, "used": self.used}}
+
+    @property
+    def reason(self) -> str:
+        return f"budget_{self.budget}"

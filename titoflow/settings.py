@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     ended_sessions_kept: int = Field(
         1_000_000,
         description="Ended sessions each ingress replica remembers (the most recent; about "
-        "200 bytes each) to refuse a second end, a reopening or a model call.",
+        "200 bytes each) to refuse a second end, a reopening or a model call; as many session "
+        "budgets.",
     )
     max_event_bytes: int = Field(
         16 * 1024 * 1024,
@@ -80,6 +81,12 @@ class Settings(BaseSettings):
         0,
         description="Calls in flight on one engine from which further calls go to the session's "
         "next engine (the least loaded when all are this busy); 0: no limit.",
+    )
+    engine_in_flight_limit: int = Field(
+        0,
+        description="Calls in flight from one ingress replica on one engine beyond which a "
+        "call is refused (429, with Retry-After) when every engine is this busy (replicas "
+        "count their own calls: divide an engine's capacity by the replicas); 0: no limit.",
     )
     engine_health_interval_s: float = Field(
         5.0,
@@ -141,6 +148,14 @@ class Settings(BaseSettings):
     )
     max_steps_per_session: int = Field(
         0, description="Steps a session's chain may take; 0: no limit."
+    )
+    max_in_flight: int = Field(
+        0,
+        description="Generations in flight on one ingress replica beyond which a call is "
+        "refused at once, before rendering (429, with Retry-After); 0: no bound.",
+    )
+    overload_retry_after_s: int = Field(
+        1, ge=1, description="The Retry-After, in seconds, of a call refused for overload."
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, description="Largest request body accepted.")
     max_json_depth: int = Field(
@@ -419,6 +434,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "log_format": _EVERY,
     "access_log": _INGRESS,
     "shutdown_grace_s": _SERVICES,
+    "max_in_flight": _INGRESS,
+    "engine_in_flight_limit": _INGRESS,
+    "overload_retry_after_s": _INGRESS,
 }
 
 # Placeholders of values in flags' help, by the setting's name, then its name's ending, then its

@@ -117,13 +117,16 @@ class RolloutClient:
         metadata: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> OpenedSession:
-        """Open a session (``SessionOpened`` is durable when this returns)."""
+        """Open a session (``SessionOpened`` is durable when this returns). ``budget``: limits
+        on its model calls, ``turns``, ``tokens`` and ``wall_s`` (docs/api.md)."""
         body: dict[str, Any] = {
             "instance_id": instance_id,
             "channel": channel,
             "metadata": dict(metadata or {}),
             "options": dict(options or {}),
+            "budget": dict(budget or {}),
         }
         if session_id is not None:
             body["session_id"] = session_id

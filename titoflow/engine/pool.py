@@ -6,8 +6,11 @@ stays in one engine's cache, and adding or draining an engine moves only the ses
 ranked it first. Fallback, in the session's own ranking order (a sticky second choice): past an
 engine that is unhealthy (a failed call, or a failed ``/health`` probe), or overloaded (more
 calls in flight than ``max_in_flight``); when every healthy engine is overloaded, the least
-loaded one. A call that fails before the engine produced anything (unreachable, 502/503/504) is
-retried on the next engine; a stream that already yielded tokens is not.
+loaded one, unless it is at ``in_flight_limit``: then the call is refused
+(:class:`~titoflow.errors.Overloaded`) before any engine sees it (the ingress reserves its place
+earlier, :meth:`EnginePool.reserve`). A call that fails before the
+engine produced anything (unreachable, 502/503/504) is retried on the next engine; a stream
+that already yielded tokens is not.
 
 Run time changes (:meth:`EnginePool.add`, :meth:`drain`, :meth:`remove`) are idempotent and
 take effect at once (no await between them), so replaying them in order (a replica reading the
@@ -34,7 +37,7 @@ from schemas.control import Backend
 from titoflow.engine.api import Engine, GenerateParams, Generation, GenerationChunk
 from titoflow.engine.sglang import SGLangEngine
 from titoflow.engine.vllm import VLLMEngine
-from titoflow.errors import EngineUnavailable
+from titoflow.errors import EngineUnavailable, Overloaded
 from titoflow.settings import Settings
 
 log = logging.getLogger("titoflow.engines")
@@ -99,6 +102,10 @@ def _experts_per_token(settings: Settings) -> int:
     return int(config.get("num_experts_per_tok") or 0)
 
 
+def _nothing() -> None:
+    return None
+
+
 def rendezvous_score(session_id: str, url: str, weight: float) -> float:
     """Weighted HRW: each engine's share of sessions is proportional to its weight."""
     digest = hashlib.blake2b(f"{session_id}\0{url}".encode(), digest_size=8).digest()
@@ -139,9 +146,14 @@ class EnginePool:
         make: Callable[[EngineSpec], Engine],
         max_in_flight: int = 0,
         health_interval_s: float = 5.0,
+        in_flight_limit: int = 0,
+        retry_after_s: int = 1,
     ) -> None:
         self._make = make
         self.max_in_flight = max_in_flight
+        self.in_flight_limit = in_flight_limit
+        self.retry_after_s = retry_after_s
+        self.reserved = 0  # calls admitted against in_flight_limit (see reserve)
         self.health_interval_s = health_interval_s
         self._members: dict[str, _Member] = {}
         self._health_task: asyncio.Task[None] | None = None
@@ -156,6 +168,8 @@ class EnginePool:
             lambda spec: make_engine(spec, settings),
             settings.engine_max_in_flight,
             settings.engine_health_interval_s,
+            settings.engine_in_flight_limit,
+            settings.overload_retry_after_s,
         )
 
     # --- run-time changes -------------------------------------------------------------------
@@ -240,6 +254,8 @@ class EnginePool:
         else:
             idle = [m for m in healthy if not self._overloaded(m)]
             chosen = idle[0] if idle else min(healthy, key=lambda m: m.in_flight)
+            if self.in_flight_limit and chosen.in_flight >= self.in_flight_limit:
+                raise self._overloaded_error()
         first = ranked[0]
         if chosen is not first:
             reason = (
@@ -251,6 +267,33 @@ class EnginePool:
             )
             FALLBACKS.labels(reason).inc()
         return chosen
+
+    def reserve(self) -> Callable[[], None]:
+        """A place for one call among the engines' ``in_flight_limit`` (all healthy serving
+        engines' together), taken when the ingress admits the call, before it renders, and
+        released by calling the result when the call ended; refused (:class:`Overloaded`)
+        when every place is taken. Reserving before the engine is picked is what keeps
+        concurrent admissions from overshooting (a stream refused after its status line); the
+        choice of an engine still refuses one at its limit, the last word."""
+        limit = self.in_flight_limit
+        if not limit:
+            return _nothing
+        healthy = sum(1 for m in self._members.values() if m.serving and m.healthy)
+        if self.reserved >= limit * max(healthy, 1):
+            raise self._overloaded_error()
+        self.reserved += 1
+        return self._unreserve
+
+    def _unreserve(self) -> None:
+        self.reserved -= 1
+
+    def _overloaded_error(self) -> Overloaded:
+        return Overloaded(
+            f"every engine has {self.in_flight_limit} calls in flight, their bound "
+            "(TITOFLOW_ENGINE_IN_FLIGHT_LIMIT): retry after the Retry-After seconds",
+            "engine",
+            self.retry_after_s,
+        )
 
     def _overloaded(self, member: _Member) -> bool:
         return bool(self.max_in_flight) and member.in_flight >= self.max_in_flight
