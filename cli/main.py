@@ -288,7 +288,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     def report(line: str) -> None:
         print(f"titoflow up: {line}", file=sys.stderr, flush=True)
 
-    with LocalStack(settings, args.run_dir, report).start() as stack:
+    try:
+        started = LocalStack(settings, args.run_dir, report).start()
+    except KeyboardInterrupt:  # stopped while starting: the stack stopped what it had started
+        print("stopping...", flush=True)
+        return 0
+    except (RuntimeError, TimeoutError, OSError) as exc:  # a child that exited or never came up
+        # The error's first line says which child; its log's last line, why.
+        head, *tail = [line for line in str(exc).splitlines() if line.strip()]
+        why = f" ({tail[-1].strip()})" if tail else ""
+        report(f"{head.rstrip(':')}{why}; logs in {args.run_dir / 'logs'}")
+        return 1
+    with started as stack:
         print("\ntitoflow is up. Give a scaffold this base URL (session 'my-session'):")
         print(f"  OpenAI:   {stack.ingress_url}/sess/my-session/v1")
         print(

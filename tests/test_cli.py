@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -196,3 +197,22 @@ def test_quiet_libraries_keep_titoflows_own_lines() -> None:
     )
     [line] = result.stderr.splitlines()
     assert '"logger": "titoflow.up"' in line and '"message": "ours"' in line
+
+
+def test_up_says_in_one_line_which_child_did_not_start_and_why(tmp_path: Path) -> None:
+    """A child that exits while the stack starts (here the ingress, its port taken) stops `up`
+    with one line naming it, the last line of its log and where the logs are."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = titoflow(
+            "up",
+            "--run-dir",
+            str(tmp_path),
+            TITOFLOW_ENGINE_URL="http://127.0.0.1:1",
+            TITOFLOW_INGRESS_PORT=str(port),
+        )
+    line = one_line(result, "up", 1)
+    assert line.startswith("titoflow up: ingress exited with 2"), line
+    assert str(port) in line and str(tmp_path / "logs") in line, line
