@@ -2,8 +2,9 @@
 
 Invariant: a chain advances only after its step was published (the broker acknowledged it), so
 a call that fails anywhere before leaves the cache as it was, and a retry extends the same chain
-as a new sample. Metrics and the log line wait for nothing: they are counted on the loop's next
-turn, once the answer is on its way.
+as a new sample. The ``n`` samples of one request advance their chains only once every one of
+their steps was published: each becomes a tip beside the others. Metrics and the log line wait
+for nothing: they are counted on the loop's next turn, once the answer is on its way.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ingress import metrics
@@ -52,6 +54,32 @@ class StepRecorder:
         asyncio.get_running_loop().call_soon(_count, step, len(call.prompt), call.started)
         advance_chain(self.chains, call, step, answer, self.end_ids, version)
         return step
+
+    async def record_samples(
+        self,
+        samples: Sequence[tuple[AnyCall, Generation, float, ParsedOutput]],
+        version: str | None,
+        span: CallSpan,
+        stream: bool,
+    ) -> list[StepRecorded]:
+        """The steps of the samples of one chat request (call, generation, engine ms, parsed),
+        published together; only once all are durable does any chain advance. A failed
+        publish raises (the first failure, after every publish settled) and advances none."""
+        answers = [answer_message(parsed) for *_, parsed in samples]
+        steps = [
+            step_event(call, generation, engine_ms, stream, parsed, answer)
+            for (call, generation, engine_ms, parsed), answer in zip(samples, answers, strict=True)
+        ]
+        outcomes = await asyncio.gather(*map(self.publish, steps), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        loop = asyncio.get_running_loop()
+        for (call, *_), step, answer in zip(samples, steps, answers, strict=True):
+            span.recorded(step, len(call.prompt))
+            loop.call_soon(_count, step, len(call.prompt), call.started)
+            advance_chain(self.chains, call, step, answer, self.end_ids, version)
+        return steps
 
 
 def _count(step: StepRecorded, prompt_len: int, started: float) -> None:
