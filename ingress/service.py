@@ -138,14 +138,7 @@ class ChatService:
         """:meth:`open_stream` for the turn's ``n`` samples: refusals raise here; the events
         are every sample's deltas with its index, then each one's :class:`TurnDone` once all
         are durable. ``TurnStarted`` names the first sample's step."""
-        session_id = turn.session.session_id
-        slot = self.admission.enter(session_id, lambda: turn_number(turn), turn.n)
-        try:
-            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
-            version = await self._admit(call)
-        except BaseException:
-            slot.release()
-            raise
+        slot, call, version = await self._prepare_stream(turn)
         started = TurnStarted(call.step_id, len(call.prompt), time.time())
         events = self._stream_samples(samples_of(call, turn.n), version, slot)
         weakref.finalize(events, slot.release)
@@ -156,18 +149,25 @@ class ChatService:
         bad tool_choice, paused past the hold time) raise here, before an adapter commits to a
         200; the events are deltas as the engine samples, then :class:`TurnDone` once the step
         is durable. The turn's slot in flight is released when the stream ends, however."""
-        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
-        try:
-            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
-            version = await self._admit(call)
-        except BaseException:
-            slot.release()
-            raise
+        slot, call, version = await self._prepare_stream(turn)
         started = TurnStarted(call.step_id, len(call.prompt), time.time())
         events = self._stream(call, version, slot)
         # A stream never iterated (its client left before the first event) runs no finally.
         weakref.finalize(events, slot.release)
         return started, events
+
+    async def _prepare_stream(
+        self, turn: ChatTurn
+    ) -> tuple[Slot, PreparedCall[ChatTurn], str | None]:
+        """A streamed turn admitted (a place in flight per sample) and its prompt prepared;
+        whatever refuses it releases its slot."""
+        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn), turn.n)
+        try:
+            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+            return slot, call, await self._admit(call)
+        except BaseException:
+            slot.release()
+            raise
 
     async def generate_tokens(self, call: TokenCall) -> TokensResult:
         """A white-box call: the caller's prompt ids as they are, recorded like a chat turn

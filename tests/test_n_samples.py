@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import openai
 import pytest
 
 from ingress import openai_chat, session_routes
+from ingress.admission import InFlight
 from ingress.chains import MAX_CHAINS_PER_SESSION
+from ingress.service import ServiceOptions
 from schemas.events import SegmentFinalized, StepRecorded
 from tests.apps import asgi_client, scripted_app
-from tests.doubles import ScriptedEngine
+from tests.doubles import ScriptedEngine, StubEngine
 from tests.families import path_tool
 from titoflow.engine.api import GenerateParams, Generation
-from titoflow.errors import EngineUnavailable
+from titoflow.engine.pool import EnginePool, EngineSpec
+from titoflow.errors import EngineUnavailable, Overloaded
 from workers.assembler import Assembler
 
 TOOLS: Any = [path_tool("ls", "list a directory")]
@@ -213,3 +217,44 @@ async def test_n_beyond_what_a_session_keeps_is_a_400_naming_n() -> None:
         )
     assert failure.value.body["param"] == "n"  # type: ignore[index]
     assert publisher.events == []
+
+
+async def test_the_samples_take_n_places_in_flight_and_on_the_engines() -> None:
+    options = ServiceOptions(max_model_len=4096, default_max_tokens=8, max_in_flight=3)
+    app, _, publisher = scripted_app(["Hi.<|im_end|>"] * 8, ROUTERS, options=options)
+    client = client_for(app, "places")
+    messages: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as failure:  # no retry could ever pass
+        await client.chat.completions.create(model="m", messages=messages, n=N)
+    assert failure.value.body["param"] == "n"  # type: ignore[index]
+    service = app.state.service
+    assert service.admission.in_flight.count == 0 and publisher.events == []
+    answer = await client.chat.completions.create(model="m", messages=messages, n=3)
+    assert len(answer.choices) == 3 and service.admission.in_flight.count == 0
+    # The engines' bound: places reserved for some samples are given back when one is refused.
+    pool = EnginePool([EngineSpec("http://a")], lambda _: StubEngine("http://a"), in_flight_limit=3)
+    admission = replace(service.admission, engines=pool, in_flight=InFlight(0))
+    with pytest.raises(Overloaded):
+        admission.enter("places", lambda: 1, samples=N)
+    assert pool.reserved == 0
+    slot = admission.enter("places", lambda: 1, samples=3)
+    assert pool.reserved == 3 and admission.in_flight.count == 3
+    slot.release()
+    slot.release()  # once only
+    assert pool.reserved == 0 and admission.in_flight.count == 0
+
+
+async def test_a_failed_publish_fails_the_request_and_advances_no_chain() -> None:
+    app, _, publisher = scripted_app(["Hi.<|im_end|>"] * 8, ROUTERS)
+    client = client_for(app, "unpublished")
+    messages: Any = [{"role": "user", "content": "hi"}]
+    publisher.fail_next = True  # the broker refuses the first of the samples' steps
+    with pytest.raises(openai.APIStatusError) as failure:
+        await client.chat.completions.create(model="m", messages=messages, n=N)
+    assert failure.value.status_code == 503
+    # The steps the broker took stay recorded (unused samples nobody continues); no chain
+    # advanced, so a retry is a new sample of the same prompt, not a continuation.
+    assert len(steps_of(publisher)) == N - 1
+    assert "unpublished" not in app.state.service.chains._sessions
+    await client.chat.completions.create(model="m", messages=messages)
+    assert steps_of(publisher)[-1].parent_step_id is None
