@@ -2,8 +2,9 @@
 
 Invariant: a chain advances only after its step was published (the broker acknowledged it), so
 a call that fails anywhere before leaves the cache as it was, and a retry extends the same chain
-as a new sample. The ``n`` samples of one request advance their chains only once every one of
-their steps was published: each becomes a tip beside the others. Metrics and the log line wait
+as a new sample. The ``n`` samples of one request are published together, as one batch the
+broker appends whole or not at all, so they are all recorded or none is; only then do their
+chains advance, each a tip beside the others. Metrics and the log line wait
 for nothing: they are counted on the loop's next turn, once the answer is on its way.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from ingress import metrics
 from ingress.chains import ChainStore
 from ingress.prompts import AnyCall
-from ingress.session_log import Publish
+from ingress.session_log import Publish, PublishTogether
 from ingress.steps import advance_chain, answer_message, step_event
 from ingress.tracing import CallSpan
 from schemas.events import StepRecorded
@@ -33,6 +34,8 @@ class StepRecorder:
     publish: Publish
     chains: ChainStore
     end_ids: frozenset[int]  # the tokens that end a generation: does a head end its turn?
+    # None: a service without a broker's batches (tests, benchmarks): one sample per request.
+    publish_together: PublishTogether | None = None
 
     async def record(
         self,
@@ -63,17 +66,15 @@ class StepRecorder:
         stream: bool,
     ) -> list[StepRecorded]:
         """The steps of the samples of one chat request (call, generation, engine ms, parsed),
-        published together; only once all are durable does any chain advance. A failed
-        publish raises (the first failure, after every publish settled) and advances none."""
+        published together (all recorded or none, see the module doc); only then does any
+        chain advance."""
+        assert self.publish_together is not None, "ChatService refuses n > 1 without it"
         answers = [answer_message(parsed) for *_, parsed in samples]
         steps = [
             step_event(call, generation, engine_ms, stream, parsed, answer)
             for (call, generation, engine_ms, parsed), answer in zip(samples, answers, strict=True)
         ]
-        outcomes = await asyncio.gather(*map(self.publish, steps), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        await self.publish_together(steps)
         loop = asyncio.get_running_loop()
         for (call, *_), step, answer in zip(samples, steps, answers, strict=True):
             span.recorded(step, len(call.prompt))

@@ -46,10 +46,11 @@ from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, samples_of, st
 from ingress.recording import StepRecorder
 from ingress.service_options import ServiceOptions
 from ingress.session_lifecycle import SessionLifecycle
-from ingress.session_log import Publish, SessionEvent
+from ingress.session_log import Publish, PublishTogether, SessionEvent
 from ingress.tracing import CallTracer
 from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import Engine
+from titoflow.errors import InvalidRequest
 from titoflow.tito.render import ChatRenderer
 
 # What other modules import from here: the service's surface.
@@ -77,6 +78,7 @@ class ChatService:
         publish: Publish,
         chains: ChainStore,
         options: ServiceOptions,
+        publish_together: PublishTogether | None = None,
         tracer: CallTracer | None = None,
         control: Control | None = None,
         ended: EndedSessions | None = None,
@@ -97,7 +99,8 @@ class ChatService:
         in_flight = InFlight(options.max_in_flight, options.retry_after_s)
         self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
-        recorder = StepRecorder(publish, chains, renderer.end_ids)
+        recorder = StepRecorder(publish, chains, renderer.end_ids, publish_together)
+        self.records_samples = publish_together is not None
         self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
         # The rollout driver's session calls are the lifecycle's own.
         sessions = SessionLifecycle(publish, chains, self.ended, self.budgets)
@@ -124,6 +127,7 @@ class ChatService:
     async def complete_samples(self, turn: ChatTurn) -> list[TurnResult]:
         """The turn's ``n`` samples of one prompt (rendered once), a step each, all answered
         once all are durable; each sample takes a place in flight."""
+        self._check_samples()
         session_id = turn.session.session_id
         slot = self.admission.enter(session_id, lambda: turn_number(turn), turn.n)
         try:
@@ -138,6 +142,7 @@ class ChatService:
         """:meth:`open_stream` for the turn's ``n`` samples: refusals raise here; the events
         are every sample's deltas with its index, then each one's :class:`TurnDone` once all
         are durable. ``TurnStarted`` names the first sample's step."""
+        self._check_samples()
         slot, call, version = await self._prepare_stream(turn)
         started = TurnStarted(call.step_id, len(call.prompt), time.time())
         events = self._stream_samples(samples_of(call, turn.n), version, slot)
@@ -155,6 +160,11 @@ class ChatService:
         # A stream never iterated (its client left before the first event) runs no finally.
         weakref.finalize(events, slot.release)
         return started, events
+
+    def _check_samples(self) -> None:
+        """Before anything is admitted: samples are recorded together or not at all."""
+        if not self.records_samples:
+            raise InvalidRequest("this service records one sample per request", "n")
 
     async def _prepare_stream(
         self, turn: ChatTurn

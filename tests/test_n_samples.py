@@ -244,17 +244,29 @@ async def test_the_samples_take_n_places_in_flight_and_on_the_engines() -> None:
     assert pool.reserved == 0 and admission.in_flight.count == 0
 
 
-async def test_a_failed_publish_fails_the_request_and_advances_no_chain() -> None:
+async def test_a_failed_publish_records_no_sample_and_advances_no_chain() -> None:
     app, _, publisher = scripted_app(["Hi.<|im_end|>"] * 8, ROUTERS)
     client = client_for(app, "unpublished")
     messages: Any = [{"role": "user", "content": "hi"}]
-    publisher.fail_next = True  # the broker refuses the first of the samples' steps
+    publisher.fail_next = True  # the broker refuses the samples' batch
     with pytest.raises(openai.APIStatusError) as failure:
         await client.chat.completions.create(model="m", messages=messages, n=N)
     assert failure.value.status_code == 503
-    # The steps the broker took stay recorded (unused samples nobody continues); no chain
-    # advanced, so a retry is a new sample of the same prompt, not a continuation.
-    assert len(steps_of(publisher)) == N - 1
+    # One batch: none recorded. No chain advanced: a retry samples the same prompt anew.
+    assert steps_of(publisher) == []
     assert "unpublished" not in app.state.service.chains._sessions
     await client.chat.completions.create(model="m", messages=messages)
-    assert steps_of(publisher)[-1].parent_step_id is None
+    assert [s.parent_step_id for s in steps_of(publisher)] == [None]
+
+
+async def test_a_service_that_cannot_record_samples_together_refuses_n_before_the_engine() -> None:
+    app, engine, publisher = scripted_app(["Hi.<|im_end|>"] * 8, ROUTERS)
+    service = app.state.service
+    service.records_samples = False  # as a service built without publish_together
+    client = client_for(app, "unbatched")
+    messages: Any = [{"role": "user", "content": "hi"}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as failure:
+            await client.chat.completions.create(model="m", messages=messages, n=2, stream=stream)
+        assert failure.value.body["param"] == "n"  # type: ignore[index]
+    assert engine.prompts == [] and publisher.events == []
