@@ -156,10 +156,16 @@ async def test_n_samples_of_a_first_prompt_are_rendered_siblings_and_the_chains_
     app, _, publisher = scripted_app(replies, ROUTERS)
     client = client_for(app, "first")
     messages: Any = [{"role": "user", "content": "hi"}]
-    answer = await client.chat.completions.create(model="m", messages=messages, n=N)
+    answer = await client.chat.completions.create(model="m", messages=messages, n=N, logprobs=True)
     assert [c.message.content for c in answer.choices] == [f"Answer {i}." for i in range(N)]
     samples = steps_of(publisher)
     assert answer.id == f"chatcmpl-{samples[0].step_id}"
+    for choice, sample in zip(answer.choices, samples, strict=True):  # each choice its own
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert [e.logprob for e in choice.logprobs.content] == sample.completion_logprobs
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == len(samples[0].prompt_tail_ids)  # the prompt once
+    assert answer.usage.completion_tokens == sum(len(s.completion_ids) for s in samples)
     assert {(s.prefix, s.parent_step_id) for s in samples} == {("rendered", None)}
     assert len({s.step_id for s in samples}) == N
     service = app.state.service
