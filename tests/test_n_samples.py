@@ -18,7 +18,8 @@ import pytest
 from ingress import openai_chat, session_routes
 from ingress.admission import InFlight
 from ingress.chains import MAX_CHAINS_PER_SESSION
-from ingress.service import ServiceOptions
+from ingress.service import SampleEvent, ServiceOptions
+from ingress.turn import ChatTurn, SessionRef
 from schemas.events import SegmentFinalized, StepRecorded
 from tests.apps import asgi_client, scripted_app
 from tests.doubles import ScriptedEngine, StubEngine
@@ -26,6 +27,7 @@ from tests.families import path_tool
 from titoflow.engine.api import GenerateParams, Generation
 from titoflow.engine.pool import EnginePool, EngineSpec
 from titoflow.errors import EngineUnavailable, Overloaded
+from titoflow.tito.messages import Message
 from workers.assembler import Assembler
 
 TOOLS: Any = [path_tool("ls", "list a directory")]
@@ -276,3 +278,22 @@ async def test_a_service_that_cannot_record_samples_together_refuses_n_before_th
             await client.chat.completions.create(model="m", messages=messages, n=2, stream=stream)
         assert failure.value.body["param"] == "n"  # type: ignore[index]
     assert engine.prompts == [] and publisher.events == []
+
+
+async def test_a_client_that_leaves_a_samples_stream_frees_its_places_and_records_nothing() -> None:
+    app, _, publisher = scripted_app(["A long enough answer, in a few chunks.<|im_end|>"] * N, [])
+    service = app.state.service
+    asked = ChatTurn(
+        session=SessionRef(session_id="leaver"),
+        api="openai.chat",
+        model="m",
+        messages=(Message(role="user", content="hi"),),
+        n=N,
+    )
+    _, events = await service.open_samples(asked)
+    assert service.admission.in_flight.count == N
+    first = await anext(events)
+    assert isinstance(first, SampleEvent)
+    await events.aclose()  # the client went away mid-stream
+    assert service.admission.in_flight.count == 0
+    assert publisher.events == [] and "leaver" not in service.chains._sessions
