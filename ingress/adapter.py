@@ -3,10 +3,11 @@ route every one of them serves, text parts and token counts. Each adapter is the
 shapes: a parser to :class:`~ingress.turn.ChatTurn` and renderers of the service's answer.
 
 Invariant: every chat API answers a request in the same order — a bounded body, parsed into a
-turn, admitted (session key, model), then the service: a whole answer once the step is durable,
-or a stream once the turn is prepared (:meth:`~ingress.service.ChatService.open_stream` refuses
-before the status line). Every error up to the status line is answered in the API's own shape
-(:mod:`ingress.errors`), every later one inside the stream (:mod:`ingress.sse`).
+turn, admitted (session key, model), then the service: a whole answer once the step (with ``n``
+samples, every sample's step) is durable, or a stream once the turn is prepared
+(:meth:`~ingress.service.ChatService.open_stream` refuses before the status line). Every error
+up to the status line is answered in the API's own shape (:mod:`ingress.errors`), every later
+one inside the stream (:mod:`ingress.sse`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic import Field
 
 from ingress import http, sse
 from ingress.errors import ErrorShape
-from ingress.service import TurnResult, TurnStarted
+from ingress.service import SampleEvent, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn
 from titoflow.errors import InvalidRequest, TitoflowError
 
@@ -38,13 +39,15 @@ Raw = TypeVar("Raw", bound=_Streamable)
 class TurnApi(Generic[Raw]):
     """One chat API: ``parse`` turns a body into the turn and the validated request (``Raw``);
     ``whole`` renders a durable result, ``streamed`` a stream's events; ``errors`` and
-    ``framing`` are the API's error shape and SSE framing. :meth:`serve` is its route."""
+    ``framing`` are the API's error shape and SSE framing; ``samples`` renders a turn of ``n``
+    > 1 samples (OpenAI chat's ``n``; None: the API has no ``n``). :meth:`serve` is its route."""
 
     parse: Callable[[Any, str | None, dict[str, str]], tuple[ChatTurn, Raw]]
     whole: Callable[[Request, ChatTurn, Raw, TurnResult], dict[str, Any]]
-    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer]
+    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer[TurnEvent]]
     errors: ErrorShape
     framing: sse.Framing
+    samples: SamplesApi[Raw] | None = None
 
     async def serve(self, request: Request, session: str | None) -> Response:
         try:
@@ -52,6 +55,8 @@ class TurnApi(Generic[Raw]):
             turn, raw = self.parse(body, session, http.lower_headers(request))
             http.admit(request, turn, body)
             service = http.service(request)
+            if turn.n > 1:
+                return await self._serve_samples(request, turn, raw)
             if raw.stream:
                 started, events = await service.open_stream(turn)
                 renderer = self.streamed(request, turn, raw, started)
@@ -60,6 +65,26 @@ class TurnApi(Generic[Raw]):
             return http.json_response(self.whole(request, turn, raw, result))
         except TitoflowError as exc:
             return self.errors.response(exc)
+
+    async def _serve_samples(self, request: Request, turn: ChatTurn, raw: Raw) -> Response:
+        if self.samples is None:
+            raise InvalidRequest("this API takes one sample per request", "n")
+        service = http.service(request)
+        if raw.stream:
+            started, events = await service.open_samples(turn)
+            renderer = self.samples.streamed(request, turn, raw, started)
+            return sse.response(sse.write(self.framing, renderer, events, self.errors.event))
+        results = await service.complete_samples(turn)
+        return http.json_response(self.samples.whole(request, turn, raw, results))
+
+
+@dataclass(frozen=True)
+class SamplesApi(Generic[Raw]):
+    """How an API with ``n`` answers a turn's samples: ``whole`` every durable result, in
+    sample order; ``streamed`` the events of all samples, each with its index."""
+
+    whole: Callable[[Request, ChatTurn, Raw, list[TurnResult]], dict[str, Any]]
+    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer[SampleEvent]]
 
 
 # Tool names as OpenAI and Anthropic accept them (letters, digits, '_' and '-', up to 64: every

@@ -8,7 +8,8 @@ Invariants:
 - A call's place among the engines' bound is reserved here too, before rendering, so that
   concurrent calls cannot all pass and a stream is refused before its status line (the pool
   refuses again when it picks an engine at its limit, the last word).
-- A call admitted holds one :class:`Slot` of :class:`InFlight` until it ends, however it ends
+- A call admitted holds one :class:`Slot` of :class:`InFlight` (a place per sample of a chat
+  request's ``n``, each with its engine reservation) until it ends, however it ends
   (answered, failed, cancelled, its stream dropped): the slot's release is idempotent and the
   service releases it on every path. A call beyond the bound is refused at once (429 with
   ``Retry-After``), not queued: the engine queues already, and every scaffold's SDK retries.
@@ -30,6 +31,7 @@ from ingress.service_options import ServiceOptions
 from ingress.turn import ChatTurn, TokenCall
 from titoflow.errors import (
     ContextOverflow,
+    InvalidRequest,
     Overloaded,
     SessionStepLimit,
     TrajectoryVersionChanged,
@@ -61,15 +63,18 @@ class Slot:
     """One admitted generation's place in flight (and its engine reservation, ``also``):
     released once, whichever path releases it."""
 
-    __slots__ = ("_also", "_owner")
+    __slots__ = ("_also", "_owner", "_places")
 
-    def __init__(self, owner: InFlight, also: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, owner: InFlight, also: Callable[[], None] | None = None, places: int = 1
+    ) -> None:
         self._owner: InFlight | None = owner
         self._also = also
+        self._places = places
 
     def release(self) -> None:
         if self._owner is not None:
-            self._owner.count -= 1
+            self._owner.count -= self._places
             self._owner = None
             if self._also is not None:
                 self._also()
@@ -83,20 +88,27 @@ class InFlight:
         self.retry_after_s = retry_after_s
         self.count = 0
 
-    def acquire(self, also: Callable[[], None] | None = None) -> Slot:
-        """A slot, or :class:`Overloaded` at the bound; ``also`` (the call's engine
-        reservation) is called when the slot is released, or at once when it is refused."""
-        if self.limit and self.count >= self.limit:
+    def acquire(self, also: Callable[[], None] | None = None, places: int = 1) -> Slot:
+        """A slot of ``places`` generations, or :class:`Overloaded` at the bound; ``also`` (the
+        call's engine reservations) is called when the slot is released, or at once when it is
+        refused. More places than the bound are a bad request: no retry could pass."""
+        if self.limit and self.count + places > self.limit:
             if also is not None:
                 also()
+            if places > self.limit:
+                raise InvalidRequest(
+                    f"n={places} samples exceed this replica's bound of {self.limit} "
+                    "generations in flight (TITOFLOW_MAX_IN_FLIGHT)",
+                    "n",
+                )
             raise Overloaded(
                 f"this ingress replica has {self.count} generations in flight, its bound "
                 "(TITOFLOW_MAX_IN_FLIGHT): retry after the Retry-After seconds",
                 "replica",
                 self.retry_after_s,
             )
-        self.count += 1
-        return Slot(self, also)
+        self.count += places
+        return Slot(self, also, places)
 
 
 _ROLE = attrgetter("role")
@@ -118,14 +130,29 @@ class Admission:
     in_flight: InFlight = field(default_factory=lambda: InFlight(0))
     engines: Capacity | None = None  # None: the engines' room is not bounded
 
-    def enter(self, session_id: str, turn: Callable[[], int]) -> Slot:
+    def enter(self, session_id: str, turn: Callable[[], int], samples: int = 1) -> Slot:
         """Admit a call of ``session_id`` (its ``turn()``-th in its conversation, counted only
-        for a session with a turn budget) within its budget and the bounds on calls in flight:
-        before any rendering, so a refusal costs next to nothing. The caller releases the slot
-        when the call ends."""
+        for a session with a turn budget) of ``samples`` engine calls within its budget and the
+        bounds on calls in flight: before any rendering, so a refusal costs next to nothing.
+        The caller releases the slot when the call ends."""
         self.budgets.check(session_id, turn, time.time())
-        reserved = self.engines.reserve() if self.engines is not None else None
-        return self.in_flight.acquire(also=reserved)
+        if self.engines is None:
+            return self.in_flight.acquire(places=samples)
+        if samples == 1:
+            return self.in_flight.acquire(also=self.engines.reserve())
+        reserved: list[Callable[[], None]] = []
+
+        def free_all() -> None:
+            for free in reserved:
+                free()
+
+        try:
+            for _ in range(samples):
+                reserved.append(self.engines.reserve())
+        except Overloaded:
+            free_all()
+            raise
+        return self.in_flight.acquire(free_all, samples)
 
     def fit_budget(self, call: PreparedCall[R]) -> PreparedCall[R]:
         """``call`` with its max_tokens clamped to what its session's token budget leaves."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -40,7 +40,7 @@ from ingress.planes import PlaneSplit
 from ingress.pool_control import apply_to_pool
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
-from schemas.events import SessionBudgeted, SessionEnded
+from schemas.events import SessionBudgeted, SessionEnded, StepRecorded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
@@ -89,6 +89,20 @@ def create_app(settings: Settings) -> FastAPI:
             raise PayloadTooLarge(f"the step is too large to record: {exc}") from exc
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
 
+    async def publish_together(steps: Sequence[StepRecorded]) -> None:
+        """The steps of one session's samples as one record batch: all recorded, or none."""
+        started = time.perf_counter()
+        values = [step.model_dump_json().encode() for step in steps]
+        try:
+            await publisher.publish_together(steps_topic, steps[0].session_id, values)
+        except BrokerUnavailable as exc:
+            metrics.PUBLISH_FAILURES.inc()
+            raise PublishFailed(f"the steps could not be recorded: {exc}") from exc
+        except EventTooLarge as exc:
+            metrics.PUBLISH_FAILURES.inc()
+            raise PayloadTooLarge(f"the samples' steps are too large to record: {exc}") from exc
+        metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = load_tokenizer(settings.model_path)
@@ -101,6 +115,7 @@ def create_app(settings: Settings) -> FastAPI:
             tokenizer=tokenizer,
             engine=engine,
             publish=publish,
+            publish_together=publish_together,
             chains=ChainStore(settings.session_cache_size),
             options=ServiceOptions(
                 max_model_len=settings.engine_max_model_len,

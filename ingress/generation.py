@@ -6,12 +6,17 @@ Invariants:
   whether streamed or not.
 - A result exists only once its step is recorded: :class:`TurnResult` and :class:`TokensResult`
   are returned, and a stream yields :class:`TurnDone`, only after the step was published.
+- The ``n`` samples of one chat request are ``n`` engine calls of one prompt, run together; their
+  steps are published only once every sample was generated, and none is answered unless all
+  were published (:meth:`~ingress.recording.StepRecorder.record_samples`): an engine failure of
+  any sample records none of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 
 from ingress.detokenize import Decoder, IncrementalDecoder, StopTrimmer
@@ -68,6 +73,34 @@ class TurnDone:
 
 TurnEvent = OutputDelta | TokensSampled | TurnDone
 
+
+@dataclass(frozen=True)
+class SampleEvent:
+    """An event of one of a request's ``n`` samples; ``index`` is its choice."""
+
+    index: int
+    event: TurnEvent
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    """A chat sample's whole output, not yet recorded: a sample stream's last item."""
+
+    generation: Generation
+    parsed: ParsedOutput
+    engine_ms: float
+
+
+async def _all(samples: Sequence[Awaitable[_Sampled]]) -> list[_Sampled]:
+    """Every sample, or the first failure with the others cancelled (their engine calls end)."""
+    tasks = [asyncio.ensure_future(sample) for sample in samples]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 _ID_PREFIX = {"anthropic.messages": "toolu_"}
 
 
@@ -83,6 +116,22 @@ class CallRunner:
         self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
     ) -> TurnResult:
         """A chat turn answered at once: its text decoded and parsed when the engine is done."""
+        sampled = await self._sample(call)
+        generation, parsed = sampled.generation, sampled.parsed
+        step = await self.recorder.record(
+            call, version, generation, sampled.engine_ms, span, parsed
+        )
+        return TurnResult(step, parsed, generation, len(call.prompt))
+
+    async def complete_samples(
+        self, calls: Sequence[PreparedCall[ChatTurn]], version: str | None, span: CallSpan
+    ) -> list[TurnResult]:
+        """The samples of one chat request (``calls``: one prompt, a step id each), answered
+        together once all are generated and recorded."""
+        sampled = await _all([self._sample(call) for call in calls])
+        return await self._record_samples(calls, sampled, version, span, stream=False)
+
+    async def _sample(self, call: PreparedCall[ChatTurn]) -> _Sampled:
         generation, engine_ms = await self._generate(call)
         parser = self._parser(call)
         trimmer = StopTrimmer(call.request.sampling.stop)
@@ -92,8 +141,25 @@ class CallRunner:
         )
         parser.feed(trimmer.push(text) + trimmer.flush())
         _, parsed = parser.finish()
-        step = await self.recorder.record(call, version, generation, engine_ms, span, parsed)
-        return TurnResult(step, parsed, generation, len(call.prompt))
+        return _Sampled(generation, parsed, engine_ms)
+
+    async def _record_samples(
+        self,
+        calls: Sequence[PreparedCall[ChatTurn]],
+        sampled: Sequence[_Sampled],
+        version: str | None,
+        span: CallSpan,
+        stream: bool,
+    ) -> list[TurnResult]:
+        outputs = [
+            (call, s.generation, s.engine_ms, s.parsed)
+            for call, s in zip(calls, sampled, strict=True)
+        ]
+        steps = await self.recorder.record_samples(outputs, version, span, stream)
+        return [
+            TurnResult(step, s.parsed, s.generation, len(call.prompt))
+            for call, s, step in zip(calls, sampled, steps, strict=True)
+        ]
 
     async def tokens(
         self, call: PreparedCall[TokenCall], version: str | None, span: CallSpan
@@ -107,6 +173,55 @@ class CallRunner:
         self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
     ) -> AsyncIterator[TurnEvent]:
         """Deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
+        async for event in self._sample_stream(call):
+            if isinstance(event, _Sampled):
+                generation, parsed = event.generation, event.parsed
+                step = await self.recorder.record(
+                    call, version, generation, event.engine_ms, span, parsed, stream=True
+                )
+                yield TurnDone(TurnResult(step, parsed, generation, len(call.prompt)))
+            else:
+                yield event
+
+    async def stream_samples(
+        self, calls: Sequence[PreparedCall[ChatTurn]], version: str | None, span: CallSpan
+    ) -> AsyncIterator[SampleEvent]:
+        """The deltas of every sample of one chat request as the engine samples them, each
+        with its index; then, once all are generated and recorded, each one's
+        :class:`TurnDone`. A failed sample ends the stream with its error (the others are
+        cancelled, nothing is recorded)."""
+        queue: asyncio.Queue[tuple[int, TurnEvent | _Sampled | Exception]] = asyncio.Queue()
+
+        async def pump(index: int, call: PreparedCall[ChatTurn]) -> None:
+            try:
+                async for event in self._sample_stream(call):
+                    queue.put_nowait((index, event))
+            except Exception as exc:  # handed to the reader, which raises it
+                queue.put_nowait((index, exc))
+
+        tasks = [asyncio.create_task(pump(i, call)) for i, call in enumerate(calls)]
+        sampled: dict[int, _Sampled] = {}
+        try:
+            while len(sampled) < len(calls):
+                index, event = await queue.get()
+                if isinstance(event, Exception):
+                    raise event
+                if isinstance(event, _Sampled):
+                    sampled[index] = event
+                else:
+                    yield SampleEvent(index, event)
+        finally:  # done, failed, or closed by a client that left mid-stream
+            for task in tasks:
+                task.cancel()
+        ordered = [sampled[i] for i in range(len(calls))]
+        results = await self._record_samples(calls, ordered, version, span, stream=True)
+        for index, result in enumerate(results):
+            yield SampleEvent(index, TurnDone(result))
+
+    async def _sample_stream(
+        self, call: PreparedCall[ChatTurn]
+    ) -> AsyncIterator[OutputDelta | TokensSampled | _Sampled]:
+        """A sample's deltas as the engine samples, then its whole output, unrecorded."""
         turn = call.request
         started = time.perf_counter()
         parser = self._parser(call)
@@ -152,10 +267,7 @@ class CallRunner:
             stop_reason=stop_reason,
             routed_experts=routed,
         )
-        step = await self.recorder.record(
-            call, version, generation, engine_ms, span, parsed, stream=True
-        )
-        yield TurnDone(TurnResult(step, parsed, generation, len(call.prompt)))
+        yield _Sampled(generation, parsed, engine_ms)
 
     async def _generate(self, call: AnyCall) -> tuple[Generation, float]:
         """The whole generation, and the milliseconds the engine took."""

@@ -2,7 +2,8 @@
 
 Invariant: a streamed completion and a whole one of the same turn are the same message (text,
 reasoning, tool calls, finish reason); logprob entries reach a stream with the first chunk
-after their tokens were sampled, so they never run ahead of the text they belong to.
+after their tokens were sampled, so they never run ahead of the text they belong to. With
+``n`` > 1 each choice is one sample (its own step), at the index of its sample, streamed or not.
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ from fastapi import APIRouter, Request
 from pydantic import Field, InstanceOf, RootModel
 
 from ingress import errors, http, sse
-from ingress.adapter import TextPart, ToolName, TurnApi, text_of, token_counts
+from ingress.adapter import SamplesApi, TextPart, ToolName, TurnApi, text_of, token_counts
+from ingress.chains import MAX_CHAINS_PER_SESSION
 from ingress.known_messages import KNOWN_MESSAGES
-from ingress.service import TokensSampled, TurnEvent, TurnResult, TurnStarted
+from ingress.service import (
+    SampleEvent,
+    TokensSampled,
+    TurnDone,
+    TurnEvent,
+    TurnResult,
+    TurnStarted,
+)
 from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.tito.messages import Message, messages_from_fields
 from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
@@ -81,7 +90,8 @@ class ChatCompletionRequest(http.Lenient):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1)
+    # Each sample becomes a cached chain the client may continue: no more than a session keeps.
+    n: int = Field(1, ge=1, le=MAX_CHAINS_PER_SESSION)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool = False
@@ -145,6 +155,7 @@ def parse_request(
             stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
             logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         ),
+        n=request.n,
         template_kwargs=request.chat_template_kwargs or {},
     )
     return turn, request
@@ -159,8 +170,10 @@ def _finish_reason(result: TurnResult) -> str:
     return _FINISH_REASONS.get(result.generation.finish_reason, "stop")
 
 
-def _usage(result: TurnResult) -> dict[str, int]:
-    prompt, completion = token_counts(result)
+def _usage(*results: TurnResult) -> dict[str, int]:
+    """Every sample's completion tokens, the prompt they share once."""
+    prompt = token_counts(results[0])[0]
+    completion = sum(token_counts(result)[1] for result in results)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -200,9 +213,7 @@ def _logprobs(request: Request, turn: ChatTurn, raw: ChatCompletionRequest) -> _
     return _Logprobs(request, turn.sampling.logprobs or 0) if raw.logprobs else None
 
 
-def completion_response(
-    result: TurnResult, model: str, logprobs: _Logprobs | None
-) -> dict[str, Any]:
+def _choice(result: TurnResult, index: int, logprobs: _Logprobs | None) -> dict[str, Any]:
     parsed = result.parsed
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
     if parsed.reasoning is not None:
@@ -220,26 +231,39 @@ def completion_response(
         else None
     )
     return {
-        "id": f"chatcmpl-{result.step.step_id}",
-        "object": "chat.completion",
-        "created": int(result.step.event_time),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": _finish_reason(result),
-                "logprobs": choice_logprobs,
-            }
-        ],
-        "usage": _usage(result),
+        "index": index,
+        "message": message,
+        "finish_reason": _finish_reason(result),
+        "logprobs": choice_logprobs,
     }
+
+
+def completion_response(
+    results: list[TurnResult], model: str, logprobs: _Logprobs | None
+) -> dict[str, Any]:
+    """The completion of a turn's samples, a choice each (one unless ``n`` > 1), named by the
+    first one's step."""
+    first = results[0].step
+    return {
+        "id": f"chatcmpl-{first.step_id}",
+        "object": "chat.completion",
+        "created": int(first.event_time),
+        "model": model,
+        "choices": [_choice(result, i, logprobs) for i, result in enumerate(results)],
+        "usage": _usage(*results),
+    }
+
+
+def _whole_samples(
+    request: Request, turn: ChatTurn, raw: ChatCompletionRequest, results: list[TurnResult]
+) -> dict[str, Any]:
+    return completion_response(results, turn.model, _logprobs(request, turn, raw))
 
 
 def _whole(
     request: Request, turn: ChatTurn, raw: ChatCompletionRequest, result: TurnResult
 ) -> dict[str, Any]:
-    return completion_response(result, turn.model, _logprobs(request, turn, raw))
+    return _whole_samples(request, turn, raw, [result])
 
 
 class _Chunks:
@@ -252,6 +276,7 @@ class _Chunks:
         started: TurnStarted,
         include_usage: bool,
         logprobs: _Logprobs | None,
+        index: int = 0,
     ) -> None:
         self.base: dict[str, Any] = {
             "id": f"chatcmpl-{started.step_id}",
@@ -261,10 +286,11 @@ class _Chunks:
         }
         self.include_usage = include_usage
         self.logprobs = logprobs
+        self.index = index  # the choice: the sample's index
         self.pending: list[dict[str, Any]] = []  # logprob entries not yet attached to a chunk
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": self.index, "delta": delta, "finish_reason": finish}
         if self.logprobs is not None:
             choice["logprobs"] = {"content": self.pending.copy()} if self.pending else None
             self.pending.clear()
@@ -294,14 +320,55 @@ class _Chunks:
         return (finish,)
 
 
+class _SampleChunks:
+    """The chunks of a turn's ``n`` samples, interleaved as the engine samples them: each
+    sample's as :class:`_Chunks` renders them, at its index; the usage chunk (if asked) once,
+    after every sample finished."""
+
+    def __init__(
+        self, turn: ChatTurn, started: TurnStarted, include_usage: bool, logprobs: _Logprobs | None
+    ) -> None:
+        self.samples = [_Chunks(turn, started, False, logprobs, i) for i in range(turn.n)]
+        self.include_usage = include_usage
+        self.done: list[TurnResult] = []
+
+    def opening(self) -> tuple[dict[str, Any], ...]:
+        return tuple(chunk for sample in self.samples for chunk in sample.opening())
+
+    def render(self, event: SampleEvent) -> tuple[dict[str, Any], ...]:
+        chunks = self.samples[event.index].render(event.event)
+        if isinstance(event.event, TurnDone):
+            self.done.append(event.event.result)
+            if self.include_usage and len(self.done) == len(self.samples):
+                usage = {**self.samples[0].base, "choices": [], "usage": _usage(*self.done)}
+                return (*chunks, usage)
+        return chunks
+
+
+def _include_usage(raw: ChatCompletionRequest) -> bool:
+    return bool(raw.stream_options and raw.stream_options.include_usage)
+
+
 def _streamed(
     request: Request, turn: ChatTurn, raw: ChatCompletionRequest, started: TurnStarted
 ) -> _Chunks:
-    include_usage = bool(raw.stream_options and raw.stream_options.include_usage)
-    return _Chunks(turn, started, include_usage, _logprobs(request, turn, raw))
+    return _Chunks(turn, started, _include_usage(raw), _logprobs(request, turn, raw))
 
 
-_API = TurnApi(parse_request, _whole, _streamed, errors.OPENAI, sse.OPENAI_CHAT)
+def _streamed_samples(
+    request: Request, turn: ChatTurn, raw: ChatCompletionRequest, started: TurnStarted
+) -> _SampleChunks:
+    return _SampleChunks(turn, started, _include_usage(raw), _logprobs(request, turn, raw))
+
+
+_API = TurnApi(
+    parse_request,
+    _whole,
+    _streamed,
+    errors.OPENAI,
+    sse.OPENAI_CHAT,
+    SamplesApi(_whole_samples, _streamed_samples),
+)
 
 
 def router() -> APIRouter:

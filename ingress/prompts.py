@@ -7,7 +7,7 @@ Invariants:
   Otherwise the tail is the whole prompt: the conversation rendered in full, or the caller's
   ids as sent.
 - One step id per engine call: drawn here for every prepared call, so two calls never share one,
-  even for the same prompt (a client retry, best-of-n).
+  even for the same prompt (a client retry, best-of-n, the ``n`` samples of one request).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from ingress import metrics
@@ -122,6 +122,28 @@ def _ready(
         started,
         render_ms,
     )
+
+
+def samples_of(call: PreparedCall[ChatTurn], n: int) -> list[PreparedCall[ChatTurn]]:
+    """``n`` engine calls of ``call``'s prompt, ``call`` first, each with its own step id and
+    engine request id: siblings under one parent, as re-samples of a prompt are. With a seed,
+    sample ``i`` samples with ``seed + i``, as vLLM seeds the samples of its own ``n``."""
+    seed = call.params.seed
+    others = [
+        _ready(
+            call.request,
+            call.parent,
+            call.covered,
+            call.tail,
+            call.prompt,
+            call.params if seed is None else replace(call.params, seed=seed + i),
+            call.matcher,
+            call.started,
+            call.render_ms,
+        )
+        for i in range(1, n)
+    ]
+    return [call, *others]
 
 
 @dataclass(frozen=True)

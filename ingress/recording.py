@@ -2,8 +2,10 @@
 
 Invariant: a chain advances only after its step was published (the broker acknowledged it), so
 a call that fails anywhere before leaves the cache as it was, and a retry extends the same chain
-as a new sample. Metrics and the log line wait for nothing: they are counted on the loop's next
-turn, once the answer is on its way.
+as a new sample. The ``n`` samples of one request are published together, as one batch the
+broker appends whole or not at all, so they are all recorded or none is; only then do their
+chains advance, each a tip beside the others. Metrics and the log line wait
+for nothing: they are counted on the loop's next turn, once the answer is on its way.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ingress import metrics
 from ingress.chains import ChainStore
 from ingress.prompts import AnyCall
-from ingress.session_log import Publish
+from ingress.session_log import Publish, PublishTogether
 from ingress.steps import advance_chain, answer_message, step_event
 from ingress.tracing import CallSpan
 from schemas.events import StepRecorded
@@ -31,6 +34,8 @@ class StepRecorder:
     publish: Publish
     chains: ChainStore
     end_ids: frozenset[int]  # the tokens that end a generation: does a head end its turn?
+    # None: a service without a broker's batches (tests, benchmarks): one sample per request.
+    publish_together: PublishTogether | None = None
 
     async def record(
         self,
@@ -52,6 +57,30 @@ class StepRecorder:
         asyncio.get_running_loop().call_soon(_count, step, len(call.prompt), call.started)
         advance_chain(self.chains, call, step, answer, self.end_ids, version)
         return step
+
+    async def record_samples(
+        self,
+        samples: Sequence[tuple[AnyCall, Generation, float, ParsedOutput]],
+        version: str | None,
+        span: CallSpan,
+        stream: bool,
+    ) -> list[StepRecorded]:
+        """The steps of the samples of one chat request (call, generation, engine ms, parsed),
+        published together (all recorded or none, see the module doc); only then does any
+        chain advance."""
+        assert self.publish_together is not None, "ChatService refuses n > 1 without it"
+        answers = [answer_message(parsed) for *_, parsed in samples]
+        steps = [
+            step_event(call, generation, engine_ms, stream, parsed, answer)
+            for (call, generation, engine_ms, parsed), answer in zip(samples, answers, strict=True)
+        ]
+        await self.publish_together(steps)
+        loop = asyncio.get_running_loop()
+        for (call, *_), step, answer in zip(samples, steps, answers, strict=True):
+            span.recorded(step, len(call.prompt))
+            loop.call_soon(_count, step, len(call.prompt), call.started)
+            advance_chain(self.chains, call, step, answer, self.end_ids, version)
+        return steps
 
 
 def _count(step: StepRecorded, prompt_len: int, started: float) -> None:

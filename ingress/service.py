@@ -13,8 +13,10 @@ Invariants:
   or a full render on a cache miss; the completion is the engine's ids and logprobs, unchanged.
 - A result means durable: :meth:`ChatService.complete` returns, and the stream of
   :meth:`ChatService.open_stream` yields :class:`TurnDone`, only after ``publish`` returned (the
-  broker acknowledged the step). Any failure before that raises and leaves the cache as it was:
-  a retry extends the same chain as a new sample with its own step id.
+  broker acknowledged the step); for a turn of ``n`` samples
+  (:meth:`ChatService.complete_samples`, :meth:`ChatService.open_samples`), only after every
+  sample's step was. Any failure before that raises and leaves the cache as it was: a retry
+  extends the same chain as a new sample with its own step id.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ingress.detokenize import Decoder
 from ingress.ended_sessions import EndedSessions
 from ingress.generation import (
     CallRunner,
+    SampleEvent,
     TokensResult,
     TokensSampled,
     TurnDone,
@@ -39,19 +42,21 @@ from ingress.generation import (
     TurnResult,
     TurnStarted,
 )
-from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, step_id_for
+from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, samples_of, step_id_for
 from ingress.recording import StepRecorder
 from ingress.service_options import ServiceOptions
 from ingress.session_lifecycle import SessionLifecycle
-from ingress.session_log import Publish, SessionEvent
+from ingress.session_log import Publish, PublishTogether, SessionEvent
 from ingress.tracing import CallTracer
 from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import Engine
+from titoflow.errors import InvalidRequest
 from titoflow.tito.render import ChatRenderer
 
 # What other modules import from here: the service's surface.
 __all__ = [
     "ChatService",
+    "SampleEvent",
     "ServiceOptions",
     "SessionEvent",
     "TokensResult",
@@ -73,6 +78,7 @@ class ChatService:
         publish: Publish,
         chains: ChainStore,
         options: ServiceOptions,
+        publish_together: PublishTogether | None = None,
         tracer: CallTracer | None = None,
         control: Control | None = None,
         ended: EndedSessions | None = None,
@@ -93,7 +99,8 @@ class ChatService:
         in_flight = InFlight(options.max_in_flight, options.retry_after_s)
         self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
-        recorder = StepRecorder(publish, chains, renderer.end_ids)
+        recorder = StepRecorder(publish, chains, renderer.end_ids, publish_together)
+        self.records_samples = publish_together is not None
         self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
         # The rollout driver's session calls are the lifecycle's own.
         sessions = SessionLifecycle(publish, chains, self.ended, self.budgets)
@@ -117,23 +124,60 @@ class ChatService:
         finally:
             slot.release()
 
+    async def complete_samples(self, turn: ChatTurn) -> list[TurnResult]:
+        """The turn's ``n`` samples of one prompt (rendered once), a step each, all answered
+        once all are durable; each sample takes a place in flight."""
+        self._check_samples()
+        session_id = turn.session.session_id
+        slot = self.admission.enter(session_id, lambda: turn_number(turn), turn.n)
+        try:
+            with self.tracer.call(turn.api, session_id) as span:
+                call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+                version = await self._admit(call)
+                return await self.runner.complete_samples(samples_of(call, turn.n), version, span)
+        finally:
+            slot.release()
+
+    async def open_samples(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[SampleEvent]]:
+        """:meth:`open_stream` for the turn's ``n`` samples: refusals raise here; the events
+        are every sample's deltas with its index, then each one's :class:`TurnDone` once all
+        are durable. ``TurnStarted`` names the first sample's step."""
+        self._check_samples()
+        slot, call, version = await self._prepare_stream(turn)
+        started = TurnStarted(call.step_id, len(call.prompt), time.time())
+        events = self._stream_samples(samples_of(call, turn.n), version, slot)
+        weakref.finalize(events, slot.release)
+        return started, events
+
     async def open_stream(self, turn: ChatTurn) -> tuple[TurnStarted, AsyncIterator[TurnEvent]]:
         """Prepare a streamed turn. Refusals (overload, budget, context overflow, step limit,
         bad tool_choice, paused past the hold time) raise here, before an adapter commits to a
         200; the events are deltas as the engine samples, then :class:`TurnDone` once the step
         is durable. The turn's slot in flight is released when the stream ends, however."""
-        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
-        try:
-            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
-            version = await self._admit(call)
-        except BaseException:
-            slot.release()
-            raise
+        slot, call, version = await self._prepare_stream(turn)
         started = TurnStarted(call.step_id, len(call.prompt), time.time())
         events = self._stream(call, version, slot)
         # A stream never iterated (its client left before the first event) runs no finally.
         weakref.finalize(events, slot.release)
         return started, events
+
+    def _check_samples(self) -> None:
+        """Before anything is admitted: samples are recorded together or not at all."""
+        if not self.records_samples:
+            raise InvalidRequest("this service records one sample per request", "n")
+
+    async def _prepare_stream(
+        self, turn: ChatTurn
+    ) -> tuple[Slot, PreparedCall[ChatTurn], str | None]:
+        """A streamed turn admitted (a place in flight per sample) and its prompt prepared;
+        whatever refuses it releases its slot."""
+        slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn), turn.n)
+        try:
+            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+            return slot, call, await self._admit(call)
+        except BaseException:
+            slot.release()
+            raise
 
     async def generate_tokens(self, call: TokenCall) -> TokensResult:
         """A white-box call: the caller's prompt ids as they are, recorded like a chat turn
@@ -160,4 +204,15 @@ class ChatService:
                 async for event in self.runner.stream(call, version, span):
                     yield event
         finally:  # done, failed, or closed by a client that left mid-stream
+            slot.release()
+
+    async def _stream_samples(
+        self, calls: list[PreparedCall[ChatTurn]], version: str | None, slot: Slot
+    ) -> AsyncIterator[SampleEvent]:
+        turn = calls[0].request
+        try:
+            with self.tracer.call(turn.api, turn.session.session_id) as span:
+                async for event in self.runner.stream_samples(calls, version, span):
+                    yield event
+        finally:
             slot.release()

@@ -16,11 +16,10 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from ingress.service import TurnEvent
 from titoflow.errors import TitoflowError
 
 Payload = dict[str, Any]
@@ -56,18 +55,24 @@ ANTHROPIC = Framing(lambda: named_event)
 RESPONSES = Framing(numbered_events)
 
 
-class EventRenderer(Protocol):
-    """One stream's events in an API's wire shape, built from the turn's events."""
+E = TypeVar("E", contravariant=True)
+Event = TypeVar("Event")
+
+
+class EventRenderer(Protocol[E]):
+    """One stream's events in an API's wire shape, built from the turn's events (each a
+    :data:`~ingress.service.TurnEvent`; with ``n`` samples, a
+    :class:`~ingress.service.SampleEvent`)."""
 
     def opening(self) -> Iterable[Payload]: ...
 
-    def render(self, event: TurnEvent) -> Iterable[Payload]: ...
+    def render(self, event: E) -> Iterable[Payload]: ...
 
 
 async def write(
     framing: Framing,
-    renderer: EventRenderer,
-    events: AsyncIterator[TurnEvent],
+    renderer: EventRenderer[Event],
+    events: AsyncIterator[Event],
     error_event: Callable[[TitoflowError], Payload],
 ) -> AsyncIterator[str]:
     frame, render = framing.framer(), renderer.render  # bound once: this loop runs per token

@@ -51,6 +51,7 @@ class ChatTurn(BaseModel):
     tool_choice: Literal["auto", "none", "required", "named"] = "auto"
     tool_choice_name: str | None = None
     sampling: SamplingOptions = SamplingOptions()
+    n: int = Field(1, description="Samples of the prompt (OpenAI chat's n): a step each.")
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @cached_property

@@ -46,6 +46,7 @@ def scripted_app(
         tokenizer=tokenizer,
         engine=engine,
         publish=publisher,
+        publish_together=publisher.together,
         chains=ChainStore(100),
         options=options or ServiceOptions(max_model_len=4096, default_max_tokens=64),
     )

@@ -109,6 +109,14 @@ class RecordingPublisher:
             raise PublishFailed("broker down (scripted)")
         self.events.append(event)
 
+    async def together(self, events: Sequence[SessionEvent]) -> None:
+        """Several steps as one batch, as the broker appends one: all recorded, or (failing)
+        none."""
+        if self.fail_next:
+            self.fail_next = False
+            raise PublishFailed("broker down (scripted)")
+        self.events.extend(events)
+
 
 class RecordingBus:
     """Stands in for the broker under the admin route (``titoflow.bus.Publisher``'s

@@ -12,6 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from titoflow.bus import (
     BrokerUnavailable,
+    EventTooLarge,
     Publisher,
     TopicLayoutError,
     ensure_topics,
@@ -145,6 +146,36 @@ async def test_same_key_same_partition_in_publish_order(settings: Settings) -> N
     assert offsets == sorted(set(offsets))
     # The key decides the partition, so different sessions spread over the topic.
     assert len(others) > 1
+
+
+async def test_records_published_together_are_appended_whole_or_not_at_all(
+    settings: Settings,
+) -> None:
+    topic = settings.topic("steps")
+    small = settings.model_copy(update={"max_event_bytes": 64 * 1024})
+    publisher = Publisher(small)
+    try:
+        partition, first = await publisher.publish(topic, "session-t", b"before")
+        await publisher.publish_together(topic, "session-t", [b"a", b"b", b"c"])
+        half = b"x" * (small.max_event_bytes // 2 + 1)  # each fits alone, not both together
+        with pytest.raises(EventTooLarge):
+            await publisher.publish_together(topic, "session-t", [b"d", half, half])
+        assert (await publisher.publish(topic, "session-t", b"after"))[0] == partition
+    finally:
+        await publisher.stop()
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, first)
+        records = await read(consumer, 5)
+    finally:
+        await consumer.stop()
+    # Same partition, in order, contiguous: the refused batch left nothing, not even its "d".
+    assert [r.value for r in records] == [b"before", b"a", b"b", b"c", b"after"]
+    assert [r.offset for r in records] == list(range(first, first + 5))
+    assert {r.key for r in records} == {b"session-t"}
 
 
 async def test_group_resumes_from_committed_offset_after_restart(settings: Settings) -> None:

@@ -5,8 +5,9 @@ One session runs the same conversation twice (first non-streamed, then streamed;
 the same system + user message), five turns each with tool results and follow-up user messages
 between turns, at temperature 1. Along the way the client re-sends a request it already got an
 answer to (an SDK retry after a timeout) and continues from the second answer, and asks one prompt
-twice (best-of-2) and continues the first. Every completion the client received must reach a
-segment exactly once, after exactly the prompt the engine saw; nothing goes to the DLQ.
+twice (best-of-2) and continues the first, and asks for ``n`` = 4 samples of one prompt in one
+request and continues the third. Every completion the client received must reach a segment
+exactly once, after exactly the prompt the engine saw; nothing goes to the DLQ.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ START = [
 ]
 
 
+N = 4  # the samples of the turn asked with ``n``
+CONTINUED = 2  # the choice of those the client goes on with
+
+
 async def _ask(
-    client: AsyncOpenAI, messages: list[dict[str, Any]], turn: int, stream: bool
-) -> dict[str, Any]:
-    """One turn; the assistant message as the client echoes it back. Even turns must call a
-    tool (the engine's own constrained decoding), odd turns answer freely."""
+    client: AsyncOpenAI, messages: list[dict[str, Any]], turn: int, stream: bool, n: int = 1
+) -> list[dict[str, Any]]:
+    """One turn; each choice's assistant message as the client echoes it back. Even turns must
+    call a tool (the engine's own constrained decoding), odd turns answer freely."""
     tools: dict[str, Any] = {"tools": TOOLS}
     if turn % 2 == 0:
         tools["tool_choice"] = "required"
@@ -50,26 +55,35 @@ async def _ask(
         "messages": messages,
         "max_tokens": 20,
         "temperature": 1.0,
+        "n": n,
         **tools,
     }
     if not stream:
         answer = await client.chat.completions.create(**common)
-        message = answer.choices[0].message
-        calls = [c.model_dump() for c in message.tool_calls or []]
-        return {"role": "assistant", "content": message.content or "", "tool_calls": calls}
-    text, calls = "", []
+        assert [choice.index for choice in answer.choices] == list(range(n))
+        return [
+            {
+                "role": "assistant",
+                "content": choice.message.content or "",
+                "tool_calls": [c.model_dump() for c in choice.message.tool_calls or []],
+            }
+            for choice in answer.choices
+        ]
+    texts = [""] * n
+    calls: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    finished: list[str | None] = [None] * n
     chunks = await client.chat.completions.create(stream=True, **common)
     async for chunk in chunks:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        text += delta.content or ""
-        for call in delta.tool_calls or []:
-            assert call.function is not None
-            calls.append(
-                {"id": call.id, "type": "function", "function": call.function.model_dump()}
-            )
-    return {"role": "assistant", "content": text, "tool_calls": calls}
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                assert call.function is not None
+                calls[choice.index].append(
+                    {"id": call.id, "type": "function", "function": call.function.model_dump()}
+                )
+            finished[choice.index] = choice.finish_reason or finished[choice.index]
+    assert all(finished), finished  # every choice ended, at its own index
+    return [{"role": "assistant", "content": texts[i], "tool_calls": calls[i]} for i in range(n)]
 
 
 def _next_input(answer: dict[str, Any], turn: int) -> list[dict[str, Any]]:
@@ -87,13 +101,18 @@ async def _conversation(
 ) -> list[dict[str, Any]]:
     messages = [dict(m) for m in START]
     for turn in range(5):
-        answer = await _ask(client, messages, turn, stream)
-        received.append(answer)
+        if turn == 1:  # n samples in one request: the client goes on with one of them
+            answers = await _ask(client, messages, turn, stream, n=N)
+            received += answers
+            answer = answers[CONTINUED]
+        else:
+            [answer] = await _ask(client, messages, turn, stream)
+            received.append(answer)
         if turn == 2:  # the SDK re-sends the same request (a timeout): it keeps the new answer
-            answer = await _ask(client, messages, turn, stream)
+            [answer] = await _ask(client, messages, turn, stream)
             received.append(answer)
         if turn == 3:  # best-of-2: the same prompt twice, the first one continued
-            received.append(await _ask(client, messages, turn, stream))
+            received += await _ask(client, messages, turn, stream)
         messages += [answer, *_next_input(answer, turn)]
     return messages
 
@@ -117,7 +136,8 @@ async def test_one_session_runs_a_conversation_twice_and_every_sample_reaches_tr
         worker.stop()
 
     steps = await recorded_steps(stack_settings, session, len(received))
-    assert len(steps) == len(received) == 14  # one step per sample, 2 x (5 + retry + best-of-2)
+    # One step per sample: 2 x (5 + retry + best-of-2 + the other n - 1 samples).
+    assert len(steps) == len(received) == 2 * (7 + N - 1)
     assert len({s.step_id for s in steps}) == len(steps), "two samples share a step id"
     tool_ids = [c["id"] for s in steps for c in s.response_message.get("tool_calls", [])]
     assert len(set(tool_ids)) == len(tool_ids), "two samples share a tool-call id"
@@ -125,8 +145,10 @@ async def test_one_session_runs_a_conversation_twice_and_every_sample_reaches_tr
     calls = witness.witnessed()
     assert len(calls) == len(received)
     counts = check_segments(segments, calls, complete=True)
-    # The retry's first answer and the unpicked best-of-2 candidate, in each conversation.
-    assert [s.unused_sample for s in segments].count(True) == 4
+    # The retry's first answer, the unpicked best-of-2 candidate and the n - 1 samples not
+    # continued, in each conversation.
+    assert [s.unused_sample for s in segments].count(True) == 2 * (2 + N - 1)
+    _n_samples_are_siblings(steps)
     assert counts["trainable_steps"] == len(received)
     _both_conversations_in_segments(steps, segments)
     # The trainer's consumer skips the unused samples by default (they come first on the topic).
@@ -138,6 +160,20 @@ async def test_one_session_runs_a_conversation_twice_and_every_sample_reaches_tr
             if len(yielded) == len(used):
                 break
     assert yielded == used
+
+
+def _n_samples_are_siblings(steps: list[StepRecorded]) -> None:
+    """Each conversation's n samples: one parent, one prompt, one request each (the engine's),
+    a step id each; the next turn continues one of them."""
+    by_parent: dict[str | None, list[StepRecorded]] = {}
+    for step in steps:
+        by_parent.setdefault(step.parent_step_id, []).append(step)
+    groups = [g for g in by_parent.values() if len(g) == N]
+    assert len(groups) == 2, [len(g) for g in by_parent.values()]
+    for group in groups:
+        assert len({(s.prefix_len, tuple(s.prompt_tail_ids)) for s in group}) == 1
+        assert len({s.engine_request_id for s in group}) == N
+        assert sum(s.step_id in by_parent for s in group) == 1  # the continued one
 
 
 def _both_conversations_in_segments(steps: list[StepRecorded], segments: list[Any]) -> None:

@@ -86,7 +86,8 @@ def test_shapes_scaffolds_send() -> None:
         (body(messages=[{"role": "robot", "content": "x"}]), "messages.0.role"),
         (body(temperature="hot"), "temperature"),
         (body(max_tokens=0), "max_tokens"),
-        (body(n=2), "n"),
+        (body(n=17), "n"),  # more samples than a session keeps chains for
+        (body(n=0), "n"),
         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
         (body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages"),
         (["not", "an", "object"], ""),

@@ -63,3 +63,6 @@ def test_an_exact_segment_passes_and_every_lie_fails() -> None:
     with pytest.raises(WitnessError, match="reached no segment"):
         check_segments([segment], [*calls, extra], complete=True)
     check_segments([segment], [*calls, extra], complete=True, accounted=[(9, 8)])
+    several = Witnessed((9,), stream=False, completion=[8], finish_reason="stop", samples=4)
+    with pytest.raises(WitnessError, match="several samples"):  # 3 of them unrecorded
+        check_segments([segment], [*calls, several], accounted=[(9, 8)])

@@ -12,7 +12,8 @@ aborted a generation and the ingress continued it), each sampled after exactly t
 it in the segment (steps with recomputed tokens, source 3, hold re-rendered turns and are left to
 the recompute tests); sampled logprobs equal the engine's as float32 bits; no witnessed call is
 trainable twice; with ``complete``, every witnessed call is trainable in exactly one segment
-(a marked unused sample counts) unless the test names it as accounted for.
+(a marked unused sample counts) unless the test names it as accounted for. A call is one sample:
+one that asked the engine for ``n`` > 1 fails the check rather than go partly unaccounted.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class Witnessed:
     finish_reason: str | None = None
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     prompt_logprobs: bool = False  # a scoring call (recompute), not a sample
+    # Samples the call asked for (vLLM's ``n``): the record holds choice 0 only, so a call of
+    # more would hide samples from the check, which refuses it instead.
+    samples: int = 1
 
     def take(self, payload: dict[str, Any]) -> None:
         choice = (payload.get("choices") or [{}])[0]
@@ -128,7 +132,10 @@ class RecordingProxy:
             sent = json.loads(body)
             stream = bool(sent.get("stream"))
             scoring = bool((sent.get("sampling_params") or {}).get("prompt_logprobs") is not None)
-            call = Witnessed(tuple(sent["token_ids"]), stream, prompt_logprobs=scoring)
+            samples = int((sent.get("sampling_params") or {}).get("n") or 1)
+            call = Witnessed(
+                tuple(sent["token_ids"]), stream, prompt_logprobs=scoring, samples=samples
+            )
             with self.witness.lock:
                 self.witness.calls.append(call)
         client = httpx.AsyncClient(base_url=self.engine_url, timeout=None)
@@ -186,6 +193,12 @@ def check_segments(
     """Hold ``segments`` to the witnessed ``calls`` (see the module doc); returns counts of
     what it checked. ``accounted``: full token sequences (prompt + completion) of calls a test
     expects in no segment (a discarded session, an aborted request)."""
+    several = [call for call in calls if call.samples != 1]
+    if several:
+        raise WitnessError(
+            f"{len(several)} generate calls asked for several samples (n); the witness records "
+            "one sample per call (the ingress sends a call per sample)"
+        )
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for index, call in enumerate(calls):
         by_prompt.setdefault(call.prompt, []).append(index)

@@ -23,6 +23,7 @@ from aiokafka.errors import CommitFailedError as CommitFailedError
 from aiokafka.errors import KafkaError as KafkaError
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import BatchBuilder
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.subscriber.usecase import LogicSubscriber
@@ -319,6 +320,25 @@ class Publisher:
                     topic, value, key=key.encode(), headers=kafka_headers
                 )
         return int(metadata.partition), int(metadata.offset)
+
+    async def publish_together(self, topic: str, key: str, values: list[bytes]) -> None:
+        """Append ``values`` under ``key`` as one record batch, in order, and return once the
+        broker acknowledged it: a broker appends a batch whole or not at all, so either every
+        record is durable or none is (no transaction needed). The batch may be as large as one
+        event may (``max_event_bytes``); larger is ``EventTooLarge``, nothing appended."""
+        size = sum(map(len, values))
+        with translated_errors(self._settings, topic, size):
+            async with asyncio.timeout(self._timeout_s):
+                producer = await self._ensure_producer()
+                partitions = sorted(await producer.partitions_for(topic))
+                # Uncompressed, as the producer's own batches are (it is made without one).
+                batch = BatchBuilder(self._settings.max_event_bytes, 0)
+                for value in values:
+                    if batch.append(timestamp=None, key=key.encode(), value=value) is None:
+                        raise MessageSizeTooLargeError(f"{len(values)} records, {size} bytes")
+                batch.close()
+                partition = home_partition(key, partitions)
+                await (await producer.send_batch(batch, topic, partition=partition))
 
     async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None:
         """Append (topic, key, value) records, all in flight at once, and return once the broker
