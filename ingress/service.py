@@ -93,7 +93,7 @@ class ChatService:
         in_flight = InFlight(options.max_in_flight, options.retry_after_s)
         self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
-        recorder = StepRecorder(publish, chains, renderer.end_ids)
+        recorder = StepRecorder(publish, chains, renderer.end_ids, options.logprobs_mode)
         self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
         # The rollout driver's session calls are the lifecycle's own.
         sessions = SessionLifecycle(publish, chains, self.ended, self.budgets)
