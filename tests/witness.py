@@ -3,8 +3,9 @@ check that segments hold exactly that.
 
 :class:`RecordingProxy` sits between the ingress and vLLM (a real HTTP hop on its own thread) and
 forwards every request unchanged. For each ``/inference/v1/generate`` call it keeps the prompt
-token ids it forwarded and the token ids, logprobs, weight-version spans and finish reason the
-engine answered, streamed or not. Nothing in it comes from titoflow's own events.
+token ids and sampling parameters it forwarded and the token ids, logprobs, weight-version spans
+and finish reason the engine answered, streamed or not. Nothing in it comes from titoflow's own
+events.
 
 :func:`check_segments` holds segments to that record (concat mode): every trainable step's
 completion is the concatenation of witnessed completions (one call, or several when a pause
@@ -52,6 +53,7 @@ class Witnessed:
     finish_reason: str | None = None
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     prompt_logprobs: bool = False  # a scoring call (recompute), not a sample
+    sampling_params: dict[str, Any] = field(default_factory=dict)  # as the engine was sent them
 
     def take(self, payload: dict[str, Any]) -> None:
         choice = (payload.get("choices") or [{}])[0]
@@ -128,7 +130,12 @@ class RecordingProxy:
             sent = json.loads(body)
             stream = bool(sent.get("stream"))
             scoring = bool((sent.get("sampling_params") or {}).get("prompt_logprobs") is not None)
-            call = Witnessed(tuple(sent["token_ids"]), stream, prompt_logprobs=scoring)
+            call = Witnessed(
+                tuple(sent["token_ids"]),
+                stream,
+                prompt_logprobs=scoring,
+                sampling_params=dict(sent.get("sampling_params") or {}),
+            )
             with self.witness.lock:
                 self.witness.calls.append(call)
         client = httpx.AsyncClient(base_url=self.engine_url, timeout=None)
