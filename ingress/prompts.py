@@ -221,6 +221,7 @@ class PromptBuilder:
             routed_experts_start=_first_new_row(prefix_len),
             temperature=call.temperature,
             top_p=call.top_p,
+            top_k=call.top_k,
             seed=call.seed,
             stop_token_ids=call.stop_token_ids,
             top_logprobs=call.top_logprobs,

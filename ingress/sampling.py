@@ -76,6 +76,7 @@ def asked(request: ChatTurn | TokenCall) -> SamplingAsked:
     return SamplingAsked(
         temperature=request.temperature,
         top_p=request.top_p,
+        top_k=request.top_k,
         seed=request.seed,
         max_tokens=request.max_tokens,
     )

@@ -72,6 +72,7 @@ class TokenCall(BaseModel):
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     top_logprobs: int = 0

@@ -206,8 +206,8 @@ def test_the_record_reads_the_call_sent_and_the_call_asked() -> None:
     assert sampling.asked(turn) == SamplingAsked(
         temperature=0.3, top_p=1.0, top_k=4, max_tokens=9, stop=["x"]
     )
-    call = TokenCall(session=ref, model="m", prompt_ids=(1,), temperature=0.5, seed=2)
-    assert sampling.asked(call) == SamplingAsked(temperature=0.5, top_p=1.0, seed=2)
+    call = TokenCall(session=ref, model="m", prompt_ids=(1,), temperature=0.5, top_k=3, seed=2)
+    assert sampling.asked(call) == SamplingAsked(temperature=0.5, top_p=1.0, top_k=3, seed=2)
 
 
 def test_the_drivers_cap_comes_before_the_context_check() -> None:
@@ -300,18 +300,21 @@ async def test_overrides_win_over_the_responses_api_and_the_token_api() -> None:
     await client.responses.create(model="m", input="hi", temperature=0.1, max_output_tokens=30)
     answer = await asgi_client(app).post(
         "/sess/r/generate",
-        json={"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.5, "seed": 4}},
+        json={
+            "input_ids": [1, 2, 3],
+            "sampling_params": {"temperature": 0.5, "top_k": 3, "seed": 4},
+        },
     )
     assert answer.status_code == 200, answer.text
     made = steps(events)
     assert [s.api for s in made] == ["openai.responses", "generate"]
     assert [(p.temperature, p.max_tokens) for p in engine.sent] == [(1.0, 8), (1.0, 8)]
-    assert engine.sent[1].seed == 4  # no seed override: the caller's stands
+    assert (engine.sent[1].seed, engine.sent[1].top_k) == (4, 3)  # not overridden: they stand
     for sent, step_made in zip(engine.sent, made, strict=True):
         assert recorded(step_made) == as_sent(sent)
     assert [s.sampling_asked for s in made] == [
         SamplingAsked(temperature=0.1, top_p=1.0, max_tokens=30),
-        SamplingAsked(temperature=0.5, top_p=1.0, seed=4),
+        SamplingAsked(temperature=0.5, top_p=1.0, top_k=3, seed=4),
     ]
 
 
