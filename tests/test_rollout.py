@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from ingress.sampling import step_seed
 from tests.families import path_tool
 from tests.topics import engine_generate, recorded_steps
 from tests.witness import Witness
@@ -31,9 +30,10 @@ pytestmark = pytest.mark.engine
 
 TOOLS: Any = [path_tool("ls", "list a directory")]
 QWEN3_PAD_ID = 151643
-# What the driver forces on the group's sessions, over the agent's temperature 0.7, top_p 0.9 and
-# seeds: each step sampled at temperature 1 with no cut and its own seed, derived from 11.
-OVERRIDES = {"temperature": 1.0, "top_p": 1.0, "seed": 11, "seed_policy": "per_step"}
+# What the driver forces on the group's sessions, over the agent's temperature 0.7 and top_p 0.9:
+# temperature 1 with no cut. The agent's seeds stand (the tokens, and so the test's segments, are
+# those of the seeds it picked; per-step seeds: tests/test_sampling_record.py).
+OVERRIDES = {"temperature": 1.0, "top_p": 1.0}
 
 
 async def run_agent(opened: OpenedSession, seed: int) -> tuple[int, int]:
@@ -134,14 +134,14 @@ async def test_group_rollout_with_rewards_becomes_a_padded_batch(
             used, asked = step.sampling, step.sampling_asked
             assert used is not None and asked is not None
             assert (used.temperature, used.top_p) == (sent["temperature"], sent["top_p"]) == (1, 1)
-            assert used.seed == sent["seed"] == step_seed(11, step.step_id)
+            assert used.seed == sent["seed"] == asked.seed == 100 * group_index + turn
             assert used.max_tokens == sent["max_tokens"] == (48 if turn < 2 else 12)
             assert used.stop_token_ids == sent["stop_token_ids"]
             assert (used.top_k, used.stop) == (sent.get("top_k", -1), sent.get("stop", []))
             assert used.constrained == ("structured_outputs" in sent) == (turn < 2)
             assert used.logprobs_mode == "raw_logprobs"  # what the stack started vLLM with
             assert (asked.temperature, asked.top_p) == (0.7, 0.9)
-            assert (asked.seed, asked.max_tokens) == (100 * group_index + turn, used.max_tokens)
+            assert asked.max_tokens == used.max_tokens
 
     # The batch a trainer builds: one row per rollout, loss on exactly the generated tokens.
     [(key, ordered)] = group_by_instance(segments).items()
