@@ -1,4 +1,5 @@
-"""Whether a call may reach the engine, and how many tokens it may ask for.
+"""Whether a call may reach the engine, how many tokens it may ask for, and the sampling the
+rollout driver forces on its session (:mod:`ingress.sampling`).
 
 Invariants:
 - Every refusal (a session that already ended, the session's step limit or budget, the context
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from ingress import sampling
 from ingress.budgets import SessionBudgets
 from ingress.chains import Chain
 from ingress.ended_sessions import EndedSessions
@@ -155,13 +157,16 @@ class Admission:
         return self.in_flight.acquire(free_all, samples)
 
     def fit_budget(self, call: PreparedCall[R]) -> PreparedCall[R]:
-        """``call`` with its max_tokens clamped to what its session's token budget leaves."""
+        """``call`` with its max_tokens clamped to what its session's token budget leaves, and
+        the sampling the driver forces on the session in place of the caller's."""
         session_id = call.request.session.session_id
         wanted = call.params.max_tokens
         granted = self.budgets.max_tokens(session_id, wanted, len(call.prompt))
-        if granted == wanted:
-            return call
-        return replace(call, params=replace(call.params, max_tokens=granted))
+        params = call.params if granted == wanted else replace(call.params, max_tokens=granted)
+        overrides = self.budgets.overrides(session_id)
+        if overrides is not None:
+            params = sampling.overridden(params, overrides, call.step_id)
+        return call if params is call.params else replace(call, params=params)
 
     def check_open(self, session_id: str) -> None:
         """A session the driver (or a worker's idle timeout) ended takes no more calls: their
@@ -175,13 +180,17 @@ class Admission:
                 f"{self.options.max_steps_per_session} steps"
             )
 
-    def max_tokens(self, asked: int | None, prompt_len: int) -> int:
-        """What a call may generate: asked (or the default), capped, and clamped to the room
-        left in the context window (or refused, by the context policy)."""
+    def max_tokens(self, asked: int | None, prompt_len: int, session_id: str) -> int:
+        """What a call may generate: asked (or the default), capped (the deployment's cap, the
+        driver's for the session), and clamped to the room left in the context window (or
+        refused, by the context policy)."""
         room = self.options.max_model_len - prompt_len
         wanted = asked or self.options.default_max_tokens
         if self.options.max_tokens_cap:
             wanted = min(wanted, self.options.max_tokens_cap)
+        overrides = self.budgets.overrides(session_id)
+        if overrides is not None and overrides.max_tokens is not None:
+            wanted = min(wanted, overrides.max_tokens)
         if room <= 0 or (self.options.context_policy == "refuse" and wanted > room):
             raise ContextOverflow(
                 f"the prompt has {prompt_len} tokens and asks for {wanted} more; the model's "

@@ -116,6 +116,7 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)  # required by Anthropic, so required here too
     temperature: float = Field(1.0, ge=0.0, le=1.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
     stop_sequences: list[str] = Field(default_factory=list)
     stream: bool = False
 
@@ -242,6 +243,7 @@ def _turn(request: CountTokensRequest, session: SessionRef) -> ChatTurn:
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
+            top_k=request.top_k or -1,
             stop=tuple(request.stop_sequences),
         )
     return ChatTurn(

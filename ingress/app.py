@@ -128,6 +128,7 @@ def create_app(settings: Settings) -> FastAPI:
                 partial_rollout=settings.partial_rollout,
                 max_in_flight=settings.max_in_flight,
                 retry_after_s=settings.overload_retry_after_s,
+                logprobs_mode=settings.engine_logprobs_mode,
             ),
             tracer=CallTracer(settings.otel_traces),
             control=gate,

@@ -1,11 +1,13 @@
-"""The budgets rollout drivers set on their sessions at open, as every replica knows them.
+"""The budgets and sampling overrides rollout drivers set on their sessions at open, as every
+replica knows them.
 
-Invariant: every replica judges a session's call by the same facts. The limits and the open
-time come from :class:`~schemas.events.SessionBudgeted` on ``<prefix>.ended``, which every
-replica follows (and the opening replica records at once); what a call has used is read from
-the call itself (the assistant turns its history holds, its prompt's length, the clock), never
-from counts one replica kept, so a session moved to another replica is judged alike. The
-record is bounded (the most recent budgets), like :class:`~ingress.ended_sessions.EndedSessions`.
+Invariant: every replica judges a session's call by the same facts. The limits, the overrides
+and the open time come from :class:`~schemas.events.SessionBudgeted` on ``<prefix>.ended``,
+which every replica follows (and the opening replica records at once); what a call has used is
+read from the call itself (the assistant turns its history holds, its prompt's length, the
+clock), never from counts one replica kept, so a session moved to another replica is judged
+alike. The record is bounded (the most recent budgets), like
+:class:`~ingress.ended_sessions.EndedSessions`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from schemas.events import SessionBudgeted
+from schemas.events import SamplingOverrides, SessionBudgeted
 from titoflow.errors import SessionBudgetExceeded
 
 
@@ -30,6 +32,11 @@ class SessionBudgets:
 
     def get(self, session_id: str) -> SessionBudgeted | None:
         return self._budgets.get(session_id)
+
+    def overrides(self, session_id: str) -> SamplingOverrides | None:
+        """The sampling the driver forces on the session's calls; None: none."""
+        held = self._budgets.get(session_id)
+        return held.sampling if held is not None and held.sampling else None
 
     def check(self, session_id: str, turn: Callable[[], int], now: float) -> None:
         """Refuse the session's ``turn()``-th call past its turn or wall-time budget (``turn``

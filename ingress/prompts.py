@@ -237,10 +237,13 @@ class PromptBuilder:
             self.admission.check_step_limit(call.session.session_id, parent)
         prefix_len = len(parent.tokens) if parent else 0
         params = GenerateParams(
-            max_tokens=self.admission.max_tokens(call.max_tokens, len(prompt)),
+            max_tokens=self.admission.max_tokens(
+                call.max_tokens, len(prompt), call.session.session_id
+            ),
             routed_experts_start=_first_new_row(prefix_len),
             temperature=call.temperature,
             top_p=call.top_p,
+            top_k=call.top_k,
             seed=call.seed,
             stop_token_ids=call.stop_token_ids,
             top_logprobs=call.top_logprobs,
@@ -250,7 +253,9 @@ class PromptBuilder:
         return _ready(call, parent, 0, tail, prompt, params, "strict", started, 0.0)
 
     def _turn_params(self, turn: ChatTurn, prompt_len: int, prefix_len: int) -> GenerateParams:
-        max_tokens = self.admission.max_tokens(turn.sampling.max_tokens, prompt_len)
+        max_tokens = self.admission.max_tokens(
+            turn.sampling.max_tokens, prompt_len, turn.session.session_id
+        )
         try:
             structured = tool_call_constraint(
                 self.renderer.family,
@@ -265,6 +270,7 @@ class PromptBuilder:
             max_tokens=max_tokens,
             temperature=turn.sampling.temperature,
             top_p=turn.sampling.top_p,
+            top_k=turn.sampling.top_k,
             seed=turn.sampling.seed,
             stop_token_ids=self.renderer.stop_token_ids,
             stop=turn.sampling.stop,

@@ -22,7 +22,7 @@ from ingress.prompts import AnyCall
 from ingress.session_log import Publish, PublishTogether
 from ingress.steps import advance_chain, answer_message, step_event
 from ingress.tracing import CallSpan
-from schemas.events import StepRecorded
+from schemas.events import LogprobsMode, StepRecorded
 from titoflow.engine.api import Generation
 from titoflow.tito.output import ParsedOutput
 
@@ -34,6 +34,7 @@ class StepRecorder:
     publish: Publish
     chains: ChainStore
     end_ids: frozenset[int]  # the tokens that end a generation: does a head end its turn?
+    logprobs_mode: LogprobsMode = "raw_logprobs"  # what the engines' logprobs are
     # None: a service without a broker's batches (tests, benchmarks): one sample per request.
     publish_together: PublishTogether | None = None
 
@@ -50,7 +51,7 @@ class StepRecorder:
         """The step of ``call``, durable; ``parsed`` is a chat turn's output (None: white-box),
         ``version`` the weight version the call was admitted under."""
         answer = answer_message(parsed) if parsed is not None else None
-        step = step_event(call, generation, engine_ms, stream, parsed, answer)
+        step = step_event(call, generation, engine_ms, stream, parsed, answer, self.logprobs_mode)
         await self.publish(step)
         span.recorded(step, len(call.prompt))
         # Counted on the next loop iteration: the answer leaves 0.1 ms sooner.

@@ -99,7 +99,9 @@ class ChatService:
         in_flight = InFlight(options.max_in_flight, options.retry_after_s)
         self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
-        recorder = StepRecorder(publish, chains, renderer.end_ids, publish_together)
+        recorder = StepRecorder(
+            publish, chains, renderer.end_ids, options.logprobs_mode, publish_together
+        )
         self.records_samples = publish_together is not None
         self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
         # The rollout driver's session calls are the lifecycle's own.

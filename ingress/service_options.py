@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from schemas.events import LogprobsMode
 from titoflow.tito.messages import Matcher
 
 
@@ -26,3 +27,4 @@ class ServiceOptions:
     partial_rollout: bool = True  # False: refuse a step on newer weights than its chain's first
     max_in_flight: int = 0  # generations in flight on this replica; 0: no bound
     retry_after_s: int = 1  # what a call refused for overload is told to wait
+    logprobs_mode: LogprobsMode = "raw_logprobs"  # the engines' --logprobs-mode, recorded

@@ -1,8 +1,8 @@
 """A session's opening and end on its log, as the rollout driver asks for them.
 
-Invariant: a session ends once, and is not reopened. A budget set at open is on
-``<prefix>.ended`` (for every replica) before the session's opening is on its log, and this
-replica enforces it from then on. Its end is claimed on this replica before
+Invariant: a session ends once, and is not reopened. A budget or sampling overrides set at open
+are on ``<prefix>.ended`` (for every replica) before the session's opening is on its log, and
+this replica applies them from then on. Its end is claimed on this replica before
 it is published (a concurrent second end is refused) and released if the publish fails (the
 driver's retry gets through); its cached chains are forgotten only once the end is on the
 session's log, and then ``<prefix>.ended`` tells every replica.
@@ -20,6 +20,7 @@ from ingress.ended_sessions import EndedSessions
 from ingress.session_log import Publish
 from ingress.turn import SessionRef
 from schemas.events import (
+    SamplingOverrides,
     SessionBudget,
     SessionBudgeted,
     SessionDiscarded,
@@ -44,9 +45,11 @@ class SessionLifecycle:
         metadata: dict[str, Any],
         options: SessionOptions,
         budget: SessionBudget | None = None,
+        sampling: SamplingOverrides | None = None,
     ) -> SessionOpened:
         self.ended.refuse_if_ended(session.session_id)  # an ended session is not reopened
         budget = budget or SessionBudget()
+        sampling = sampling or SamplingOverrides()
         event = SessionOpened(
             session_id=session.session_id,
             event_time=time.time(),
@@ -55,11 +58,15 @@ class SessionLifecycle:
             metadata=metadata,
             options=options,
             budget=budget,
+            sampling=sampling,
         )
-        if budget:
-            # First: a failed publish leaves no session opened without its budget.
+        if budget or sampling:
+            # First: a failed publish leaves no session opened without its budget or overrides.
             budgeted = SessionBudgeted(
-                session_id=event.session_id, event_time=event.event_time, budget=budget
+                session_id=event.session_id,
+                event_time=event.event_time,
+                budget=budget,
+                sampling=sampling,
             )
             await self.publish(budgeted)
             self.budgets.record(budgeted)

@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field
 
 from ingress import errors, http
 from ingress.turn import SessionRef
-from schemas.events import SessionBudget, SessionOptions
+from schemas.events import SamplingOverrides, SessionBudget, SessionOptions
 from titoflow.errors import InvalidRequest, TitoflowError, Unauthorized
 
 # Options that shape how the ingress renders, not how workers assemble. The ingress keeps no
@@ -37,6 +37,10 @@ class _Budget(SessionBudget):
     model_config = ConfigDict(extra="forbid", frozen=True)  # a misspelt limit is an error
 
 
+class _Sampling(SamplingOverrides):
+    model_config = ConfigDict(extra="forbid", frozen=True)  # an unknown parameter is an error
+
+
 class OpenSessionBody(http.Lenient):
     session_id: str | None = Field(None, pattern=http.SESSION_ID_PATTERN)
     instance_id: str | None = None
@@ -44,6 +48,7 @@ class OpenSessionBody(http.Lenient):
     metadata: dict[str, Any] | None = None
     options: _Options = Field(default_factory=_Options)
     budget: _Budget = Field(default_factory=_Budget)
+    sampling: _Sampling = Field(default_factory=_Sampling)
 
 
 class CloseSessionBody(http.Lenient):
@@ -101,7 +106,7 @@ async def open_session(request: Request) -> Response:
             session_id=body.session_id or uuid.uuid4().hex, instance_id=body.instance_id
         )
         event = await http.service(request).open_session(
-            ref, body.channel, body.metadata or {}, body.options, body.budget
+            ref, body.channel, body.metadata or {}, body.options, body.budget, body.sampling
         )
     except TitoflowError as exc:
         return errors.OPENAI.response(exc)

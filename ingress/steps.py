@@ -2,7 +2,8 @@
 white-box calls.
 
 Invariants:
-- The step holds exactly what the engine saw and made: its prompt is
+- The step holds exactly what the engine saw and made, and how it was asked to sample (the
+  parameters sent, with what the caller asked before the driver's overrides): its prompt is
   ``tokens(parent)[:prefix_len] + prompt_tail_ids`` (all of it in the tail on a ``rendered``
   step), its completion the engine's ids and logprobs; the head holds that prompt + completion,
   so the next call that extends the chain sends the very tokens the step records.
@@ -19,10 +20,11 @@ import hashlib
 import time
 from array import array
 
+from ingress import sampling
 from ingress.chains import Chain, ChainStore
 from ingress.prompts import AnyCall
 from ingress.turn import ChatTurn
-from schemas.events import StepRecorded
+from schemas.events import LogprobsMode, StepRecorded
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import Generation
 from titoflow.tito.messages import Message
@@ -46,8 +48,10 @@ def step_event(
     stream: bool,
     parsed: ParsedOutput | None,
     answer: Message | None,
+    logprobs_mode: LogprobsMode = "raw_logprobs",
 ) -> StepRecorded:
-    """The step of ``call``; ``parsed`` and ``answer`` are a chat turn's (None: white-box)."""
+    """The step of ``call``; ``parsed`` and ``answer`` are a chat turn's (None: white-box);
+    ``logprobs_mode``: what the engine's logprobs are."""
     parent, request = call.parent, call.request
     turn = request if isinstance(request, ChatTurn) else None
     return StepRecorded(
@@ -80,6 +84,8 @@ def step_event(
         template_kwargs=dict(turn.template_kwargs) if turn and parent is None else {},
         constrained=call.params.structured is not None,
         routed_experts=_new_rows(generation, call.params.routed_experts_start),
+        sampling=sampling.used(call.params, logprobs_mode),
+        sampling_asked=sampling.asked(request),
         render_ms=call.render_ms,
         engine_ms=engine_ms,
     )

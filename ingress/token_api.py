@@ -30,6 +30,7 @@ class SamplingParams(BaseModel):
     )
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1: no top-k cut.")
     seed: int | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     logprobs: int = Field(0, ge=0, le=20, description="Top alternatives per token (0: none).")
@@ -62,6 +63,7 @@ def parse_request(
         max_tokens=sampling.max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
         seed=sampling.seed,
         stop_token_ids=tuple(sampling.stop_token_ids),
         top_logprobs=sampling.logprobs,

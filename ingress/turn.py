@@ -19,6 +19,7 @@ class SamplingOptions(BaseModel):
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # -1: not asked (Anthropic's top_k; OpenAI's APIs have none)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = Field(
@@ -72,6 +73,7 @@ class TokenCall(BaseModel):
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     top_logprobs: int = 0

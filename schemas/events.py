@@ -12,9 +12,9 @@ Topics (``<prefix>`` is configurable):
 - ``<prefix>.dlq``: :class:`DeadLetter` — events no worker could use, with the reason.
 - ``<prefix>.ended``, key = session id: :class:`SessionEnded` — how and when each session ended
   (the driver's finalize or discard, published by the ingress; an idle timeout, by a worker) —
-  and :class:`SessionBudgeted`, a session's budget when the driver set one at open.
-  Every ingress replica follows it so that a second end of a session is refused and every
-  replica enforces the budget.
+  and :class:`SessionBudgeted`, a session's budget and sampling overrides when the driver set
+  any at open. Every ingress replica follows it so that a second end of a session is refused and
+  every replica enforces the budget and the overrides.
 
 Every event has ``schema_version``; a reader that meets a version it does not know must not guess.
 Large arrays are packed (see :mod:`schemas.arrays`). Events are JSON (UTF-8) on the wire.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from schemas.arrays import Float32Array, Int32Array, UInt8Array
 from schemas.routed_experts import RoutedExperts
@@ -81,6 +81,93 @@ class SessionBudget(BaseModel):
         return any(v is not None for v in (self.turns, self.tokens, self.wall_s))
 
 
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+
+
+class SamplingOverrides(BaseModel):
+    """Sampling the rollout driver forces on every model call of a session when it opened it,
+    over what the scaffold sends (None: the scaffold's value stands)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    temperature: float | None = Field(None, ge=0.0, description="Used instead of the caller's.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Used instead of the caller's.")
+    top_k: int | None = Field(
+        None, ge=-1, description="Used instead of the caller's; -1: no top-k cut (0 is refused)."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="A cap: a call generates at most this many tokens."
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**63 - 1,
+        description="With seed_policy fixed: the seed of every call; with per_step: the base "
+        "each step's own seed derives from (with the step id).",
+    )
+    seed_policy: Literal["fixed", "per_step"] | None = Field(
+        None,
+        description="fixed: every call is sampled with `seed`; per_step: each step with a seed "
+        "derived from `seed` (0 if unset) and its step id, recorded on the step. None: fixed "
+        "when `seed` is set, else the caller's seed.",
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> SamplingOverrides:
+        if self.top_k == 0:
+            raise ValueError("top_k 0 is ambiguous: -1 turns the top-k cut off, k >= 1 keeps k")
+        if self.seed_policy == "fixed" and self.seed is None:
+            raise ValueError("seed_policy fixed needs a seed")
+        return self
+
+    def __bool__(self) -> bool:
+        fields = (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed)
+        return self.seed_policy is not None or any(v is not None for v in fields)
+
+
+class SamplingUsed(BaseModel):
+    """How one step was sampled: the parameters the engine was sent (after the driver's
+    overrides and the ingress's clamping) and what its logprobs are. Parameters titoflow does not
+    send are at the engine's neutral default, recorded as such (top_k -1, min_p 0,
+    repetition_penalty 1)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    temperature: float
+    top_p: float
+    top_k: int = Field(-1, description="-1: no top-k cut.")
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    stop_token_ids: list[int] = Field(default_factory=list)
+    max_tokens: int = Field(description="After clamping to the context, the caps and the budget.")
+    constrained: bool = Field(
+        False, description="Constrained decoding (tool_choice required/named) applied."
+    )
+    logprobs_mode: LogprobsMode = Field(
+        "raw_logprobs",
+        description="What the completion logprobs are: raw_logprobs, the model's own "
+        "distribution (before temperature, top-k/top-p); processed_logprobs, the distribution "
+        "sampled from (after them). The engine's --logprobs-mode, as the ingress was told it "
+        "(TITOFLOW_ENGINE_LOGPROBS_MODE).",
+    )
+
+
+class SamplingAsked(BaseModel):
+    """The sampling a call asked for, before the driver's overrides and the ingress's clamping
+    (an API's own default where the call said nothing, e.g. temperature 1.0)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    temperature: float
+    top_p: float
+    top_k: int = Field(-1, description="-1: not asked (no top-k cut).")
+    seed: int | None = None
+    max_tokens: int | None = Field(None, description="None: not asked (the ingress's default).")
+    stop: list[str] = Field(default_factory=list)
+
+
 class SessionOpened(_Event):
     """A session announced before its first call (optional: sessions also start implicitly)."""
 
@@ -90,6 +177,11 @@ class SessionOpened(_Event):
     metadata: dict[str, Any] = Field(default_factory=dict)
     options: SessionOptions = Field(default_factory=SessionOptions)
     budget: SessionBudget = Field(default_factory=SessionBudget)
+    sampling: SamplingOverrides = Field(
+        default_factory=SamplingOverrides,
+        description="Sampling the driver forced on the session's calls (steps record what each "
+        "call asked and what it was sent).",
+    )
 
 
 class VersionSpan(BaseModel):
@@ -176,6 +268,14 @@ class StepRecorded(_Event):
         "parent's last token was first fed to the model here), from 0 on a rendered one. The "
         "last completion token has no row: it was never fed to the model.",
     )
+    sampling: SamplingUsed | None = Field(
+        None,
+        description="The sampling parameters the engine was sent and the logprob mode (None: a "
+        "step from a titoflow that did not record them).",
+    )
+    sampling_asked: SamplingAsked | None = Field(
+        None, description="The sampling the call asked for, before the driver's overrides."
+    )
     render_ms: float
     engine_ms: float
 
@@ -219,12 +319,14 @@ class SessionEnded(_Event):
 
 
 class SessionBudgeted(_Event):
-    """A session's budget, on ``<prefix>.ended`` so that every ingress replica enforces it
-    (replicas do not read the steps topic); ``event_time`` is when the session opened, from
-    which ``budget.wall_s`` counts. Compaction keeps the session's end instead, once it ended."""
+    """A session's budget and sampling overrides, on ``<prefix>.ended`` so that every ingress
+    replica applies them (replicas do not read the steps topic); ``event_time`` is when the
+    session opened, from which ``budget.wall_s`` counts. Compaction keeps the session's end
+    instead, once it ended."""
 
     type: Literal["session_budgeted"] = "session_budgeted"
     budget: SessionBudget
+    sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
 
 
 EndedTopicEvent = Annotated[SessionEnded | SessionBudgeted, Field(discriminator="type")]
@@ -251,6 +353,12 @@ class SegmentStep(BaseModel):
     completion_end: int
     prefix: Literal["tito", "rendered"]
     finish_reason: str
+    sampling: SamplingUsed | None = Field(
+        None, description="The step's StepRecorded.sampling: how its completion was sampled."
+    )
+    sampling_asked: SamplingAsked | None = Field(
+        None, description="The step's StepRecorded.sampling_asked."
+    )
 
 
 LOGPROB_SOURCE_NONE = 0

@@ -192,6 +192,8 @@ def test_engines_serve_the_token_api_and_rl_routes() -> None:
         argv = engine["command"]
         assert "--enable-scale-out" in argv
         assert argv[argv.index("--model") + 1] == "/models/tiny-qwen3-agent"
+        # What the ingress records on every step (TITOFLOW_ENGINE_LOGPROBS_MODE, same default).
+        assert argv[argv.index("--logprobs-mode") + 1] == "raw_logprobs"
         assert engine["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
         assert engine["networks"]["default"]["aliases"] == ["engine"]
         assert "/health" in " ".join(engine["healthcheck"]["test"])

@@ -1,7 +1,8 @@
 """The rollout side on the real stack (vLLM CPU, tansu, ingress and worker processes): a group
-rollout driven by ``RolloutClient`` through the openai SDK, ending in a padded batch; a discarded
-session; and white-box ``/generate`` calls mixed with a chat call in one session, assembled
-into one segment whose tokens, masks and logprobs are the engine's."""
+rollout driven by ``RolloutClient`` through the openai SDK, ending in a padded batch, its
+sampling forced at open and every step's record equal to what the engine was sent (the witness);
+a discarded session; and white-box ``/generate`` calls mixed with a chat call in one session,
+assembled into one segment whose tokens, masks and logprobs are the engine's."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from openai import AsyncOpenAI
 
 from tests.families import path_tool
 from tests.topics import engine_generate, recorded_steps
+from tests.witness import Witness
 from titoflow.client.batch import group_by_instance, pad_segments
 from titoflow.client.rollout import OpenedSession, RolloutClient
 from titoflow.dev.stack import start_ingress, start_worker
@@ -28,6 +30,10 @@ pytestmark = pytest.mark.engine
 
 TOOLS: Any = [path_tool("ls", "list a directory")]
 QWEN3_PAD_ID = 151643
+# What the driver forces on the group's sessions, over the agent's temperature 0.7 and top_p 0.9:
+# temperature 1 with no cut. The agent's seeds stand (the tokens, and so the test's segments, are
+# those of the seeds it picked; per-step seeds: tests/test_sampling_record.py).
+OVERRIDES = {"temperature": 1.0, "top_p": 1.0}
 
 
 async def run_agent(opened: OpenedSession, seed: int) -> tuple[int, int]:
@@ -48,6 +54,8 @@ async def run_agent(opened: OpenedSession, seed: int) -> tuple[int, int]:
                 tool_choice="required" if turn < 2 else "none",
                 max_tokens=48 if turn < 2 else 12,
                 seed=seed + turn,
+                temperature=0.7,
+                top_p=0.9,
             )
             assert response.usage is not None
             generated += response.usage.completion_tokens
@@ -62,7 +70,7 @@ async def run_agent(opened: OpenedSession, seed: int) -> tuple[int, int]:
 
 
 async def test_group_rollout_with_rewards_becomes_a_padded_batch(
-    stack_settings: Settings, tmp_path: Path
+    stack_settings: Settings, tmp_path: Path, witness: Witness
 ) -> None:
     ingress, url = start_ingress(stack_settings, tmp_path)
     worker = start_worker(stack_settings, tmp_path)
@@ -71,7 +79,10 @@ async def test_group_rollout_with_rewards_becomes_a_padded_batch(
         async with RolloutClient(url, stack_settings) as rollouts:
             group = [
                 await rollouts.open(
-                    instance_id=instance, channel="train", metadata={"data_source": "unit"}
+                    instance_id=instance,
+                    channel="train",
+                    metadata={"data_source": "unit"},
+                    sampling=OVERRIDES,
                 )
                 for _ in range(3)
             ]
@@ -111,6 +122,26 @@ async def test_group_rollout_with_rewards_becomes_a_padded_batch(
             assert segment.reward == reward and segment.reward_components == {}
         assert segment.last_of_session and segment.rollout_id == opened.session_id
         assert len(segment.steps) == 3
+
+    # Each step records what the engine was sent (the witness's copy of the request), the
+    # driver's sampling over the agent's, and what the agent asked.
+    sent_for = {(c.prompt, tuple(c.completion)): c.sampling_params for c in witness.witnessed()}
+    for group_index, segment in enumerate(segments):
+        for turn, step in enumerate(segment.steps):
+            ids = segment.token_ids
+            prompt = tuple(ids[: step.completion_start])
+            sent = sent_for[prompt, tuple(ids[step.completion_start : step.completion_end])]
+            used, asked = step.sampling, step.sampling_asked
+            assert used is not None and asked is not None
+            assert (used.temperature, used.top_p) == (sent["temperature"], sent["top_p"]) == (1, 1)
+            assert used.seed == sent["seed"] == asked.seed == 100 * group_index + turn
+            assert used.max_tokens == sent["max_tokens"] == (48 if turn < 2 else 12)
+            assert used.stop_token_ids == sent["stop_token_ids"]
+            assert (used.top_k, used.stop) == (sent.get("top_k", -1), sent.get("stop", []))
+            assert used.constrained == ("structured_outputs" in sent) == (turn < 2)
+            assert used.logprobs_mode == "raw_logprobs"  # what the stack started vLLM with
+            assert (asked.temperature, asked.top_p) == (0.7, 0.9)
+            assert asked.max_tokens == used.max_tokens
 
     # The batch a trainer builds: one row per rollout, loss on exactly the generated tokens.
     [(key, ordered)] = group_by_instance(segments).items()

@@ -3,8 +3,9 @@ check that segments hold exactly that.
 
 :class:`RecordingProxy` sits between the ingress and vLLM (a real HTTP hop on its own thread) and
 forwards every request unchanged. For each ``/inference/v1/generate`` call it keeps the prompt
-token ids it forwarded and the token ids, logprobs, weight-version spans and finish reason the
-engine answered, streamed or not. Nothing in it comes from titoflow's own events.
+token ids and sampling parameters it forwarded and the token ids, logprobs, weight-version spans
+and finish reason the engine answered, streamed or not. Nothing in it comes from titoflow's own
+events.
 
 :func:`check_segments` holds segments to that record (concat mode): every trainable step's
 completion is the concatenation of witnessed completions (one call, or several when a pause
@@ -56,6 +57,7 @@ class Witnessed:
     # Samples the call asked for (vLLM's ``n``): the record holds choice 0 only, so a call of
     # more would hide samples from the check, which refuses it instead.
     samples: int = 1
+    sampling_params: dict[str, Any] = field(default_factory=dict)  # as the engine was sent them
 
     def take(self, payload: dict[str, Any]) -> None:
         choice = (payload.get("choices") or [{}])[0]
@@ -134,7 +136,11 @@ class RecordingProxy:
             scoring = bool((sent.get("sampling_params") or {}).get("prompt_logprobs") is not None)
             samples = int((sent.get("sampling_params") or {}).get("n") or 1)
             call = Witnessed(
-                tuple(sent["token_ids"]), stream, prompt_logprobs=scoring, samples=samples
+                tuple(sent["token_ids"]),
+                stream,
+                prompt_logprobs=scoring,
+                samples=samples,
+                sampling_params=dict(sent.get("sampling_params") or {}),
             )
             with self.witness.lock:
                 self.witness.calls.append(call)

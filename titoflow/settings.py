@@ -116,6 +116,14 @@ class Settings(BaseSettings):
         "then carry them (routing replay). SGLang engines are asked for them per request "
         "(return_routed_experts; their server needs --enable-return-routed-experts too).",
     )
+    engine_logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
+        "raw_logprobs",
+        description="What the engines' completion logprobs are, recorded on every step: "
+        "raw_logprobs, the model's own distribution (before temperature, top-k/top-p); "
+        "processed_logprobs, the distribution sampled from. `titoflow up` starts vLLM with "
+        "--logprobs-mode set to it; an engine started otherwise must be started with the same "
+        "(docs/engine.md).",
+    )
 
     # --- model / tokenizer --------------------------------------------------------------------
     model_path: Path = Field(
@@ -393,6 +401,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "engine_max_model_len": _INGRESS,
     "engine_kv_cache_bytes": ("up",),
     "engine_return_routed_experts": _INGRESS,
+    "engine_logprobs_mode": _INGRESS,
     "model_path": (*_INGRESS, "worker", "replay", "inspect"),
     "moe_model_path": ("up",),
     "served_model_name": _INGRESS,

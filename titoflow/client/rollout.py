@@ -118,15 +118,19 @@ class RolloutClient:
         options: Mapping[str, Any] | None = None,
         session_id: str | None = None,
         budget: Mapping[str, float] | None = None,
+        sampling: Mapping[str, Any] | None = None,
     ) -> OpenedSession:
         """Open a session (``SessionOpened`` is durable when this returns). ``budget``: limits
-        on its model calls, ``turns``, ``tokens`` and ``wall_s`` (docs/api.md)."""
+        on its model calls, ``turns``, ``tokens`` and ``wall_s``; ``sampling``: overrides of
+        what its scaffold asks, ``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (a cap),
+        ``seed`` and ``seed_policy`` (docs/api.md)."""
         body: dict[str, Any] = {
             "instance_id": instance_id,
             "channel": channel,
             "metadata": dict(metadata or {}),
             "options": dict(options or {}),
             "budget": dict(budget or {}),
+            "sampling": dict(sampling or {}),
         }
         if session_id is not None:
             body["session_id"] = session_id

@@ -92,6 +92,9 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         "float32",
         # One access-log line per request would drown the engine log in a long run.
         "--disable-uvicorn-access-log",
+        # The ingress records it on every step (what the completion logprobs are).
+        "--logprobs-mode",
+        settings.engine_logprobs_mode,
         *routing,
     ]
 

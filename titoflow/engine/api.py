@@ -20,6 +20,7 @@ class GenerateParams:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k cut (both engines' default, so it is sent only when set)
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()

@@ -68,6 +68,8 @@ class SGLangEngine:
             "no_stop_trim": True,
             "skip_special_tokens": False,
         }
+        if params.top_k != -1:
+            sampling["top_k"] = params.top_k
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
         if params.stop:

@@ -84,6 +84,8 @@ class VLLMEngine:
             "logprobs": params.top_logprobs,  # 0: just the sampled token's own logprob
             "stop_token_ids": list(params.stop_token_ids),
         }
+        if params.top_k != -1:
+            sampling["top_k"] = params.top_k
         if params.seed is not None:
             sampling["seed"] = params.seed
         if params.stop:

@@ -82,6 +82,8 @@ class OpenSegment:
                 completion_end=len(self.tokens),
                 prefix=step.prefix,
                 finish_reason=step.finish_reason,
+                sampling=step.sampling,
+                sampling_asked=step.sampling_asked,
             )
         )
         self.routing.add(step.routed_experts)
