@@ -28,6 +28,7 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.replies = deque(replies)
         self.prompts: list[list[int]] = []
+        self.params: list[GenerateParams] = []  # what each call was sent, in order
         self.experts = experts
 
     async def generate(
@@ -38,6 +39,7 @@ class ScriptedEngine:
         session_id: str = "",
     ) -> Generation:
         self.prompts.append(list(prompt_ids))
+        self.params.append(params)
         ids = self.tokenizer.encode(self.replies.popleft(), add_special_tokens=False)
         ids = ids[: params.max_tokens]
         stopped = bool(ids) and ids[-1] in params.stop_token_ids

@@ -8,7 +8,6 @@ record reaching the segment's steps. On the real engine: tests/test_e2e_openai.p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -45,7 +44,7 @@ from tests.doubles import ScriptedEngine
 from tests.families import qwen3
 from tests.test_assembler import assemble, step
 from titoflow.client.rollout import RolloutClient
-from titoflow.engine.api import GenerateParams, Generation
+from titoflow.engine.api import GenerateParams
 from titoflow.errors import ContextOverflow
 from titoflow.settings import Settings
 
@@ -61,31 +60,11 @@ ROUTERS = [
 ASK: list[Any] = [{"role": "user", "content": "hi"}]
 
 
-class WitnessedEngine(ScriptedEngine):
-    """The scripted double, keeping the parameters of every call it was sent."""
-
-    def __init__(self, tokenizer: Any, replies: list[str]) -> None:
-        super().__init__(tokenizer, replies)
-        self.sent: list[GenerateParams] = []
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: GenerateParams,
-        request_id: str,
-        session_id: str = "",
-    ) -> Generation:
-        self.sent.append(params)
-        return await super().generate(prompt_ids, params, request_id, session_id)
-
-
 def witnessed_app(
     calls: int, options: ServiceOptions | None = None
-) -> tuple[Any, WitnessedEngine, list[Any]]:
-    app, engine, publisher = scripted_app(
-        [REPLY] * calls, ROUTERS, options=options, engine_type=WitnessedEngine
-    )
-    assert isinstance(engine, WitnessedEngine)
+) -> tuple[Any, ScriptedEngine, list[Any]]:
+    """An app on the scripted double, which keeps the parameters of every call it was sent."""
+    app, engine, publisher = scripted_app([REPLY] * calls, ROUTERS, options=options)
     return app, engine, publisher.events
 
 
@@ -261,8 +240,8 @@ async def test_overrides_win_over_the_openai_sdk_and_both_are_recorded() -> None
         if isinstance(answer, openai.AsyncStream):
             [_ async for _ in answer]
     done = steps(events)
-    assert len(done) == len(engine.sent) == 2
-    for sent, made in zip(engine.sent, done, strict=True):
+    assert len(done) == len(engine.params) == 2
+    for sent, made in zip(engine.params, done, strict=True):
         assert recorded(made) == as_sent(sent)
         assert (sent.temperature, sent.top_p, sent.max_tokens) == (1.0, 1.0, 16)
         assert sent.seed == sampling.step_seed(123, made.step_id)
@@ -285,7 +264,7 @@ async def test_overrides_win_over_the_anthropic_sdk() -> None:
     # This SDK's create() no longer names temperature and top_k (scaffolds still send them).
     asked = {"temperature": 0.3, "top_k": 5}
     await client.messages.create(model="m", max_tokens=32, messages=ASK, extra_body=asked)
-    [sent], [made] = engine.sent, steps(events)
+    [sent], [made] = engine.params, steps(events)
     assert (sent.temperature, sent.top_k, sent.seed, sent.max_tokens) == (1.0, -1, 9, 32)
     assert recorded(made) == as_sent(sent)
     assert made.sampling_asked == SamplingAsked(temperature=0.3, top_p=1.0, top_k=5, max_tokens=32)
@@ -308,9 +287,9 @@ async def test_overrides_win_over_the_responses_api_and_the_token_api() -> None:
     assert answer.status_code == 200, answer.text
     made = steps(events)
     assert [s.api for s in made] == ["openai.responses", "generate"]
-    assert [(p.temperature, p.max_tokens) for p in engine.sent] == [(1.0, 8), (1.0, 8)]
-    assert (engine.sent[1].seed, engine.sent[1].top_k) == (4, 3)  # not overridden: they stand
-    for sent, step_made in zip(engine.sent, made, strict=True):
+    assert [(p.temperature, p.max_tokens) for p in engine.params] == [(1.0, 8), (1.0, 8)]
+    assert (engine.params[1].seed, engine.params[1].top_k) == (4, 3)  # not overridden: they stand
+    for sent, step_made in zip(engine.params, made, strict=True):
         assert recorded(step_made) == as_sent(sent)
     assert [s.sampling_asked for s in made] == [
         SamplingAsked(temperature=0.1, top_p=1.0, max_tokens=30),
@@ -327,7 +306,7 @@ async def test_without_overrides_the_record_is_what_was_asked_and_the_engines_mo
         base_url="http://ingress/sess/plain/v1", api_key="k", http_client=asgi_client(app)
     )
     await client.chat.completions.create(model="m", messages=ASK, temperature=0.6, seed=1)
-    [sent], [made] = engine.sent, steps(events)
+    [sent], [made] = engine.params, steps(events)
     assert recorded(made) == as_sent(sent)
     assert (sent.temperature, sent.seed, sent.max_tokens) == (0.6, 1, 64)  # 64: the default
     assert made.sampling is not None and made.sampling.logprobs_mode == "processed_logprobs"
@@ -367,7 +346,7 @@ async def test_overrides_set_on_one_replica_hold_on_another(settings: Settings) 
         engines = []
         for app in (first, second):
             service: ChatService = app.state.service
-            engines.append(WitnessedEngine(qwen3(), [REPLY] * 2))
+            engines.append(ScriptedEngine(qwen3(), [REPLY] * 2))
             service.runner = replace(service.runner, engine=engines[-1])
         async with RolloutClient(one, settings) as driver:
             await driver.open(session_id="moved", sampling={"temperature": 1.0, "seed": 5})
@@ -376,8 +355,8 @@ async def test_overrides_set_on_one_replica_hold_on_another(settings: Settings) 
             client = openai.AsyncOpenAI(base_url=f"{two}/sess/moved/v1", api_key="k")
             await client.chat.completions.create(model="m", messages=ASK, temperature=0.2)
             await client.close()
-    assert engines[0].sent == []
-    [sent] = engines[1].sent
+    assert engines[0].params == []
+    [sent] = engines[1].params
     assert (sent.temperature, sent.seed) == (1.0, 5)
 
 
