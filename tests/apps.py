@@ -1,7 +1,8 @@
 """In-process ingress apps on the SCRIPTED ENGINE DOUBLE (tests/doubles.py), for fast adapter
 tests with the official SDKs over httpx's ASGI transport. Nothing here replaces the end-to-end
 tests on the real engine. :func:`serving` puts any app (a real ingress, an HTTP double) on a
-real port of this process; :func:`admin` and :func:`until` are an operator's control calls."""
+real port of this process; :func:`admin` and :func:`until` are an operator's control calls;
+:func:`echoed_choices` is a chat client's ``n`` samples as it echoes them back."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import httpx2
 import uvicorn
 from fastapi import APIRouter, FastAPI
+from openai import AsyncOpenAI
 
 from ingress.app import create_app
 from ingress.chains import ChainStore
@@ -117,3 +119,42 @@ async def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0
     async with asyncio.timeout(timeout_s):
         while not await condition():
             await asyncio.sleep(0.05)
+
+
+async def echoed_choices(
+    client: AsyncOpenAI, n: int, stream: bool, **request: Any
+) -> tuple[list[dict[str, Any]], Any]:
+    """One chat call asking ``n`` samples: each choice's assistant message as the client echoes
+    it back, by choice index (every choice checked to be there and, streamed, to have ended at
+    its own index), and the usage the answer reported (None if it reported none)."""
+    if not stream:
+        answer = await client.chat.completions.create(n=n, **request)
+        assert [choice.index for choice in answer.choices] == list(range(n))
+        messages = [
+            {
+                "role": "assistant",
+                "content": choice.message.content or "",
+                "tool_calls": [c.model_dump() for c in choice.message.tool_calls or []],
+            }
+            for choice in answer.choices
+        ]
+        return messages, answer.usage
+    texts = [""] * n
+    calls: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    finished: list[str | None] = [None] * n
+    usage = None
+    async for chunk in await client.chat.completions.create(n=n, stream=True, **request):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                assert call.function is not None
+                calls[choice.index].append(
+                    {"id": call.id, "type": "function", "function": call.function.model_dump()}
+                )
+            finished[choice.index] = choice.finish_reason or finished[choice.index]
+    assert all(finished), finished  # every choice ended, at its own index
+    messages = [
+        {"role": "assistant", "content": texts[i], "tool_calls": calls[i]} for i in range(n)
+    ]
+    return messages, usage

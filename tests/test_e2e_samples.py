@@ -22,6 +22,7 @@ from openai import AsyncOpenAI
 from pydantic import TypeAdapter
 
 from schemas.events import DeadLetter, StepRecorded
+from tests.apps import echoed_choices
 from tests.families import path_tool
 from tests.topics import finalized_segments, read_all, recorded_steps
 from tests.witness import Witness, check_segments
@@ -55,35 +56,9 @@ async def _ask(
         "messages": messages,
         "max_tokens": 20,
         "temperature": 1.0,
-        "n": n,
         **tools,
     }
-    if not stream:
-        answer = await client.chat.completions.create(**common)
-        assert [choice.index for choice in answer.choices] == list(range(n))
-        return [
-            {
-                "role": "assistant",
-                "content": choice.message.content or "",
-                "tool_calls": [c.model_dump() for c in choice.message.tool_calls or []],
-            }
-            for choice in answer.choices
-        ]
-    texts = [""] * n
-    calls: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-    finished: list[str | None] = [None] * n
-    chunks = await client.chat.completions.create(stream=True, **common)
-    async for chunk in chunks:
-        for choice in chunk.choices:
-            texts[choice.index] += choice.delta.content or ""
-            for call in choice.delta.tool_calls or []:
-                assert call.function is not None
-                calls[choice.index].append(
-                    {"id": call.id, "type": "function", "function": call.function.model_dump()}
-                )
-            finished[choice.index] = choice.finish_reason or finished[choice.index]
-    assert all(finished), finished  # every choice ended, at its own index
-    return [{"role": "assistant", "content": texts[i], "tool_calls": calls[i]} for i in range(n)]
+    return (await echoed_choices(client, n, stream, **common))[0]
 
 
 def _next_input(answer: dict[str, Any], turn: int) -> list[dict[str, Any]]:

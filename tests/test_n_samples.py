@@ -21,7 +21,7 @@ from ingress.chains import MAX_CHAINS_PER_SESSION
 from ingress.service import SampleEvent, ServiceOptions
 from ingress.turn import ChatTurn, SessionRef
 from schemas.events import SegmentFinalized, StepRecorded
-from tests.apps import asgi_client, scripted_app
+from tests.apps import asgi_client, echoed_choices, scripted_app
 from tests.doubles import ScriptedEngine, StubEngine
 from tests.families import path_tool
 from titoflow.engine.api import GenerateParams, Generation
@@ -62,37 +62,11 @@ def call_ids(step: StepRecorded) -> list[str]:
 
 
 async def _choices(client: openai.AsyncOpenAI, stream: bool, **request: Any) -> list[Any]:
-    """The ``n`` assistant messages as the client echoes them back, by choice index."""
-    if not stream:
-        answer = await client.chat.completions.create(n=N, **request)
-        assert [c.index for c in answer.choices] == list(range(N))
-        assert answer.usage is not None
-        return [
-            {
-                "role": "assistant",
-                "content": c.message.content or "",
-                "tool_calls": [t.model_dump() for t in c.message.tool_calls or []],
-            }
-            for c in answer.choices
-        ]
-    texts = [""] * N
-    calls: list[list[dict[str, Any]]] = [[] for _ in range(N)]
-    finished: list[str | None] = [None] * N
-    chunks = await client.chat.completions.create(n=N, stream=True, **request)
-    usage = None
-    async for chunk in chunks:
-        usage = chunk.usage or usage
-        for choice in chunk.choices:
-            texts[choice.index] += choice.delta.content or ""
-            for call in choice.delta.tool_calls or []:
-                assert call.function is not None
-                calls[choice.index].append(
-                    {"id": call.id, "type": "function", "function": call.function.model_dump()}
-                )
-            finished[choice.index] = choice.finish_reason or finished[choice.index]
-    assert all(finished), finished  # every choice ended, each at its own index
+    """The ``n`` assistant messages as the client echoes them back, by choice index; the answer
+    reports its usage, whole or streamed."""
+    messages, usage = await echoed_choices(client, N, stream, **request)
     assert usage is not None and usage.completion_tokens > 0
-    return [{"role": "assistant", "content": texts[i], "tool_calls": calls[i]} for i in range(N)]
+    return messages
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
