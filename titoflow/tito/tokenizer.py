@@ -63,6 +63,10 @@ class TextEncoder:
         )
         self._backend = backend if direct else None
         self._widest = _widest_token(tokenizer)
+        self._normalizer = backend.normalizer if backend is not None else None
+        # A Unicode form the standard library applies in C, else None (the normalizer's own).
+        state = json.loads(self._normalizer.__getstate__()) if self._normalizer else {}
+        self._form = state.get("type") if state.get("type") in UNICODE_FORMS else None
 
     def __call__(self, text: str) -> list[int]:
         backend = self._backend
@@ -98,9 +102,19 @@ class TextEncoder:
         a character is at least a byte). 0 for a tokenizer without a Rust backend."""
         if not self._widest:
             return 0
-        normalizer = self._tokenizer.backend_tokenizer.normalizer
-        return -(-_normalized_length(normalizer, text) // self._widest)
+        return -(-self._normalized_length(text) // self._widest)
 
+    def _normalized_length(self, text: str) -> int:
+        if self._normalizer is None or text.isascii():  # isascii is a flag of the string: O(1)
+            return len(text)
+        if self._form is not None:  # C-level, and a quick check first
+            if unicodedata.is_normalized(self._form, text):
+                return len(text)
+            return len(unicodedata.normalize(self._form, text))
+        return len(self._normalizer.normalize_str(text))
+
+
+UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD")
 
 # Per tokenizer object: reading the vocabulary takes 0.35 s (150k entries), once, at start; in a
 # long request's render it held the GIL, and with it every other session, for that long.
@@ -115,14 +129,3 @@ def _widest_token(tokenizer: Any) -> int:
         vocabulary = backend.get_vocab(with_added_tokens=True) if backend is not None else {}
         widest = _WIDEST[tokenizer] = max(map(len, vocabulary), default=0)
     return widest
-
-
-def _normalized_length(normalizer: Any, text: str) -> int:
-    if normalizer is None or text.isascii():  # isascii is a flag of the string: O(1)
-        return len(text)
-    form = json.loads(normalizer.__getstate__()).get("type")
-    if form in ("NFC", "NFKC", "NFD", "NFKD"):  # C-level, and a quick check first
-        if unicodedata.is_normalized(form, text):
-            return len(text)
-        return len(unicodedata.normalize(form, text))
-    return len(normalizer.normalize_str(text))
