@@ -52,6 +52,17 @@ from titoflow.tito.tokenizer import load_tokenizer
 log = logging.getLogger("titoflow.ingress")
 
 
+def _unrecorded(
+    exc: BrokerUnavailable | EventTooLarge, what: str, what_is: str
+) -> PublishFailed | PayloadTooLarge:
+    """The API's error for a publish the broker refused (counted): retryable when it was
+    unavailable, a 413 when ``what`` was too large to record."""
+    metrics.PUBLISH_FAILURES.inc()
+    if isinstance(exc, EventTooLarge):
+        return PayloadTooLarge(f"{what_is} too large to record: {exc}")
+    return PublishFailed(f"{what} could not be recorded: {exc}")
+
+
 def create_app(settings: Settings) -> FastAPI:
     publisher = Publisher(settings)
     pool = EnginePool.from_settings(settings)
@@ -81,12 +92,8 @@ def create_app(settings: Settings) -> FastAPI:
         topic = ended_topic if isinstance(event, SessionEnded | SessionBudgeted) else steps_topic
         try:
             await publisher.publish(topic, event.session_id, event.model_dump_json().encode())
-        except BrokerUnavailable as exc:
-            metrics.PUBLISH_FAILURES.inc()
-            raise PublishFailed(f"the step could not be recorded: {exc}") from exc
-        except EventTooLarge as exc:
-            metrics.PUBLISH_FAILURES.inc()
-            raise PayloadTooLarge(f"the step is too large to record: {exc}") from exc
+        except (BrokerUnavailable, EventTooLarge) as exc:
+            raise _unrecorded(exc, "the step", "the step is") from exc
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
 
     async def publish_together(steps: Sequence[StepRecorded]) -> None:
@@ -95,12 +102,8 @@ def create_app(settings: Settings) -> FastAPI:
         values = [step.model_dump_json().encode() for step in steps]
         try:
             await publisher.publish_together(steps_topic, steps[0].session_id, values)
-        except BrokerUnavailable as exc:
-            metrics.PUBLISH_FAILURES.inc()
-            raise PublishFailed(f"the steps could not be recorded: {exc}") from exc
-        except EventTooLarge as exc:
-            metrics.PUBLISH_FAILURES.inc()
-            raise PayloadTooLarge(f"the samples' steps are too large to record: {exc}") from exc
+        except (BrokerUnavailable, EventTooLarge) as exc:
+            raise _unrecorded(exc, "the steps", "the samples' steps are") from exc
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
 
     @asynccontextmanager
