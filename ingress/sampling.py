@@ -62,21 +62,14 @@ def used(params: GenerateParams, logprobs_mode: LogprobsMode) -> SamplingUsed:
 
 
 def asked(request: ChatTurn | TokenCall) -> SamplingAsked:
-    """What the call asked for, as its API's adapter read it."""
-    if isinstance(request, ChatTurn):
-        sampling = request.sampling
-        return SamplingAsked(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            seed=sampling.seed,
-            max_tokens=sampling.max_tokens,
-            stop=list(sampling.stop),
-        )
+    """What the call asked for, as its API's adapter read it (a white-box call has no stop
+    strings)."""
+    source = request.sampling if isinstance(request, ChatTurn) else request
     return SamplingAsked(
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        seed=request.seed,
-        max_tokens=request.max_tokens,
+        temperature=source.temperature,
+        top_p=source.top_p,
+        top_k=source.top_k,
+        seed=source.seed,
+        max_tokens=source.max_tokens,
+        stop=list(request.sampling.stop) if isinstance(request, ChatTurn) else [],
     )
