@@ -15,6 +15,7 @@ planted violation, so it cannot pass by reading nothing.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,3 +85,24 @@ def test_a_planted_violation_is_found(
     (tmp_path / module).write_text(source)
     [found] = violations(tmp_path)
     assert found.startswith(module) and expected in found
+
+
+def test_the_services_never_import_torch() -> None:
+    """torch is the trainer's optional extra (installed here by the setup): an ingress or worker
+    that loaded it would pay its second of start-up and its memory in every replica."""
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("torch") is not None, "the setup installs titoflow[torch]"
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "import ingress.app, workers.worker\n"
+        "from titoflow.tito.tokenizer import load_tokenizer\n"
+        "from titoflow.settings import PROJECT_ROOT\n"
+        "load_tokenizer(PROJECT_ROOT / '.models' / 'tiny-qwen3-agent')\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout[:120]

@@ -14,16 +14,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # silences "PyTorch was not found"
 
-from transformers import AutoTokenizer
+import transformers
 
 
 def load_tokenizer(model_path: Path) -> Any:
-    if not (model_path / "tokenizer_config.json").exists():
+    config_file = model_path / "tokenizer_config.json"
+    if not config_file.exists():
         raise FileNotFoundError(
             f"no tokenizer at {model_path}: build the local model with `titoflow build-model` "
             "or point TITOFLOW_MODEL_PATH at an HF model directory"
         )
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    # The class the directory names, when transformers has it: AutoTokenizer would import the
+    # model-config machinery, which imports torch wherever it is installed (a trainer host with
+    # titoflow[torch]): a second of start-up and its memory in every ingress and worker.
+    named = json.loads(config_file.read_text()).get("tokenizer_class")
+    loader = getattr(transformers, named, None) if isinstance(named, str) else None
+    if loader is None:
+        loader = transformers.AutoTokenizer
+    return loader.from_pretrained(model_path, local_files_only=True)
 
 
 class TooLong(ValueError):
