@@ -42,6 +42,7 @@ from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from schemas.events import SessionBudgeted, SessionEnded, StepRecorded
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
+from titoflow.engine.groups import RoutingKeys
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
@@ -138,6 +139,7 @@ def create_app(settings: Settings) -> FastAPI:
             ended=ended,
             budgets=budgets,
             capacity=pool,
+            routing=RoutingKeys(settings.engine_group_routing, settings.session_cache_size),
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates

@@ -27,6 +27,7 @@ from ingress.turn import ChatTurn, TokenCall
 from schemas.events import StepRecorded
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import Engine, Generation
+from titoflow.engine.groups import RoutingKeys
 from titoflow.tito.families.base import Family, ParserOptions
 from titoflow.tito.output import OutputDelta, OutputParser, ParsedOutput
 
@@ -111,6 +112,7 @@ class CallRunner:
     family: Family
     end_ids: frozenset[int]  # the stop tokens: they end the turn, no parser reads them
     recorder: StepRecorder
+    routing: RoutingKeys  # the key each call's engine is chosen by (session or instance)
 
     async def complete(
         self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
@@ -236,7 +238,7 @@ class CallRunner:
             call.prompt,
             call.params,
             call.request_id,
-            session_id=turn.session.session_id,
+            session_id=self._routing_key(call),
         ):
             engine_url = chunk.engine_url
             ids += chunk.token_ids
@@ -273,9 +275,13 @@ class CallRunner:
         """The whole generation, and the milliseconds the engine took."""
         started = time.perf_counter()
         generation = await self.engine.generate(
-            call.prompt, call.params, call.request_id, session_id=call.request.session.session_id
+            call.prompt, call.params, call.request_id, session_id=self._routing_key(call)
         )
         return generation, (time.perf_counter() - started) * 1000
+
+    def _routing_key(self, call: AnyCall) -> str:
+        session = call.request.session
+        return self.routing.key(session.session_id, session.instance_id)
 
     def _text_ids(self, token_ids: list[int]) -> list[int]:
         """The ids whose text the client sees: a stop token ends a generation and is no text."""

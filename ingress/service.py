@@ -26,6 +26,7 @@ import sys
 import time
 import weakref
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ingress.admission import Admission, Capacity, Control, InFlight, Slot, turn_number
 from ingress.budgets import SessionBudgets
@@ -48,8 +49,10 @@ from ingress.service_options import ServiceOptions
 from ingress.session_lifecycle import SessionLifecycle
 from ingress.session_log import Publish, PublishTogether, SessionEvent
 from ingress.tracing import CallTracer
-from ingress.turn import ChatTurn, TokenCall
+from ingress.turn import ChatTurn, SessionRef, TokenCall
+from schemas.events import SessionBudget, SessionOpened, SessionOptions
 from titoflow.engine.api import Engine
+from titoflow.engine.groups import RoutingKeys
 from titoflow.errors import InvalidRequest
 from titoflow.tito.render import ChatRenderer
 
@@ -84,6 +87,7 @@ class ChatService:
         ended: EndedSessions | None = None,
         budgets: SessionBudgets | None = None,
         capacity: Capacity | None = None,
+        routing: RoutingKeys | None = None,
     ) -> None:
         self.renderer = renderer
         self.tokenizer = tokenizer
@@ -103,12 +107,30 @@ class ChatService:
             publish, chains, renderer.end_ids, options.logprobs_mode, publish_together
         )
         self.records_samples = publish_together is not None
-        self.runner = CallRunner(engine, tokenizer, renderer.family, renderer.end_ids, recorder)
+        # None: every call routes by its session id.
+        self.routing = routing if routing is not None else RoutingKeys(by_instance=False, kept=0)
+        self.runner = CallRunner(
+            engine, tokenizer, renderer.family, renderer.end_ids, recorder, self.routing
+        )
         # The rollout driver's session calls are the lifecycle's own.
         sessions = SessionLifecycle(publish, chains, self.ended, self.budgets)
-        self.open_session = sessions.open_session
+        self._open_session = sessions.open_session
         self.finalize = sessions.finalize
         self.discard = sessions.discard
+
+    async def open_session(
+        self,
+        session: SessionRef,
+        channel: str | None,
+        metadata: dict[str, Any],
+        options: SessionOptions,
+        budget: SessionBudget | None = None,
+    ) -> SessionOpened:
+        """Open a session (:mod:`ingress.session_lifecycle`); once it is on its log, its calls
+        here route by the instance it names (with group routing)."""
+        opened = await self._open_session(session, channel, metadata, options, budget)
+        self.routing.opened(opened.session_id, opened.instance_id)
+        return opened
 
     async def count_prompt_tokens(self, turn: ChatTurn) -> int:
         """The conversation's prompt length, rendered in full in a worker thread (a count

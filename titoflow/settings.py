@@ -72,7 +72,8 @@ class Settings(BaseSettings):
         "",
         description="More engines beside engine_url, comma-separated, each `URL` or "
         "`BACKEND=URL` (vllm or sglang). A session's steps stick to one engine (consistent "
-        "hashing of the session id), falling back to the next when it is unhealthy or overloaded.",
+        "hashing of the session id, or of its instance id: engine_group_routing), falling back "
+        "to the next when it is unhealthy or overloaded.",
     )
     engine_backend: Literal["vllm", "sglang"] = Field(
         "vllm", description="Backend of engine_url and of engine_urls entries that name none."
@@ -87,6 +88,16 @@ class Settings(BaseSettings):
         description="Calls in flight from one ingress replica on one engine beyond which a "
         "call is refused (429, with Retry-After) when every engine is this busy (replicas "
         "count their own calls: divide an engine's capacity by the replicas); 0: no limit.",
+    )
+    engine_group_routing: bool = Field(
+        False,
+        description="Route by instance id: sessions sharing an instance_id (a GRPO group of "
+        "one prompt, named by the open call, an X-Instance-Id header or the body) go to the "
+        "same engine and share its prefix cache, falling back past it as sessions do when it "
+        "is unhealthy, drained or has engine_max_in_flight calls (set that, or a group piles "
+        "onto one engine). A session keeps the key of its first call (its engine with it); "
+        "each replica remembers session_cache_size sessions' keys, so with several replicas "
+        "let every call name its instance. False: by session id.",
     )
     engine_health_interval_s: float = Field(
         5.0,
@@ -394,6 +405,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "engine_urls": _INGRESS,
     "engine_backend": _INGRESS,
     "engine_max_in_flight": _INGRESS,
+    "engine_group_routing": _INGRESS,
     "engine_health_interval_s": _INGRESS,
     "engine_timeout_s": (*_INGRESS, "recompute", "replay", "inspect"),
     "engine_python": ("up",),

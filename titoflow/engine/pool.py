@@ -1,14 +1,16 @@
 """Several engines behind one :class:`~titoflow.engine.api.Engine`.
 
 Routing: a session's steps go to the engine that ranks first for it by weighted rendezvous
-(highest-random-weight) hashing of the session id over the serving engines, so its prefix
+(highest-random-weight) hashing of its routing key over the serving engines, so its prefix
 stays in one engine's cache, and adding or draining an engine moves only the sessions that
-ranked it first. Fallback, in the session's own ranking order (a sticky second choice): past an
-engine that is unhealthy (a failed call, or a failed ``/health`` probe), or overloaded (more
-calls in flight than ``max_in_flight``); when every healthy engine is overloaded, the least
-loaded one, unless it is at ``in_flight_limit``: then the call is refused
-(:class:`~titoflow.errors.Overloaded`) before any engine sees it (the ingress reserves its place
-earlier, :meth:`EnginePool.reserve`). A call that fails before the
+ranked it first. The key the Engine protocol calls ``session_id`` is the session id, or with
+group routing the instance id its group shares (titoflow/engine/groups.py): the group then
+shares one engine's prefix cache, under the same fallback. Fallback, in the key's own ranking
+order (a sticky second choice): past an engine that is unhealthy (a failed call, or a failed
+``/health`` probe), or overloaded (more calls in flight than ``max_in_flight``); when every
+healthy engine is overloaded, the least loaded one, unless it is at ``in_flight_limit``: then
+the call is refused (:class:`~titoflow.errors.Overloaded`) before any engine sees it (the
+ingress reserves its place earlier, :meth:`EnginePool.reserve`). A call that fails before the
 engine produced anything (unreachable, 502/503/504) is retried on the next engine; a stream
 that already yielded tokens is not.
 
@@ -28,8 +30,9 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from prometheus_client import Counter, Gauge
 
@@ -113,6 +116,58 @@ def rendezvous_score(session_id: str, url: str, weight: float) -> float:
     return -weight / math.log(unit)
 
 
+class EngineLoad(Protocol):
+    """What routing reads of an engine (the pool's members, :class:`EngineStatus`)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def serving(self) -> bool: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
+
+
+Load = TypeVar("Load", bound=EngineLoad)
+
+
+def _under(engine: EngineLoad, bound: int) -> bool:
+    return not bound or engine.in_flight < bound
+
+
+def rank(key: str, engines: Iterable[Load]) -> list[Load]:
+    """The serving engines in ``key``'s order of preference (healthy or not); ``key`` is a
+    session id, or a group's instance id (titoflow/engine/groups.py)."""
+    serving = [e for e in engines if e.serving]
+    return sorted(serving, key=lambda e: rendezvous_score(key, e.url, e.weight), reverse=True)
+
+
+def choose(
+    ranked: Sequence[Load], tried: Set[str], max_in_flight: int, in_flight_limit: int
+) -> Load | None:
+    """The engine a call goes to, given its key's ranking and the engines it failed on: the
+    first healthy one with room (under ``max_in_flight`` and ``in_flight_limit``), else the
+    least loaded healthy one; None when that one is at ``in_flight_limit`` (every healthy
+    engine is: the call is refused). Unhealthy engines are tried, in order, only when no
+    untried one is healthy (a call is the freshest probe)."""
+    if not ranked:
+        raise EngineUnavailable("no engine is serving (all drained or removed)")
+    untried = [e for e in ranked if e.url not in tried]
+    healthy = [e for e in untried if e.healthy]
+    if not healthy:
+        if not untried:
+            raise EngineUnavailable("every serving engine failed this call")
+        return untried[0]
+    idle = [e for e in healthy if _under(e, max_in_flight) and _under(e, in_flight_limit)]
+    chosen = idle[0] if idle else min(healthy, key=lambda e: e.in_flight)
+    if in_flight_limit and chosen.in_flight >= in_flight_limit:
+        return None
+    return chosen
+
+
 @dataclass
 class _Member:
     spec: EngineSpec
@@ -125,6 +180,10 @@ class _Member:
     @property
     def url(self) -> str:
         return self.spec.url
+
+    @property
+    def weight(self) -> float:
+        return self.spec.weight
 
 
 @dataclass(frozen=True)
@@ -231,31 +290,18 @@ class EnginePool:
     # --- routing ----------------------------------------------------------------------------
 
     def ranking(self, session_id: str) -> list[str]:
-        """The serving engines in ``session_id``'s order of preference (healthy or not)."""
+        """The serving engines in the order of preference of ``session_id``, a routing key
+        (healthy or not)."""
         return [m.url for m in self._ranked(session_id)]
 
     def _ranked(self, session_id: str) -> list[_Member]:
-        serving = [m for m in self._members.values() if m.serving]
-        return sorted(
-            serving, key=lambda m: rendezvous_score(session_id, m.url, m.spec.weight), reverse=True
-        )
+        return rank(session_id, self._members.values())
 
     def _choose(self, session_id: str, tried: set[str]) -> _Member:
         ranked = self._ranked(session_id)
-        if not ranked:
-            raise EngineUnavailable("no engine is serving (all drained or removed)")
-        untried = [m for m in ranked if m.url not in tried]
-        healthy = [m for m in untried if m.healthy]
-        if not healthy:
-            # Every health mark says down: a call is the freshest probe there is.
-            if not untried:
-                raise EngineUnavailable("every serving engine failed this call")
-            chosen = untried[0]
-        else:
-            idle = [m for m in healthy if not self._overloaded(m)]
-            chosen = idle[0] if idle else min(healthy, key=lambda m: m.in_flight)
-            if self.in_flight_limit and chosen.in_flight >= self.in_flight_limit:
-                raise self._overloaded_error()
+        chosen = choose(ranked, tried, self.max_in_flight, self.in_flight_limit)
+        if chosen is None:
+            raise self._overloaded_error()
         first = ranked[0]
         if chosen is not first:
             reason = (
@@ -294,9 +340,6 @@ class EnginePool:
             "engine",
             self.retry_after_s,
         )
-
-    def _overloaded(self, member: _Member) -> bool:
-        return bool(self.max_in_flight) and member.in_flight >= self.max_in_flight
 
     def _enter(self, member: _Member) -> None:
         member.in_flight += 1
