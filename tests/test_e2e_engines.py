@@ -3,7 +3,9 @@ published control event drains it (calls in flight there finish), and nothing is
 call is one recorded step with the engine's exact tokens, and every session one segment made of
 exactly those steps. A replica started after the drain starts with the engine drained (it
 replays the control log); removing the engine (CLI) and adding it back (admin endpoint) brings
-its sessions back to it, per the hash.
+its sessions back to it, per the hash. With group routing, the sessions of one instance (opened
+with it, or naming it on each call) share one engine whatever their own hash, and move together
+when it drains.
 
 The second engine is started here (~50 s, ~4 GB); TITOFLOW_TEST_SECOND_ENGINE_URL points the
 test at one already running instead (developers sharing a machine; CI starts its own)."""
@@ -220,3 +222,105 @@ def serving_flags(answer: dict[str, Any]) -> dict[str, bool]:
 
 def in_flight(pool: EnginePool, url: str) -> int:
     return next(s.in_flight for s in pool.status() if s.url == url)
+
+
+GROUP_TURNS = 3
+GROUP_DRAIN_TURN = 2  # the group's engine is drained before this turn
+
+
+async def test_a_group_shares_one_engine_and_moves_together_when_it_drains(
+    stack_settings: Settings, second_engine_url: str, witness: Witness, tmp_path: Path
+) -> None:
+    first_url = stack_settings.engine_url.rstrip("/")
+    second_url = witness.front(second_engine_url)
+    settings = stack_settings.model_copy(
+        update={
+            "engine_urls": second_url,
+            "admin_token": ADMIN_TOKEN,
+            "engine_group_routing": True,
+        }
+    )
+    app = create_app(settings)
+    worker = start_worker(settings, tmp_path)
+    try:
+        async with serving(app) as url, httpx.AsyncClient(timeout=60) as http:
+            pool: EnginePool = app.state.engines
+            instance = next(
+                f"prompt-{n}" for n in range(100) if pool.ranking(f"prompt-{n}")[0] == second_url
+            )
+            # Sessions whose own hash picks each engine: by session they would spread.
+            own: dict[str, list[str]] = {first_url: [], second_url: []}
+            for n in range(1000):
+                name = f"grp-{n}"
+                if len(own[pool.ranking(name)[0]]) < 2:
+                    own[pool.ranking(name)[0]].append(name)
+            opened = [own[first_url][0], own[second_url][0]]  # the driver names the instance
+            naming = [own[first_url][1], own[second_url][1]]  # each call names it
+            group = opened + naming
+            for session in opened:
+                answer = await http.post(
+                    f"{url}/v1/sessions", json={"session_id": session, "instance_id": instance}
+                )
+                answer.raise_for_status()
+            clients = {
+                s: AsyncOpenAI(
+                    base_url=f"{url}/sess/{s}/v1",
+                    api_key="unused",
+                    max_retries=0,
+                    default_headers={"X-Instance-Id": instance} if s in naming else None,
+                )
+                for s in group
+            }
+            conversations: dict[str, list[Any]] = {
+                s: [{"role": "user", "content": "Solve the task: list the files."}] for s in group
+            }
+
+            async def turn(index: int, session: str, number: int) -> None:
+                response = await clients[session].chat.completions.create(
+                    model="policy",
+                    messages=conversations[session],
+                    max_tokens=8,
+                    seed=seed(index, number),
+                )
+                conversations[session] += [
+                    {"role": "assistant", "content": response.choices[0].message.content or ""},
+                    {"role": "user", "content": f"Turn {number + 1}: go on."},
+                ]
+
+            for number in range(GROUP_TURNS):
+                if number == GROUP_DRAIN_TURN:
+                    await admin(http, url, type="engine_drained", url=second_url)
+                await asyncio.gather(*(turn(i, s, number) for i, s in enumerate(group)))
+            for session in group:
+                (await http.post(f"{url}/sess/{session}/finalize", json={})).raise_for_status()
+            for client in clients.values():
+                await client.close()
+    finally:
+        worker.stop()
+
+    events = await read_until(
+        settings,
+        settings.topic("steps"),
+        steps_topic_adapter,
+        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(group) * GROUP_TURNS,
+    )
+    steps = [e for e in events if isinstance(e, StepRecorded)]
+    assert len(steps) == len(group) * GROUP_TURNS
+    engines = {s: [e.engine_url for e in steps if e.session_id == s] for s in group}
+    # The whole group on the instance's engine, including the sessions whose own hash picks
+    # the other one; drained, the group moves to its next engine together.
+    for session in group:
+        assert engines[session] == [second_url] * GROUP_DRAIN_TURN + [first_url] * (
+            GROUP_TURNS - GROUP_DRAIN_TURN
+        )
+    # Each session stays one chain on either engine (TITO after the first step).
+    for session in group:
+        chain = [e for e in steps if e.session_id == session]
+        assert [s.prefix for s in chain] == ["rendered"] + ["tito"] * (GROUP_TURNS - 1)
+    await read_until(
+        settings,
+        settings.topic("segments"),
+        TypeAdapter(SegmentFinalized),
+        lambda got: {s.session_id for s in got} >= set(group),
+        timeout_s=120,
+    )
