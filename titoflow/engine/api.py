@@ -82,8 +82,9 @@ class PromptScores:
 
 class Engine(Protocol):
     """One engine, or a pool of them (titoflow/engine/pool.py). ``session_id`` is the routing
-    key: a pool keeps a session on one engine (its prefix cache); SGLang passes it on as its
-    own ``routing_key``; vLLM ignores it."""
+    key (the session id, or with group routing its group's instance id:
+    titoflow/engine/groups.py): a pool keeps a key on one engine (its prefix cache); SGLang
+    passes it on as its own ``routing_key``; vLLM ignores it."""
 
     url: str
 

@@ -7,8 +7,8 @@ ranked it first. The key the Engine protocol calls ``session_id`` is the session
 group routing the instance id its group shares (titoflow/engine/groups.py): the group then
 shares one engine's prefix cache, under the same fallback. Fallback, in the key's own ranking
 order (a sticky second choice): past an engine that is unhealthy (a failed call, or a failed
-``/health`` probe), or overloaded (more calls in flight than ``max_in_flight``); when every
-healthy engine is overloaded, the least loaded one, unless it is at ``in_flight_limit``: then
+``/health`` probe), or full (``max_in_flight`` or ``in_flight_limit`` calls in flight); when
+every healthy engine is full, the least loaded one, unless it is at ``in_flight_limit``: then
 the call is refused (:class:`~titoflow.errors.Overloaded`) before any engine sees it (the
 ingress reserves its place earlier, :meth:`EnginePool.reserve`). A call that fails before the
 engine produced anything (unreachable, 502/503/504) is retried on the next engine; a stream
