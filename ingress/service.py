@@ -50,7 +50,7 @@ from ingress.session_lifecycle import SessionLifecycle
 from ingress.session_log import Publish, PublishTogether, SessionEvent
 from ingress.tracing import CallTracer
 from ingress.turn import ChatTurn, SessionRef, TokenCall
-from schemas.events import SessionBudget, SessionOpened, SessionOptions
+from schemas.events import SamplingOverrides, SessionBudget, SessionOpened, SessionOptions
 from titoflow.engine.api import Engine
 from titoflow.engine.groups import RoutingKeys
 from titoflow.errors import InvalidRequest
@@ -125,10 +125,11 @@ class ChatService:
         metadata: dict[str, Any],
         options: SessionOptions,
         budget: SessionBudget | None = None,
+        sampling: SamplingOverrides | None = None,
     ) -> SessionOpened:
         """Open a session (:mod:`ingress.session_lifecycle`); once it is on its log, its calls
         here route by the instance it names (with group routing)."""
-        opened = await self._open_session(session, channel, metadata, options, budget)
+        opened = await self._open_session(session, channel, metadata, options, budget, sampling)
         self.routing.opened(opened.session_id, opened.instance_id)
         return opened
 

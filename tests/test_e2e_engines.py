@@ -142,23 +142,23 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
                 finalized.raise_for_status()
             for client in clients.values():
                 await client.close()
+        # Read while the worker runs: stopped, it would leave the last sessions unassembled.
+        events = await read_until(
+            settings,
+            settings.topic("steps"),
+            steps_topic_adapter,
+            lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(sessions) * TURNS,
+        )
+        segments = await read_until(
+            settings,
+            settings.topic("segments"),
+            TypeAdapter(SegmentFinalized),
+            lambda got: {s.session_id for s in got} >= set(sessions),
+            timeout_s=120,
+        )
     finally:
         worker.stop()
-
-    events = await read_until(
-        settings,
-        settings.topic("steps"),
-        steps_topic_adapter,
-        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(sessions) * TURNS,
-    )
     steps = [e for e in events if isinstance(e, StepRecorded)]
-    segments = await read_until(
-        settings,
-        settings.topic("segments"),
-        TypeAdapter(SegmentFinalized),
-        lambda got: {s.session_id for s in got} >= set(sessions),
-        timeout_s=120,
-    )
 
     # Nothing lost, nothing twice: one step per call, one segment per session.
     assert len(steps) == len(sessions) * TURNS
@@ -295,15 +295,21 @@ async def test_a_group_shares_one_engine_and_moves_together_when_it_drains(
                 (await http.post(f"{url}/sess/{session}/finalize", json={})).raise_for_status()
             for client in clients.values():
                 await client.close()
+        events = await read_until(
+            settings,
+            settings.topic("steps"),
+            steps_topic_adapter,
+            lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(group) * GROUP_TURNS,
+        )
+        segments = await read_until(
+            settings,
+            settings.topic("segments"),
+            TypeAdapter(SegmentFinalized),
+            lambda got: {s.session_id for s in got} >= set(group),
+            timeout_s=120,
+        )
     finally:
         worker.stop()
-
-    events = await read_until(
-        settings,
-        settings.topic("steps"),
-        steps_topic_adapter,
-        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(group) * GROUP_TURNS,
-    )
     steps = [e for e in events if isinstance(e, StepRecorded)]
     assert len(steps) == len(group) * GROUP_TURNS
     engines = {s: [e.engine_url for e in steps if e.session_id == s] for s in group}
@@ -317,10 +323,5 @@ async def test_a_group_shares_one_engine_and_moves_together_when_it_drains(
     for session in group:
         chain = [e for e in steps if e.session_id == session]
         assert [s.prefix for s in chain] == ["rendered"] + ["tito"] * (GROUP_TURNS - 1)
-    await read_until(
-        settings,
-        settings.topic("segments"),
-        TypeAdapter(SegmentFinalized),
-        lambda got: {s.session_id for s in got} >= set(group),
-        timeout_s=120,
-    )
+        [segment] = [s for s in segments if s.session_id == session]
+        assert [s.step_id for s in segment.steps] == [s.step_id for s in chain]
