@@ -6,7 +6,9 @@ of sessions ended, or incomplete after the timeout or at the end of the source."
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,14 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
 from schemas.events import SegmentFinalized, SessionDiscarded, VersionSpan
+from titoflow.bus import Publisher
 from titoflow.client.batch import version_number
 from titoflow.client.groups import GroupCollector
 from titoflow.client.packing import pack_greedy
 from titoflow.client.segment_files import read_jsonl
+from titoflow.client.topic_source import TopicSource
 from titoflow.client.torch_data import SegmentDataset, block_causal_mask
+from titoflow.settings import Settings
 
 PAD = 151643
 
@@ -338,3 +343,56 @@ def test_a_packed_row_with_block_causal_mask_gives_each_segment_its_own_logits(
     assert torch.allclose(packed[:3], alone[0], atol=1e-4)
     assert torch.allclose(packed[3:6], alone[1], atol=1e-4)
     assert not torch.allclose(unmasked[3:6], alone[1], atol=1e-4)
+
+
+async def test_the_topic_source_feeds_groups_on_tansu_and_stops_its_consumer(
+    settings: Settings,
+) -> None:
+    """Segments published to the topic (a repeat, an unused sample, a group that never
+    completes) come out grouped, each once; the incomplete group after the timeout, on the
+    source's idle ticks; closing the dataset's iterator stops the consumer's thread."""
+    body = [(1, False, 0.0, 0), (2, True, -1.0, 1)]
+    meta = {"group_size": 2}
+    p0 = make_segment("p0", body, instance="p", metadata=meta, reward=1.0)
+    unused = make_segment("p1u", body, instance="p", session="sess-p1", last=False, unused=True)
+    p1 = make_segment("p1", body, instance="p", metadata=meta, reward=0.0)
+    q0 = make_segment("q0", body, instance="q", metadata={"group_size": 3})
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        for event in [q0, p0, p0, unused, p1]:
+            await publisher.publish(
+                settings.topic("segments"),
+                event.instance_id or "",
+                event.model_dump_json().encode(),
+            )
+    finally:
+        await publisher.stop()
+
+    def first_two() -> list[dict[str, Any]]:
+        source = TopicSource(settings, group_id=None, poll_s=0.1)
+        dataset = SegmentDataset(source, pad_id=PAD, group_by_instance=True, timeout_s=1.0)
+        return list(itertools.islice(dataset, 2))
+
+    items = await asyncio.to_thread(first_two)
+    assert [(i["group"], i["segment_ids"], i["complete"]) for i in items] == [
+        ("p", ["seg-p0", "seg-p1"], True),
+        ("q", ["seg-q0"], False),
+    ]
+    check_item_holds(items[0], [p0, p1])
+    assert items[0]["reward"].tolist() == [1.0, 0.0]
+    assert not [t for t in threading.enumerate() if t.name == "titoflow-segments"]
+
+
+def test_data_loader_workers_each_take_whole_instances() -> None:
+    body = [(1, False, 0.0, 0), (2, True, -1.0, 1)]
+    segments = [
+        make_segment(f"{instance}{k}", body, instance=instance, metadata={"group_size": 2})
+        for k in range(2)
+        for instance in "abcdef"
+    ]
+    dataset = SegmentDataset(segments, pad_id=PAD, group_by_instance=True)
+    items = list(DataLoader(dataset, batch_size=None, num_workers=2))
+    assert sorted((i["group"], i["segment_ids"], i["complete"]) for i in items) == [
+        (x, [f"seg-{x}0", f"seg-{x}1"], True) for x in "abcdef"
+    ]
