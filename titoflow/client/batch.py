@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from schemas.events import LOGPROB_SOURCE_NONE, SegmentFinalized, SessionDiscarded
+from titoflow.client.packing import lay_out
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "old_logprobs")
 
@@ -58,28 +59,19 @@ def pad_segments(
 ) -> dict[str, np.ndarray]:
     """Right-pad ``segments`` to one length (the longest, rounded up to ``pad_to_multiple_of``).
 
-    Raises ValueError for an empty batch, or a segment :func:`segment_arrays` refuses.
+    Raises ValueError for an empty batch, or a segment :func:`segment_arrays` or
+    :func:`~titoflow.client.packing.lay_out` refuses.
     """
     if not segments:
         raise ValueError("no segments to batch")
-    if pad_to_multiple_of < 1:
-        raise ValueError("pad_to_multiple_of must be at least 1")
-    longest = max(len(segment.token_ids) for segment in segments)
-    length = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    size = (len(segments), length)
-    batch: dict[str, np.ndarray] = {
-        "input_ids": np.full(size, pad_id, dtype=np.int64),
-        "attention_mask": np.zeros(size, dtype=np.int64),
-        "loss_mask": np.zeros(size, dtype=np.float32),
-        "old_logprobs": np.zeros(size, dtype=np.float32),
+    rows = [[i] for i in range(len(segments))]
+    laid = lay_out([segment_arrays(s) for s in segments], rows, pad_id, pad_to_multiple_of)
+    return {
+        "input_ids": laid["input_ids"],
+        "attention_mask": (laid["sequence_ids"] >= 0).astype(np.int64),
+        "loss_mask": laid["loss_mask"],
+        "old_logprobs": laid["old_logprobs"],
     }
-    for row, segment in enumerate(segments):
-        arrays = segment_arrays(segment)
-        n = len(arrays["input_ids"])
-        batch["attention_mask"][row, :n] = 1
-        for key in ("input_ids", "loss_mask", "old_logprobs"):
-            batch[key][row, :n] = arrays[key]
-    return batch
 
 
 def instance_key(segment: SegmentFinalized | SessionDiscarded) -> str:
