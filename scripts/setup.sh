@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,otel,torch]" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
-.venv/bin/python -c "import titoflow, aiokafka, transformers" # fails loudly if the install did
+.venv/bin/python -c "import titoflow, aiokafka, transformers, torch" # fails loudly if the install did
 bash scripts/setup-engine.sh
 # SGLang's own request/response definitions (pinned wheel, a few files extracted, never
 # installed) for the SGLang backend's contract tests.

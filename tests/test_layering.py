@@ -8,8 +8,9 @@ import inside a function counts as much as one at the top):
     workers/   the other: schemas and titoflow, never ingress
     cli/       the thin dispatcher on top: anything
 
-and aiokafka is imported by ``titoflow/bus.py`` alone. The second half shows the check finds a
-planted violation, so it cannot pass by reading nothing.
+and aiokafka is imported by ``titoflow/bus.py`` alone, torch (the optional extra
+``titoflow[torch]``, never a core dependency) by ``titoflow/client/torch_data.py`` alone. The
+second half shows the check finds a planted violation, so it cannot pass by reading nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MAY_IMPORT = {
     "cli": set(PACKAGES),
 }
 KAFKA_CLIENT_HOME = Path("titoflow/bus.py")
+TORCH_HOME = Path("titoflow/client/torch_data.py")
 
 
 def imported(source: str) -> Iterator[tuple[int, str]]:
@@ -55,6 +57,8 @@ def violations(root: Path) -> list[str]:
                     found.append(f"{relative}:{line} imports {module}")
                 if top == "aiokafka" and relative != KAFKA_CLIENT_HOME:
                     found.append(f"{relative}:{line} imports {module} (only {KAFKA_CLIENT_HOME})")
+                if top == "torch" and relative != TORCH_HOME:
+                    found.append(f"{relative}:{line} imports {module} (only {TORCH_HOME})")
     return found
 
 
@@ -73,6 +77,7 @@ def test_every_package_imports_only_what_lies_below_it() -> None:
         ("titoflow/tito/x.py", "from cli.main import main\n", "imports cli.main"),
         ("schemas/x.py", "from titoflow.settings import Settings\n", "imports titoflow.settings"),
         ("workers/x.py", "from aiokafka import TopicPartition\n", "(only titoflow/bus.py)"),
+        ("titoflow/client/x.py", "import torch\n", "(only titoflow/client/torch_data.py)"),
     ],
 )
 def test_a_planted_violation_is_found(

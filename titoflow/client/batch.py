@@ -18,14 +18,40 @@ segment is always context (prompts come first), so shifting by one loses nothing
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from schemas.events import LOGPROB_SOURCE_NONE, SegmentFinalized
+from schemas.events import LOGPROB_SOURCE_NONE, SegmentFinalized, SessionDiscarded
+from titoflow.client.packing import lay_out
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "old_logprobs")
+
+
+def segment_arrays(segment: SegmentFinalized) -> dict[str, np.ndarray]:
+    """One segment's aligned 1-D arrays: ``input_ids`` int64, ``loss_mask`` float32,
+    ``old_logprobs`` float32 (0.0 where the engine reported none) and ``logprob_source`` uint8.
+
+    Raises ValueError for misaligned arrays, or a token the loss would train on (loss mask 1)
+    whose logprob the engine never reported: an importance ratio against a placeholder 0.0 would
+    be silently wrong (invariant 1, exact tokens).
+    """
+    n = len(segment.token_ids)
+    if not (len(segment.loss_mask) == len(segment.logprobs) == len(segment.logprob_source) == n):
+        raise ValueError(f"segment {segment.segment_id}: arrays are not aligned")
+    source = np.asarray(segment.logprob_source, dtype=np.uint8)
+    mask = np.asarray(segment.loss_mask, dtype=np.uint8)
+    known = source != LOGPROB_SOURCE_NONE
+    if np.any(mask.astype(bool) & ~known):
+        raise ValueError(f"segment {segment.segment_id}: a token in the loss has no engine logprob")
+    return {
+        "input_ids": np.asarray(segment.token_ids, dtype=np.int64),
+        "loss_mask": mask.astype(np.float32),
+        "old_logprobs": np.where(known, np.asarray(segment.logprobs, np.float32), np.float32(0)),
+        "logprob_source": source,
+    }
 
 
 def pad_segments(
@@ -33,47 +59,24 @@ def pad_segments(
 ) -> dict[str, np.ndarray]:
     """Right-pad ``segments`` to one length (the longest, rounded up to ``pad_to_multiple_of``).
 
-    Raises ValueError for an empty batch, misaligned arrays, or a token the loss would train on
-    (loss mask 1) whose logprob the engine never reported: an importance ratio against a
-    placeholder 0.0 would be silently wrong (invariant 1, exact tokens).
+    Raises ValueError for an empty batch, or a segment :func:`segment_arrays` or
+    :func:`~titoflow.client.packing.lay_out` refuses.
     """
     if not segments:
         raise ValueError("no segments to batch")
-    if pad_to_multiple_of < 1:
-        raise ValueError("pad_to_multiple_of must be at least 1")
-    longest = max(len(segment.token_ids) for segment in segments)
-    length = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    size = (len(segments), length)
-    input_ids = np.full(size, pad_id, dtype=np.int64)
-    attention_mask = np.zeros(size, dtype=np.int64)
-    loss_mask = np.zeros(size, dtype=np.float32)
-    old_logprobs = np.zeros(size, dtype=np.float32)
-    for row, segment in enumerate(segments):
-        n = len(segment.token_ids)
-        if not (
-            len(segment.loss_mask) == len(segment.logprobs) == len(segment.logprob_source) == n
-        ):
-            raise ValueError(f"segment {segment.segment_id}: arrays are not aligned")
-        mask = np.asarray(segment.loss_mask, dtype=np.uint8)
-        known = np.asarray(segment.logprob_source, dtype=np.uint8) != LOGPROB_SOURCE_NONE
-        if np.any(mask.astype(bool) & ~known):
-            raise ValueError(
-                f"segment {segment.segment_id}: a token in the loss has no engine logprob"
-            )
-        input_ids[row, :n] = segment.token_ids
-        attention_mask[row, :n] = 1
-        loss_mask[row, :n] = mask
-        old_logprobs[row, :n] = np.where(known, np.asarray(segment.logprobs, np.float32), 0.0)
+    rows = [[i] for i in range(len(segments))]
+    laid = lay_out([segment_arrays(s) for s in segments], rows, pad_id, pad_to_multiple_of)
     return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "loss_mask": loss_mask,
-        "old_logprobs": old_logprobs,
+        "input_ids": laid["input_ids"],
+        "attention_mask": (laid["sequence_ids"] >= 0).astype(np.int64),
+        "loss_mask": laid["loss_mask"],
+        "old_logprobs": laid["old_logprobs"],
     }
 
 
-def instance_key(segment: SegmentFinalized) -> str:
-    """The prompt a segment samples: its instance id, else its session (as the topic's key)."""
+def instance_key(segment: SegmentFinalized | SessionDiscarded) -> str:
+    """The prompt a segment (or a discard notice) samples: its instance id, else its session
+    (as the topic's key)."""
     return segment.instance_id if segment.instance_id is not None else segment.session_id
 
 
@@ -84,3 +87,26 @@ def group_by_instance(segments: Iterable[SegmentFinalized]) -> dict[str, list[Se
     for segment in segments:
         groups[instance_key(segment)].append(segment)
     return dict(groups)
+
+
+def version_number(label: str) -> int:
+    """The number a weight-version label ends with (``v12`` → 12, ``step-300`` → 300), so that
+    versions compare in order; ValueError for a label that ends with none."""
+    match = re.search(r"(\d+)$", label)
+    if match is None:
+        raise ValueError(
+            f"weight version {label!r} ends with no number: pass version_number= a function "
+            "that maps your labels to increasing ints"
+        )
+    return int(match.group(1))
+
+
+def version_array(
+    segment: SegmentFinalized, number: Callable[[str], int] = version_number
+) -> np.ndarray:
+    """int64 per token: ``number(version)`` of the weights that sampled it (its
+    ``weight_versions`` span), -1 where no span says (context, or an engine without versions)."""
+    versions = np.full(len(segment.token_ids), -1, dtype=np.int64)
+    for span in segment.weight_versions:
+        versions[span.start : span.end] = number(span.version)
+    return versions

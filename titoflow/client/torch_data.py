@@ -1,0 +1,194 @@
+"""Segments → torch tensors: an ``IterableDataset`` over the segments topic, a JSONL file of
+segments, or any iterable of segment events (the optional extra ``titoflow[torch]``; nothing
+else in titoflow imports torch).
+
+Every item is one batch of whole sequences (segments), as ``[rows, length]`` tensors:
+``input_ids``, ``position_ids`` (restarting at 0 with each sequence), ``sequence_ids`` (which
+sequence of the item a position holds, -1 on padding), ``loss_mask``, ``old_logprobs``,
+``logprob_source``, ``weight_version`` (per token, :func:`~titoflow.client.batch.version_array`);
+per sequence, ``reward`` and ``segment_ids``; ``cu_seqlens`` (flash-attn varlen's offsets over
+the rows' real tokens); ``group`` and ``complete``. An item is one segment per row (one segment,
+or with ``group_by_instance`` a group), or with ``pack_tokens`` rows packed up to that budget.
+
+Invariant: tokens, masks and logprob bits are the segment's own (built by
+:func:`~titoflow.client.batch.segment_arrays`, laid out by :mod:`titoflow.client.packing`,
+never split); a segment is in at most one item; with ``group_by_instance`` an item is exactly
+one group of :class:`~titoflow.client.groups.GroupCollector`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError("titoflow's torch dataset needs torch: pip install titoflow[torch]") from exc
+
+from schemas.events import SegmentFinalized, SessionDiscarded
+from titoflow.client.batch import instance_key, segment_arrays, version_array, version_number
+from titoflow.client.groups import GROUP_SIZE_KEY, Group, GroupCollector
+from titoflow.client.packing import lay_out, pack_greedy
+from titoflow.client.segment_files import read_jsonl
+
+Event = SegmentFinalized | SessionDiscarded
+# None in a source: nothing arrived for a while (TopicSource), so timeouts can fire.
+Source = Iterable[Event | None]
+
+
+def recorded_reward(segment: SegmentFinalized) -> float:
+    """The reward the driver's finalize carried; NaN if it carried none (named components only,
+    or an idle finalize): pass ``reward=`` to combine components or score yourself."""
+    return math.nan if segment.reward is None else segment.reward
+
+
+class SegmentDataset(IterableDataset[dict[str, Any]]):
+    def __init__(
+        self,
+        source: Source | str | Path,
+        *,
+        pad_id: int,
+        pack_tokens: int | None = None,
+        group_by_instance: bool = False,
+        group_size: int | None = None,
+        group_size_key: str = GROUP_SIZE_KEY,
+        timeout_s: float | None = None,
+        pad_to_multiple_of: int = 1,
+        reward: Callable[[SegmentFinalized], float] = recorded_reward,
+        version_number: Callable[[str], int] = version_number,
+        unused_samples: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``source``: a :class:`~titoflow.client.topic_source.TopicSource`, a JSONL file of
+        segments (``titoflow replay``'s output; re-read on every pass), or any iterable of
+        segments and discard notices. ``pack_tokens``: pack rows up to that many tokens.
+        ``group_by_instance``: one item per group, complete when ``group_size`` sessions (or
+        the sessions' ``group_size_key`` metadata) have ended. ``timeout_s``: hand out an
+        incomplete group, or a packed row that is not full, that long after its first segment
+        (None: wait). Segments marked ``unused_sample`` are skipped unless ``unused_samples``."""
+        if pack_tokens is not None and pack_tokens < 1:
+            raise ValueError("pack_tokens must be at least 1")
+        self.source = source
+        self.pad_id = pad_id
+        self.pack_tokens = pack_tokens
+        self.group_by_instance = group_by_instance
+        self.group_size = group_size
+        self.group_size_key = group_size_key
+        self.timeout_s = timeout_s
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.reward = reward
+        self.version_number = version_number
+        self.unused_samples = unused_samples
+        self.clock = clock
+
+    def _events(self) -> Iterator[Event | None]:
+        events: Source = (
+            read_jsonl(self.source) if isinstance(self.source, str | Path) else self.source
+        )
+        worker = get_worker_info()
+        if worker is None or worker.num_workers == 1 or getattr(events, "shards_itself", False):
+            yield from events
+            return
+        # Each data-loader worker takes whole instances (a group never straddles two).
+        for event in events:
+            if event is None or zlib.crc32(instance_key(event).encode()) % worker.num_workers == (
+                worker.id
+            ):
+                yield event
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.group_by_instance:
+            return self._groups()
+        return self._packed() if self.pack_tokens is not None else self._single()
+
+    def _trainable(self, event: Event | None) -> SegmentFinalized | None:
+        if isinstance(event, SegmentFinalized) and (self.unused_samples or not event.unused_sample):
+            return event
+        return None
+
+    def _single(self) -> Iterator[dict[str, Any]]:
+        for event in self._events():
+            segment = self._trainable(event)
+            if segment is not None:
+                yield self._item([segment], None, True)
+
+    def _packed(self) -> Iterator[dict[str, Any]]:
+        assert self.pack_tokens is not None
+        row: list[SegmentFinalized] = []
+        started = 0.0
+        for event in self._events():
+            segment = self._trainable(event)
+            if segment is not None:
+                # pack_greedy's rule (and its error for a segment over the budget).
+                lengths = [len(s.token_ids) for s in [*row, segment]]
+                if len(pack_greedy(lengths, self.pack_tokens)) > 1:
+                    yield self._item(row, None, True)
+                    row = []
+                if not row:
+                    started = self.clock()
+                row.append(segment)
+            if row and self.timeout_s is not None and self.clock() - started >= self.timeout_s:
+                yield self._item(row, None, True)
+                row = []
+        if row:
+            yield self._item(row, None, True)
+
+    def _groups(self) -> Iterator[dict[str, Any]]:
+        collector = GroupCollector(
+            self.group_size, self.timeout_s, self.group_size_key, self.unused_samples
+        )
+        for event in self._events():
+            now = self.clock()
+            done = [] if event is None else [collector.add(event, now)]
+            for group in [*filter(None, done), *collector.expired(now)]:
+                yield from self._group_item(group)
+        for group in collector.flush():
+            yield from self._group_item(group)
+
+    def _group_item(self, group: Group) -> Iterator[dict[str, Any]]:
+        if group.segments:  # a group of discarded sessions trains nothing
+            yield self._item(group.segments, group.key, group.complete)
+
+    def _item(
+        self, segments: list[SegmentFinalized], group: str | None, complete: bool
+    ) -> dict[str, Any]:
+        sequences = [
+            {**segment_arrays(s), "weight_version": version_array(s, self.version_number)}
+            for s in segments
+        ]
+        lengths = [len(s.token_ids) for s in segments]
+        rows = (
+            [[i] for i in range(len(segments))]
+            if self.pack_tokens is None
+            else pack_greedy(lengths, self.pack_tokens)
+        )
+        arrays = lay_out(sequences, rows, self.pad_id, self.pad_to_multiple_of)
+        item: dict[str, Any] = {key: torch.from_numpy(array) for key, array in arrays.items()}
+        item["reward"] = torch.from_numpy(
+            np.array([self.reward(s) for s in segments], dtype=np.float32)
+        )
+        item["segment_ids"] = [s.segment_id for s in segments]
+        item["group"] = group
+        item["complete"] = complete
+        return item
+
+
+def block_causal_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """``[rows, 1, length, length]`` bool: position ``q`` may attend to ``k`` when both hold
+    the same sequence and ``k <= q`` (a padding position to itself only, so no softmax row is
+    empty). For attention kernels that take a dense mask (Hugging Face's sdpa and eager take
+    it as ``attention_mask``); flash-attn's varlen kernels take ``cu_seqlens`` instead."""
+    length = sequence_ids.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=sequence_ids.device).tril()
+    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
+    real = sequence_ids[:, None, :] >= 0
+    alone = torch.eye(length, dtype=torch.bool, device=sequence_ids.device)
+    return ((same & causal & real) | alone)[:, None]
