@@ -33,9 +33,7 @@ def pad_segments(
 ) -> dict[str, np.ndarray]:
     """Right-pad ``segments`` to one length (the longest, rounded up to ``pad_to_multiple_of``).
 
-    Raises ValueError for an empty batch, misaligned arrays, or a token the loss would train on
-    (loss mask 1) whose logprob the engine never reported: an importance ratio against a
-    placeholder 0.0 would be silently wrong (invariant 1, exact tokens).
+    Raises ValueError for an empty batch, or a segment :func:`aligned_arrays` refuses.
     """
     if not segments:
         raise ValueError("no segments to batch")
@@ -49,27 +47,36 @@ def pad_segments(
     loss_mask = np.zeros(size, dtype=np.float32)
     old_logprobs = np.zeros(size, dtype=np.float32)
     for row, segment in enumerate(segments):
-        n = len(segment.token_ids)
-        if not (
-            len(segment.loss_mask) == len(segment.logprobs) == len(segment.logprob_source) == n
-        ):
-            raise ValueError(f"segment {segment.segment_id}: arrays are not aligned")
-        mask = np.asarray(segment.loss_mask, dtype=np.uint8)
-        known = np.asarray(segment.logprob_source, dtype=np.uint8) != LOGPROB_SOURCE_NONE
-        if np.any(mask.astype(bool) & ~known):
-            raise ValueError(
-                f"segment {segment.segment_id}: a token in the loss has no engine logprob"
-            )
-        input_ids[row, :n] = segment.token_ids
+        ids, mask, logprobs = aligned_arrays(segment)
+        n = len(ids)
+        input_ids[row, :n] = ids
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = mask
-        old_logprobs[row, :n] = np.where(known, np.asarray(segment.logprobs, np.float32), 0.0)
+        old_logprobs[row, :n] = logprobs
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "loss_mask": loss_mask,
         "old_logprobs": old_logprobs,
     }
+
+
+def aligned_arrays(segment: SegmentFinalized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(token_ids int32, loss_mask uint8, logprobs float32)`` of one segment, logprobs 0.0
+    where the engine reported none (the event's placeholder, made explicit).
+
+    Raises ValueError for misaligned arrays, or a token the loss would train on (loss mask 1)
+    whose logprob the engine never reported: an importance ratio against a placeholder 0.0
+    would be silently wrong (invariant 1, exact tokens)."""
+    n = len(segment.token_ids)
+    if not (len(segment.loss_mask) == len(segment.logprobs) == len(segment.logprob_source) == n):
+        raise ValueError(f"segment {segment.segment_id}: arrays are not aligned")
+    mask = np.asarray(segment.loss_mask, dtype=np.uint8)
+    known = np.asarray(segment.logprob_source, dtype=np.uint8) != LOGPROB_SOURCE_NONE
+    if np.any(mask.astype(bool) & ~known):
+        raise ValueError(f"segment {segment.segment_id}: a token in the loss has no engine logprob")
+    logprobs = np.where(known, np.asarray(segment.logprobs, np.float32), np.float32(0.0))
+    return np.asarray(segment.token_ids, dtype=np.int32), mask, logprobs
 
 
 def instance_key(segment: SegmentFinalized) -> str:
