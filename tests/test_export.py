@@ -137,6 +137,18 @@ def test_the_export_module_is_not_imported_by_the_core_and_names_its_extra(
         "titoflow export: reading or writing exports needs pyarrow: pip install 'titoflow[export]'"
     ]
     assert not (tmp_path / "x.parquet").exists()
+    # Without datasets, a --datasets export says so before reading anything.
+    blocked = blocked.replace("'pyarrow'", "'datasets'")
+    argv += ["--datasets", str(tmp_path / "ds")]
+    done = subprocess.run(
+        [sys.executable, "-c", blocked, *argv], cwd=PROJECT_ROOT, capture_output=True, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "titoflow export: a Hugging Face datasets directory needs datasets: "
+        "pip install 'titoflow[export]'"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["segments.jsonl"]
 
 
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -220,6 +232,9 @@ async def test_live_topic_and_a_time_window_of_it_on_tansu(
     assert ids(await exported("--from-time", str(boundary))) == ids(late)
     assert ids(await exported("--to-time", str(boundary))) == ids(early)
     assert await exported("--from-time", str(boundary + 3600)) == []
+    assert ids(await exported("--topic", settings.topic("segments"))) == ids(early + late)
+    assert await cli("export", "--parquet", "x", "--topic", "nowhere", *flags) == 2
+    assert "topic 'nowhere' does not exist" in capsys.readouterr().err
     assert await cli("export", "--parquet", "x", "--to-time", "yesterday", *flags) == 2
     assert "--to-time 'yesterday'" in capsys.readouterr().err
 

@@ -89,6 +89,13 @@ def _datasets() -> Any:  # the datasets module
     return datasets
 
 
+def require(datasets: bool = False) -> None:
+    """Raise :class:`ExportUnavailable` now, not after a long export, if a package is missing."""
+    _pyarrow()
+    if datasets:
+        _datasets()
+
+
 def _arrow_type(pa: Any, kind: str) -> Any:
     kind = kind.rstrip("?")
     if kind == "json":

@@ -25,7 +25,13 @@ import orjson
 from pydantic import ValidationError
 
 from schemas.events import SegmentFinalized, SessionDiscarded, segments_topic_adapter
-from titoflow.client.export import ARRAY_DTYPES, Arrays, ParquetWriter, parquet_to_datasets
+from titoflow.client.export import (
+    ARRAY_DTYPES,
+    Arrays,
+    ParquetWriter,
+    parquet_to_datasets,
+    require,
+)
 from workers.export.sources import Read
 from workers.replay.errors import ReplayError
 
@@ -132,6 +138,7 @@ async def export_files(
     targets = [target for target in (parquet, directory) if target is not None]
     if not targets:
         raise ReplayError("give --parquet FILE, --datasets DIR or both")
+    require(datasets=directory is not None)
     for target in targets:
         if not target.parent.is_dir():
             raise ReplayError(f"{target}: directory {target.parent} does not exist")
