@@ -235,6 +235,9 @@ async def test_live_topic_and_a_time_window_of_it_on_tansu(
     assert ids(await exported("--topic", settings.topic("segments"))) == ids(early + late)
     assert await cli("export", "--parquet", "x", "--topic", "nowhere", *flags) == 2
     assert "topic 'nowhere' does not exist" in capsys.readouterr().err
+    window = ["--from-time", str(boundary), "--to-time", str(boundary - 1)]
+    assert await cli("export", "--parquet", "x", *window, *flags) == 2
+    assert "--to-time must be after --from-time" in capsys.readouterr().err
     assert await cli("export", "--parquet", "x", "--to-time", "yesterday", *flags) == 2
     assert "--to-time 'yesterday'" in capsys.readouterr().err
 
