@@ -29,7 +29,7 @@ import numpy as np
 from bench.harness import command_line, write_results
 from schemas.events import SegmentFinalized, SegmentStep
 from titoflow.bus import Publisher, ensure_topics
-from titoflow.client.export import ParquetWriter, parquet_to_datasets, read_segments
+from titoflow.client.export import ParquetWriter, parquet_to_datasets, read_segments, require
 from titoflow.dev.broker import start_tansu
 from titoflow.settings import Settings
 from workers.export.run import export
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", default="export")
     args = parser.parse_args()
+    require(datasets=True)  # imported before any clock runs
     segments = make_segments(args.segments, args.tokens)
     encoded = [segment_bytes(segment) for segment in segments]
     event_mb = sum(len(value) for value in encoded) / 1e6
