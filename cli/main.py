@@ -427,6 +427,43 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from titoflow.client.export import ExportUnavailable
+    from workers.export.run import export_files, format_summary
+    from workers.export.sources import from_jsonl, from_topic
+    from workers.replay.errors import ReplayError
+    from workers.replay.options import parse_time
+    from workers.replay.progress import make_progress
+
+    settings = _settings(args)
+    setup_logging(args.setting_log_level or "WARNING", settings.log_format, _library_level(args))
+    if args.from_jsonl is None:
+        _check_broker(settings)
+    progress = make_progress(args.progress)
+    try:
+        if args.from_jsonl is not None:
+            if args.from_time or args.to_time:
+                raise ReplayError("--from-time/--to-time select records of a topic, not a file")
+            reads = from_jsonl(args.from_jsonl, progress)
+        else:
+            reads = from_topic(
+                settings,
+                args.topic or settings.topic("segments"),
+                progress,
+                parse_time(args.from_time) if args.from_time else None,
+                parse_time(args.to_time, "--to-time") if args.to_time else None,
+            )
+        try:
+            report, wrote = asyncio.run(export_files(reads, args.parquet, args.datasets))
+        finally:
+            progress.close()
+    except (ReplayError, ExportUnavailable) as exc:
+        print(f"titoflow export: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(report, wrote), file=sys.stderr)
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from workers.inspect.ansi import render_text
     from workers.inspect.decode import TokenDecoder
@@ -551,6 +588,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_settings_flags(replay, "replay")
     replay.set_defaults(func=cmd_replay)
+
+    export = sub.add_parser(
+        "export",
+        help="write segments to Parquet and/or a Hugging Face datasets directory",
+        description="Read a segments topic (the live one by default, no consumer group, up to "
+        "its end offsets at start; optionally a time window) or a JSONL file of segments "
+        "(`titoflow replay --out`), drop repeats by segment_id, and write one row per segment "
+        "(columns: docs/trainer.md, 'Exporting segments'). Needs titoflow[export].",
+    )
+    export.add_argument("--parquet", type=Path, help="write a Parquet file here")
+    export.add_argument(
+        "--datasets", type=Path, help="write a datasets directory here (datasets.load_from_disk)"
+    )
+    export.add_argument("--topic", help="read this topic [default: <prefix>.segments]")
+    export.add_argument("--from-jsonl", type=Path, metavar="FILE", help="read JSONL ('-': stdin)")
+    export.add_argument("--from-time", help="records at or after this time (ISO 8601 or unix s)")
+    export.add_argument("--to-time", help="records before this time (ISO 8601 or unix seconds)")
+    export.add_argument(
+        "--progress", choices=["auto", "always", "never"], default="auto", help="bar on stderr"
+    )
+    _add_settings_flags(export, "export")
+    export.set_defaults(func=cmd_export)
 
     inspect = sub.add_parser(
         "inspect",

@@ -80,3 +80,17 @@ def test_edge_cost_bench_times_each_capture_here_and_against_a_checkout() -> Non
     assert isinstance(rows, list) and len(rows) == 10  # nine captures and the long history
     for row in rows:
         assert row["us"] > 0 and row["against_us"] > 0 and row["ratio"] > 0
+
+
+def test_export_bench_times_every_path() -> None:
+    argv = ["--segments", "6", "--tokens", "40", "--rounds", "1"]
+    rows = run_bench("bench/export.py", *argv)["rows"]
+    assert isinstance(rows, list)
+    assert [r["path"] for r in rows] == [
+        "jsonl -> parquet",
+        "topic -> parquet",
+        "parquet -> datasets",
+        "read_segments(parquet)",
+        "read_segments(datasets)",
+    ]
+    assert all(r["segments"] == 6 and r["segments_per_s"] > 0 for r in rows)

@@ -19,7 +19,7 @@ from cli.main import main
 from titoflow.dev.procs import free_port
 from titoflow.settings import COMMANDS, PROJECT_ROOT, Settings
 
-HAND_RUN = ("up", "ingress", "worker", "recompute", "replay", "inspect", "control")
+HAND_RUN = ("up", "ingress", "worker", "recompute", "replay", "inspect", "export", "control")
 SERVICES = ("ingress", "worker", "recompute")
 
 
@@ -60,6 +60,7 @@ def test_every_setting_names_the_commands_that_read_it() -> None:
         ["recompute"],
         ["replay"],
         ["inspect"],
+        ["export"],
         ["control", "resume"],
     ],
 )
@@ -101,6 +102,7 @@ BAD_SETTINGS = [
     ("recompute", {"TITOFLOW_ENGINE_URL": ""}, "TITOFLOW_ENGINE_URL", "base URL"),
     ("replay", {"TITOFLOW_STEPS_PARTITIONS": "eight"}, "TITOFLOW_STEPS_PARTITIONS", "integer"),
     ("inspect", {"TITOFLOW_BOOTSTRAP_SERVERS": ""}, "TITOFLOW_BOOTSTRAP_SERVERS", "host:port"),
+    ("export", {"TITOFLOW_BOOTSTRAP_SERVERS": ""}, "TITOFLOW_BOOTSTRAP_SERVERS", "host:port"),
     ("control", {"TITOFLOW_LOG_FORMAT": "xml"}, "TITOFLOW_LOG_FORMAT: ", "'json'"),
     ("build-model", {"TITOFLOW_LOG_LEVEL": "LOUD"}, "TITOFLOW_LOG_LEVEL: ", "'DEBUG'"),
     (

@@ -387,7 +387,7 @@ class Settings(BaseSettings):
 _SERVICES = ("up", "ingress", "worker", "recompute")
 _TOPIC_MAKERS = (*_SERVICES, "control")  # they create the topics, and publish
 _REBUILDERS = ("up", "worker", "replay", "inspect")  # they assemble segments from steps
-_EVERY = (*_TOPIC_MAKERS, "replay", "inspect")
+_EVERY = (*_TOPIC_MAKERS, "replay", "inspect", "export")
 _INGRESS = ("up", "ingress")
 COMMANDS: dict[str, tuple[str, ...]] = {
     "bootstrap_servers": _EVERY,

@@ -27,30 +27,17 @@ import numpy as np
 from schemas.events import LOGPROB_SOURCE_NONE, SegmentFinalized, SessionDiscarded
 from titoflow.client.packing import lay_out
 
-BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "old_logprobs")
-
 
 def segment_arrays(segment: SegmentFinalized) -> dict[str, np.ndarray]:
     """One segment's aligned 1-D arrays: ``input_ids`` int64, ``loss_mask`` float32,
-    ``old_logprobs`` float32 (0.0 where the engine reported none) and ``logprob_source`` uint8.
-
-    Raises ValueError for misaligned arrays, or a token the loss would train on (loss mask 1)
-    whose logprob the engine never reported: an importance ratio against a placeholder 0.0 would
-    be silently wrong (invariant 1, exact tokens).
-    """
-    n = len(segment.token_ids)
-    if not (len(segment.loss_mask) == len(segment.logprobs) == len(segment.logprob_source) == n):
-        raise ValueError(f"segment {segment.segment_id}: arrays are not aligned")
-    source = np.asarray(segment.logprob_source, dtype=np.uint8)
-    mask = np.asarray(segment.loss_mask, dtype=np.uint8)
-    known = source != LOGPROB_SOURCE_NONE
-    if np.any(mask.astype(bool) & ~known):
-        raise ValueError(f"segment {segment.segment_id}: a token in the loss has no engine logprob")
+    ``old_logprobs`` float32 (0.0 where the engine reported none) and ``logprob_source`` uint8;
+    refused as :func:`aligned_arrays` refuses."""
+    ids, mask, logprobs = aligned_arrays(segment)
     return {
-        "input_ids": np.asarray(segment.token_ids, dtype=np.int64),
+        "input_ids": ids.astype(np.int64),
         "loss_mask": mask.astype(np.float32),
-        "old_logprobs": np.where(known, np.asarray(segment.logprobs, np.float32), np.float32(0)),
-        "logprob_source": source,
+        "old_logprobs": logprobs,
+        "logprob_source": np.asarray(segment.logprob_source, dtype=np.uint8),
     }
 
 
@@ -72,6 +59,24 @@ def pad_segments(
         "loss_mask": laid["loss_mask"],
         "old_logprobs": laid["old_logprobs"],
     }
+
+
+def aligned_arrays(segment: SegmentFinalized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(token_ids int32, loss_mask uint8, logprobs float32)`` of one segment, logprobs 0.0
+    where the engine reported none (the event's placeholder, made explicit).
+
+    Raises ValueError for misaligned arrays, or a token the loss would train on (loss mask 1)
+    whose logprob the engine never reported: an importance ratio against a placeholder 0.0
+    would be silently wrong (invariant 1, exact tokens)."""
+    n = len(segment.token_ids)
+    if not (len(segment.loss_mask) == len(segment.logprobs) == len(segment.logprob_source) == n):
+        raise ValueError(f"segment {segment.segment_id}: arrays are not aligned")
+    mask = np.asarray(segment.loss_mask, dtype=np.uint8)
+    known = np.asarray(segment.logprob_source, dtype=np.uint8) != LOGPROB_SOURCE_NONE
+    if np.any(mask.astype(bool) & ~known):
+        raise ValueError(f"segment {segment.segment_id}: a token in the loss has no engine logprob")
+    logprobs = np.where(known, np.asarray(segment.logprobs, np.float32), np.float32(0.0))
+    return np.asarray(segment.token_ids, dtype=np.int32), mask, logprobs
 
 
 def instance_key(segment: SegmentFinalized | SessionDiscarded) -> str:

@@ -57,7 +57,7 @@ def parse_from_offsets(values: Sequence[str]) -> tuple[int | None, dict[int, int
     return every, per_partition
 
 
-def parse_time(value: str) -> float:
+def parse_time(value: str, flag: str = "--from-time") -> float:
     """Unix seconds (``1795271354.5``) or ISO 8601 (``2026-11-21T14:29:18Z``; naive = UTC)."""
     try:
         return float(value)
@@ -66,7 +66,7 @@ def parse_time(value: str) -> float:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise ReplayError(f"--from-time {value!r}: expected unix seconds or ISO 8601") from None
+        raise ReplayError(f"{flag} {value!r}: expected unix seconds or ISO 8601") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()

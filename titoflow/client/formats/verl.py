@@ -1,0 +1,100 @@
+"""Segments → the batch of a verl ``DataProto``, as verl's agent loop hands a rollout to its
+trainer (``verl/experimental/agent_loop/agent_loop.py``, ``_postprocess``).
+
+Invariant: ``input_ids`` is ``prompts`` (left-padded to one length) followed by ``responses``
+(right-padded), every ``[batch, ...]`` array aligned to it as verl aligns them; the reward sits
+on the last real response token of ``rm_scores``. Build the ``DataProto`` with
+``DataProto.from_dict(tensors={k: torch.from_numpy(v) for k, v in batch.items()},
+non_tensors=non_tensor_batch)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas.events import SegmentFinalized
+from titoflow.client.batch import aligned_arrays, instance_key
+from titoflow.client.formats.common import prompt_length
+
+
+@dataclass
+class VerlBatch:
+    """``batch`` (the tensors, as numpy), ``non_tensor_batch`` (object arrays), ``meta_info``."""
+
+    batch: dict[str, np.ndarray]
+    non_tensor_batch: dict[str, np.ndarray]
+    meta_info: dict[str, object] = field(default_factory=dict)
+
+
+def to_verl(
+    segments: Sequence[SegmentFinalized],
+    pad_id: int,
+    prompt_length_to: int | None = None,
+    response_length_to: int | None = None,
+) -> VerlBatch:
+    """The batch of ``segments``: prompts padded to ``prompt_length_to`` and responses to
+    ``response_length_to`` (verl's ``rollout.prompt_length`` / ``response_length``; default:
+    the longest). A segment longer than either raises ValueError (nothing is cut)."""
+    if not segments:
+        raise ValueError("no segments to batch")
+    arrays = [aligned_arrays(segment) for segment in segments]
+    splits = [prompt_length(segment) for segment in segments]
+    longest_prompt = max(splits)
+    longest_response = max(
+        len(ids) - split for (ids, _, _), split in zip(arrays, splits, strict=True)
+    )
+    p = longest_prompt if prompt_length_to is None else prompt_length_to
+    r = longest_response if response_length_to is None else response_length_to
+    if longest_prompt > p or longest_response > r:
+        raise ValueError(
+            f"a segment has a prompt of {longest_prompt} or a response of {longest_response} "
+            f"tokens, more than {p} / {r}"
+        )
+    size = len(segments)
+    prompts = np.full((size, p), pad_id, dtype=np.int64)
+    responses = np.full((size, r), pad_id, dtype=np.int64)
+    prompt_attention = np.zeros((size, p), dtype=np.int64)
+    response_attention = np.zeros((size, r), dtype=np.int64)
+    response_mask = np.zeros((size, r), dtype=np.int64)
+    rollout_log_probs = np.zeros((size, r), dtype=np.float32)
+    rm_scores = np.zeros((size, r), dtype=np.float32)
+    for row, ((ids, mask, logprobs), split, segment) in enumerate(
+        zip(arrays, splits, segments, strict=True)
+    ):
+        n = len(ids) - split
+        prompts[row, p - split :] = ids[:split]
+        prompt_attention[row, p - split :] = 1
+        responses[row, :n] = ids[split:]
+        response_attention[row, :n] = 1
+        response_mask[row, :n] = mask[split:]
+        rollout_log_probs[row, :n] = logprobs[split:]
+        if segment.reward is not None and n > 0:
+            rm_scores[row, n - 1] = segment.reward
+    attention_mask = np.concatenate([prompt_attention, response_attention], axis=1)
+    batch = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": np.concatenate([prompts, responses], axis=1),
+        "attention_mask": attention_mask,
+        # verl's compute_position_id_with_mask: 0 on left padding, then 0, 1, 2...
+        "position_ids": np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None),
+        "rollout_log_probs": rollout_log_probs,
+    }
+    if all(segment.reward is not None for segment in segments):
+        batch["rm_scores"] = rm_scores
+    non_tensor_batch = {
+        # GRPO groups rollouts by uid: the prompt each segment samples.
+        "uid": _objects([instance_key(segment) for segment in segments]),
+        "segment_id": _objects([segment.segment_id for segment in segments]),
+    }
+    return VerlBatch(batch, non_tensor_batch)
+
+
+def _objects(values: list[str]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
