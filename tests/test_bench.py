@@ -80,3 +80,11 @@ def test_edge_cost_bench_times_each_capture_here_and_against_a_checkout() -> Non
     assert isinstance(rows, list) and len(rows) == 10  # nine captures and the long history
     for row in rows:
         assert row["us"] > 0 and row["against_us"] > 0 and row["ratio"] > 0
+
+
+def test_retention_bench_measures_bytes_per_token() -> None:
+    result = run_bench("bench/retention.py", "--tokens", "100", "400", "--sessions", "1")
+    # Packed arrays: 4/3 of int32 ids + float32 logprobs + two uint8 masks per segment token.
+    assert result["segment_bytes_per_token"] == pytest.approx(40 / 3, abs=0.05)
+    assert isinstance(result["captures"], list) and result["captures"]
+    assert float(str(result["text_bytes_per_token"])) > 1
