@@ -102,7 +102,7 @@ def _wanted_partitions(settings: Settings) -> dict[str, int]:
 
 def _retention_settings(settings: Settings) -> dict[str, tuple[str, float]]:
     """Each topic whose retention titoflow sets: the setting that holds it, and its seconds.
-    (Control is read whole by every replica and recompute is a queue: both keep the broker's.)"""
+    Control and recompute keep the broker's (docs/operations.md, "Retention")."""
     return {
         settings.topic("steps"): ("steps_retention_s", settings.steps_retention_s),
         settings.topic("segments"): ("segments_retention_s", settings.segments_retention_s),
