@@ -37,8 +37,7 @@ from typing import Any
 
 from bench.encoding import json_lists
 from bench.harness import command_line, group_cpu_seconds, summary_ms, write_results
-from ingress.service import step_id_for
-from schemas.events import SessionFinalized, StepRecorded, VersionSpan
+from schemas.events import SessionFinalized, StepRecorded, VersionSpan, step_id_for
 from titoflow.bus import Publisher, ensure_topics, make_consumer, pin_to_end
 from titoflow.client.consumer import ASSIGNMENT_TIMEOUT_S
 from titoflow.dev.broker import start_tansu

@@ -13,7 +13,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 import uuid
 from array import array
@@ -26,6 +25,7 @@ from ingress.admission import Admission
 from ingress.chains import Chain, ChainStore
 from ingress.service_options import ServiceOptions
 from ingress.turn import ChatTurn, TokenCall
+from schemas.events import step_id_for
 from titoflow.engine.api import GenerateParams
 from titoflow.errors import ContextOverflow, InvalidRequest, NotAppendOnly
 from titoflow.tito.families.grammar import tool_call_constraint
@@ -73,17 +73,6 @@ def _text_size(messages: Sequence[Message]) -> int:
         + sum(len(call.arguments) + len(call.name) for call in m.tool_calls)
         for m in messages
     )
-
-
-def step_id_for(
-    session_id: str, parent_step_id: str | None, prompt_tail: array[int], sample: str
-) -> str:
-    """One id per sample: two engine calls never share one, even for the same prompt (a client
-    retry, best-of-n), so neither do their tool-call ids. ``sample`` is drawn once per engine
-    call; the event carries the id, so re-sends of the event and replays keep it."""
-    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0{sample}\0".encode())
-    digest.update(prompt_tail.tobytes())
-    return digest.hexdigest()[:32]
 
 
 def _first_new_row(prefix_len: int) -> int:

@@ -43,7 +43,7 @@ from ingress.generation import (
     TurnResult,
     TurnStarted,
 )
-from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, samples_of, step_id_for
+from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, samples_of
 from ingress.recording import StepRecorder
 from ingress.service_options import ServiceOptions
 from ingress.session_lifecycle import SessionLifecycle
@@ -68,7 +68,6 @@ __all__ = [
     "TurnEvent",
     "TurnResult",
     "TurnStarted",
-    "step_id_for",
 ]
 
 

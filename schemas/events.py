@@ -22,11 +22,15 @@ Large arrays are packed (see :mod:`schemas.arrays`). Events are JSON (UTF-8) on 
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from schemas.arrays import Float32Array, Int32Array, UInt8Array
+from schemas.reasons import DeadLetterReason, DiscardReason, SplitReason
 from schemas.routed_experts import RoutedExperts
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -194,6 +198,19 @@ class VersionSpan(BaseModel):
     end: int
 
 
+def step_id_for(
+    session_id: str, parent_step_id: str | None, prompt_tail: Sequence[int], sample: str
+) -> str:
+    """A step's id (``StepRecorded.step_id``): one per sample, so two engine calls never share
+    one, even for the same prompt (a client retry, best-of-n), nor do their tool-call ids.
+    ``sample`` is drawn once per engine call (the ingress: a random hex); the event carries the
+    id, so re-sends and replays keep it. The tail counts as int32 ids."""
+    tail = prompt_tail if isinstance(prompt_tail, array) else array("i", prompt_tail)
+    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0{sample}\0".encode())
+    digest.update(tail.tobytes())
+    return digest.hexdigest()[:32]
+
+
 class StepRecorded(_Event):
     """One call of the policy: the exact prompt and completion token ids the engine saw and made.
 
@@ -208,7 +225,8 @@ class StepRecorded(_Event):
     step_id: str = Field(
         description="This sample's own id: two engine calls never share one, even for the same "
         "prompt (a client retry, best-of-n). Fixed when the call is made and carried here, so "
-        "re-sends and replays keep it; the tool-call ids the client got derive from it."
+        "re-sends and replays keep it; the tool-call ids the client got derive from it. "
+        "step_id_for(session_id, parent_step_id, prompt_tail_ids, a random per-call sample)."
     )
     chain_id: str = Field(description="Lineage of steps this one extends (id of its first step).")
     parent_step_id: str | None = Field(
@@ -301,7 +319,7 @@ class SessionDiscarded(_Event):
     """
 
     type: Literal["session_discarded"] = "session_discarded"
-    reason: str = Field("discarded", description="discarded (explicit) or empty (no tokens).")
+    reason: DiscardReason = DiscardReason.DISCARDED
     instance_id: str | None = None
     channel: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -373,6 +391,13 @@ LOGPROB_SOURCE_RECOMPUTED = 3
 DIVERGENCE_CLASSES = ("cache_miss", "template", "retokenization", "history_rewrite", "tool_change")
 
 
+def segment_id_for(session_id: str, last_step_id: str) -> str:
+    """A segment's id (``SegmentFinalized.segment_id``). A step ends at most one segment, so
+    (session, last step) names one: a worker that re-reads a session from mid-way rebuilds a
+    segment already emitted with the same id, and consumers drop the repeat."""
+    return hashlib.sha256(f"{session_id}\0{last_step_id}".encode()).hexdigest()[:32]
+
+
 class SegmentFinalized(_Event):
     """One training sample: a linear chain of steps with their exact tokens.
 
@@ -384,7 +409,7 @@ class SegmentFinalized(_Event):
     """
 
     type: Literal["segment_finalized"] = "segment_finalized"
-    segment_id: str
+    segment_id: str = Field(description="segment_id_for(session_id, the last step's step_id).")
     chain_id: str
     instance_id: str | None = None
     rollout_id: str = Field(
@@ -408,14 +433,10 @@ class SegmentFinalized(_Event):
         "only source of reward and finalize metadata), idle (a worker's idle timeout, no reward) "
         "or size (the size limit closed it while the session went on)."
     )
-    split_reason: str | None = Field(
+    split_reason: SplitReason | None = Field(
         None,
-        description="Why this segment does not continue an earlier one of its session: fork (a "
-        "branch: a request continued from an earlier turn, or sampled a prompt again; the "
-        "tokens it shares with the earlier branch are its context, loss mask 0), size (the "
-        "previous segment reached the size limit; its tokens are this one's context), or a "
-        "divergence class: template, retokenization, history_rewrite, tool_change. None: the "
-        "session's first segment.",
+        description="Why this segment does not continue an earlier one of its session. None: "
+        "the session's first segment.",
     )
     routed_experts: RoutedExperts | None = Field(
         None,
@@ -481,13 +502,25 @@ class DeadLetter(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     type: Literal["dead_letter"] = "dead_letter"
-    reason: str
+    reason: DeadLetterReason
+    detail: str = Field("", description="More on the reason, free text (see reason).")
     source_topic: str
     source_partition: int
     source_offset: int
     key: str | None
     value_b64: str
     event_time: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unclassified(cls, data: Any) -> Any:
+        # A letter is read for a person, never acted on: one whose reason is no member (free
+        # text from before the reasons were closed, or a newer value) keeps that text as detail.
+        reason = data.get("reason") if isinstance(data, dict) else None
+        if not isinstance(reason, str) or reason in DeadLetterReason._value2member_map_:
+            return data
+        detail = f"{reason}: {data['detail']}" if data.get("detail") else reason
+        return {**data, "reason": DeadLetterReason.UNCLASSIFIED, "detail": detail}
 
 
 ALL_EVENTS: dict[str, type[BaseModel]] = {

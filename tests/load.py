@@ -6,7 +6,8 @@ No engine and no ingress: the events are synthetic, but every one is a schema-va
 the parent (prompt + completion), ``prompt_tail_ids`` are only the new prompt tokens, and it keeps
 the parent's ``chain_id``; a ``rendered`` step (first step, or a mid-session cache miss) has no
 parent, ``prefix_len == 0``, the whole prompt as its tail and its own id as ``chain_id``; step ids
-are derived from (session, parent, tail) with the ingress' formula. Each session ends with a
+are derived from (session, parent, tail) by the ingress' own function,
+:func:`schemas.events.step_id_for`. Each session ends with a
 :class:`~schemas.events.SessionFinalized`.
 
 The same seed always gives the same events, byte for byte (event times are synthetic too).
@@ -14,10 +15,8 @@ The same seed always gives the same events, byte for byte (event times are synth
 
 from __future__ import annotations
 
-import hashlib
 import random
 import struct
-from array import array
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +26,7 @@ from schemas.events import (
     SessionOpened,
     StepRecorded,
     VersionSpan,
+    step_id_for,
 )
 from workers.assembler import Assembler
 
@@ -37,16 +37,6 @@ APIS: tuple[Literal["openai.chat", "anthropic.messages", "openai.responses"], ..
     "anthropic.messages",
     "openai.responses",
 )
-
-
-def step_id_for(
-    session_id: str, parent_step_id: str | None, prompt_tail: list[int], sample: str
-) -> str:
-    """The ingress' step id (``ingress.service.step_id_for``), restated so this load does not
-    import the ingress: one id per sample."""
-    digest = hashlib.sha256(f"{session_id}\0{parent_step_id or ''}\0{sample}\0".encode())
-    digest.update(array("i", prompt_tail).tobytes())
-    return digest.hexdigest()[:32]
 
 
 def _f32(value: float) -> float:

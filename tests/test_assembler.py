@@ -16,6 +16,7 @@ from schemas.events import (
     SessionOptions,
     StepRecorded,
 )
+from schemas.reasons import DeadLetterReason, DiscardReason, SplitReason
 from workers.assembler import Assembler
 
 
@@ -96,7 +97,7 @@ def test_replay_is_byte_identical_and_ids_name_the_last_step() -> None:
 def test_step_from_an_earlier_point_forks_a_segment() -> None:
     events = [*THREE_TURNS, step("d", [7], [16], parent="a", prefix_len=5)]
     main, fork = assemble(events)
-    assert fork.split_reason == "fork"
+    assert fork.split_reason is SplitReason.FORK
     assert fork.token_ids == [1, 2, 3, 10, 11, 7, 16]
     assert main.token_ids[:5] == fork.token_ids[:5]
     assert main.segment_id != fork.segment_id
@@ -160,7 +161,7 @@ def test_a_segment_at_the_size_limit_is_emitted_and_continues_as_context() -> No
             [full] = outcome.segments
     assert full.finalize_reason == "size" and full.token_ids == [1, 2, 3, 10, 11, 4, 12]
     [after] = assembler.finalize("s", "finalized")
-    assert after.split_reason == "size"
+    assert after.split_reason is SplitReason.SIZE
     assert after.token_ids[:7] == full.token_ids and after.loss_mask[:7] == [0] * 7
     assert after.loss_mask[7:] == [0, 0, 1, 1, 1] and after.segment_id != full.segment_id
 
@@ -198,7 +199,7 @@ def test_duplicates_late_steps_and_replayed_orphans() -> None:
     assert assembler.add_step(THREE_TURNS[0], 0, 1).skipped_reason == "duplicate step id"
     assert len(assembler.finalize("s", "finalized")) == 1
     late = assembler.add_step(THREE_TURNS[1], 0, 2)
-    assert late.dead_letter_reason == "step for a session already finalized"
+    assert late.dead_letter_reason is DeadLetterReason.LATE_STEP
 
     fresh = Assembler()  # a worker started after the session's first step was committed past
     assert fresh.add_step(THREE_TURNS[1], 0, 5).skipped_reason
@@ -209,7 +210,7 @@ def test_wrong_prefix_length_is_a_dead_letter_not_a_wrong_segment() -> None:
     assembler = Assembler()
     assembler.add_step(THREE_TURNS[0], 0, 0)
     outcome = assembler.add_step(step("b", [4], [12], parent="a", prefix_len=4), 0, 1)
-    assert outcome.dead_letter_reason == "prefix_length_mismatch"
+    assert outcome.dead_letter_reason is DeadLetterReason.PREFIX_LENGTH_MISMATCH
 
 
 def test_commit_offset_never_splits_a_session() -> None:
@@ -247,7 +248,7 @@ def test_two_samples_of_one_prompt_are_two_branches_and_the_unused_one_is_marked
     # Its ancestor stays trainable once, in a segment of its own...
     assert not ancestors.unused_sample and trainable(ancestors) == [10, 11]
     # ...and the branch the client followed holds it as context.
-    assert branch.split_reason == "fork" and branch.last_of_session
+    assert branch.split_reason is SplitReason.FORK and branch.last_of_session
     assert branch.token_ids == [1, 2, 3, 10, 11, 4, 77, 78, 5, 13]
     assert trainable(branch) == [77, 78, 13]
     assert [s.step_id for s in branch.steps][-2:] == ["b2", "c"]
@@ -264,7 +265,7 @@ def test_a_session_first_prompt_sampled_twice_and_both_continued() -> None:
     ]
     first, second = assemble(events)
     assert not first.unused_sample and not second.unused_sample
-    assert second.split_reason == "fork" and second.diagnostics.get("forks") == 1
+    assert second.split_reason is SplitReason.FORK and second.diagnostics.get("forks") == 1
     assert trainable(first) == [10, 11, 12] and trainable(second) == [20, 21]
     assert second.token_ids == [1, 2, 3, 20, 4, 21]
 
@@ -292,7 +293,7 @@ def test_a_step_id_reused_by_another_step_is_dead_lettered_and_a_resend_is_dropp
     resent = assembler.add_step(THREE_TURNS[1], 0, 3)
     assert resent.skipped_reason == "duplicate step id" and resent.dead_letter_reason is None
     other = assembler.add_step(step("b", [4], [77], parent="a", prefix_len=5), 0, 4)
-    assert other.dead_letter_reason == "step id already used by another step"
+    assert other.dead_letter_reason is DeadLetterReason.STEP_ID_CONFLICT
     [segment] = assembler.finalize("s", "finalized")
     assert segment.token_ids == assemble(THREE_TURNS)[0].token_ids
 
@@ -349,7 +350,8 @@ def test_discard_finalizes_nothing_says_so_and_late_steps_are_dead_letters() -> 
     applied = _apply(assembler, [opened, *THREE_TURNS[:2], discard, late])
     notice = applied[3].notice
     assert notice is not None and applied[3].segments == []
-    assert (notice.reason, notice.instance_id, notice.channel) == ("discarded", "i", "train")
+    assert notice.reason is DiscardReason.DISCARDED
+    assert (notice.instance_id, notice.channel) == ("i", "train")
     assert notice.metadata == {"why": "timeout"} and notice.event_time == 5.0
     assert assembler.open_sessions == []
     assert applied[4].dead_letter_reason is not None
@@ -358,8 +360,8 @@ def test_discard_finalizes_nothing_says_so_and_late_steps_are_dead_letters() -> 
     again = _apply(assembler, [discard, SessionFinalized(session_id="s", event_time=6.0)])
     assert [a.notice for a in again] == [None, None] and again[1].segments == []
     assert again[0].skipped_reason is not None and again[0].dead_letter_reason is None
-    reason = again[1].dead_letter_reason
-    assert reason == "session already ended (discarded at 1970-01-01T00:00:05+00:00)"
+    assert again[1].dead_letter_reason is DeadLetterReason.ALREADY_ENDED
+    assert again[1].dead_letter_detail == "discarded at 1970-01-01T00:00:05+00:00"
     # A discarded session holds no commit point back.
     assert assembler.commit_offset(0, 7) == 7
 
@@ -368,7 +370,7 @@ def test_a_finalized_session_without_generated_tokens_says_it_is_empty() -> None
     opened = SessionOpened(session_id="s", event_time=3.0, instance_id="i")
     [_, applied] = _apply(Assembler(), [opened, SessionFinalized(session_id="s", event_time=4.0)])
     assert applied.segments == []
-    assert applied.notice is not None and applied.notice.reason == "empty"
+    assert applied.notice is not None and applied.notice.reason is DiscardReason.EMPTY
     assert applied.notice.instance_id == "i" and applied.notice.event_time == 3.0
 
 

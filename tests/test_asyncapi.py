@@ -25,6 +25,7 @@ from schemas.events import (
     StepRecorded,
     VersionSpan,
 )
+from schemas.reasons import DeadLetterReason
 from schemas.routed_experts import RoutedExperts
 from titoflow.asyncapi import render_asyncapi
 from titoflow.settings import PROJECT_ROOT, Settings
@@ -85,7 +86,8 @@ ONE_EVENT_PER_TOPIC: dict[str, BaseModel] = {
     "segments": SEGMENT,
     "recompute": RecomputeRequested(session_id="s", event_time=2.0, segment=SEGMENT),
     "dlq": DeadLetter(
-        reason="bad json",
+        reason=DeadLetterReason.UNDECODABLE_EVENT,
+        detail="[{'type': 'json_invalid'}]",
         source_topic="titoflow.steps",
         source_partition=0,
         source_offset=7,

@@ -94,3 +94,11 @@ def test_export_bench_times_every_path() -> None:
         "read_segments(datasets)",
     ]
     assert all(r["segments"] == 6 and r["segments_per_s"] > 0 for r in rows)
+
+
+def test_retention_bench_measures_bytes_per_token() -> None:
+    result = run_bench("bench/retention.py", "--tokens", "100", "400", "--sessions", "1")
+    # Packed arrays: 4/3 of int32 ids + float32 logprobs + two uint8 masks per segment token.
+    assert result["segment_bytes_per_token"] == pytest.approx(40 / 3, abs=0.05)
+    assert isinstance(result["captures"], list) and result["captures"]
+    assert float(str(result["text_bytes_per_token"])) > 1

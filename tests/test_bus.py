@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from titoflow.bus import (
     BrokerUnavailable,
@@ -99,6 +101,74 @@ async def test_ensure_topics_rejects_a_control_topic_with_several_partitions(
         await admin.close()
     with pytest.raises(TopicLayoutError, match="exactly 1"):
         await ensure_topics(fresh)
+
+
+async def topic_configs(settings: Settings, names: list[str]) -> dict[str, dict[str, str]]:
+    """Each topic's configs as the broker describes them."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+        )
+    finally:
+        await admin.close()
+    return {
+        resource["resource_name"]: {
+            entry["config_names"]: entry["config_value"] for entry in resource["config_entries"]
+        }
+        for response in responses
+        for resource in response.to_object()["resources"]
+    }
+
+
+async def test_topics_are_created_with_the_retention_of_their_settings(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the broker reports back (tansu stores and describes retention.ms; it does not delete
+    by it: Kafka does), and an idempotent second call warns about nothing."""
+    names = {name: settings.topic(name) for name in ("steps", "segments", "dlq", "ended")}
+    configs = await topic_configs(settings, list(names.values()))
+    day = 86_400_000
+    assert {name: configs[topic]["retention.ms"] for name, topic in names.items()} == {
+        "steps": str(7 * day),
+        "segments": str(7 * day),
+        "dlq": str(30 * day),
+        "ended": str(7 * day),
+    }
+    assert configs[names["ended"]]["cleanup.policy"] == "compact,delete"
+    with caplog.at_level(logging.WARNING, logger="titoflow.bus"):
+        await ensure_topics(settings)
+    assert caplog.records == []
+    forever = settings.model_copy(
+        update={"topic_prefix": settings.topic_prefix + "-kept", "segments_retention_s": -1}
+    )
+    await ensure_topics(forever)
+    kept = await topic_configs(forever, [forever.topic("segments")])
+    assert kept[forever.topic("segments")]["retention.ms"] == "-1"
+
+
+async def test_an_existing_topic_with_another_retention_gets_one_line_and_is_left_alone(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    fresh = settings.model_copy(update={"topic_prefix": settings.topic_prefix + "-old"})
+    hour_ms = "3600000"
+    admin = AIOKafkaAdminClient(bootstrap_servers=fresh.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(fresh.topic("steps"), 8, 1, topic_configs={"retention.ms": hour_ms})]
+        )
+    finally:
+        await admin.close()
+    with caplog.at_level(logging.WARNING, logger="titoflow.bus"):
+        await ensure_topics(fresh)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert f"topic {fresh.topic('steps')!r} has retention.ms={hour_ms}" in line
+    assert "TITOFLOW_STEPS_RETENTION_S=604800" in line and "retention.ms=604800000" in line
+    assert "\n" not in line
+    configs = await topic_configs(fresh, [fresh.topic("steps")])
+    assert configs[fresh.topic("steps")]["retention.ms"] == hour_ms
 
 
 async def test_publish_returns_the_acked_position_and_consumer_reads_it_back(

@@ -104,6 +104,7 @@ BAD_SETTINGS = [
     ("inspect", {"TITOFLOW_BOOTSTRAP_SERVERS": ""}, "TITOFLOW_BOOTSTRAP_SERVERS", "host:port"),
     ("export", {"TITOFLOW_BOOTSTRAP_SERVERS": ""}, "TITOFLOW_BOOTSTRAP_SERVERS", "host:port"),
     ("control", {"TITOFLOW_LOG_FORMAT": "xml"}, "TITOFLOW_LOG_FORMAT: ", "'json'"),
+    ("worker", {"TITOFLOW_STEPS_RETENTION_S": "0"}, "TITOFLOW_STEPS_RETENTION_S", "-1 to keep"),
     ("build-model", {"TITOFLOW_LOG_LEVEL": "LOUD"}, "TITOFLOW_LOG_LEVEL: ", "'DEBUG'"),
     (
         "up",

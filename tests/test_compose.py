@@ -259,6 +259,18 @@ def test_titoflow_settings_defaults_match_the_settings_model() -> None:
                 assert value == str(Settings.model_fields[field].default), variable
 
 
+def test_the_topics_service_creates_topics_with_each_retention_setting() -> None:
+    """The one-shot `topics` service runs ensure_topics with these: every retained topic's
+    setting reaches it, at the settings model's default unless .env says otherwise."""
+    retention = [f"{name}_retention_s" for name in ("steps", "segments", "dlq", "ended")]
+    topics = resolved()["services"]["topics"]["environment"]
+    for field in retention:
+        assert topics[f"TITOFLOW_{field.upper()}"] == str(Settings.model_fields[field].default)
+    longer = resolved(env={"TITOFLOW_STEPS_RETENTION_S": "-1"})["services"]
+    assert longer["topics"]["environment"]["TITOFLOW_STEPS_RETENTION_S"] == "-1"
+    assert Settings(steps_retention_s=-1).steps_retention_s == -1
+
+
 def test_addresses_are_service_names() -> None:
     for profile in ("cpu", "gpu"):
         services = resolved(profile)["services"]

@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 from pydantic import TypeAdapter
 
 from schemas.events import DeadLetter, SegmentFinalized
+from schemas.reasons import DeadLetterReason
 from tests.topics import read_until
 from titoflow.bus import Publisher
 from titoflow.client.consumer import SegmentConsumer
@@ -85,7 +86,7 @@ async def test_header_and_body_sessions_idle_finalize_instance_keys_and_dlq(
     assert {s.instance_id for s in segments} == {"prompt-7"}
     assert len(segments) == 2
     [letter] = letters
-    assert letter.key == "poison" and "undecodable" in letter.reason
+    assert letter.key == "poison" and letter.reason is DeadLetterReason.UNDECODABLE_EVENT
     for line in (
         'titoflow_ingress_steps_total{api="openai.chat",prefix="rendered"} 2.0',
         "titoflow_ingress_turn_seconds_count",

@@ -22,6 +22,7 @@ from schemas.events import (
     StepRecorded,
     VersionSpan,
 )
+from schemas.reasons import DeadLetterReason, SplitReason
 from tests.families import qwen3
 from tests.test_assembler import step
 from tests.test_routing import block
@@ -163,7 +164,7 @@ def rewritten() -> StepRecorded:
 
 def test_a_history_rewrite_splits_or_is_rebuilt_for_recompute() -> None:
     old, new = run(assembler(), FIRST, rewritten())
-    assert new.split_reason == "history_rewrite" and old.token_ids == SENT
+    assert new.split_reason is SplitReason.HISTORY_REWRITE and old.token_ids == SENT
     n = len(new.token_ids)
     assert trainable(new) == list(range(n - len(rewritten().completion_ids), n))
 
@@ -190,7 +191,7 @@ def test_a_rewrite_that_drops_generated_turns_still_splits() -> None:
     old, new = run(asm, FIRST, step2)
     assert (
         old.token_ids == SENT
-        and new.split_reason == "history_rewrite"
+        and new.split_reason is SplitReason.HISTORY_REWRITE
         and new.diagnostics["rebuild_fallback"] == 1
     )
 
@@ -258,7 +259,7 @@ async def test_the_recompute_stage_under_the_kill_switch_masks_without_an_engine
         done.logprob_source[p] for p in where
     } == {0}
     assert done.diagnostics["recompute_masked_disabled"] == len(where)
-    assert "undecodable recompute request" in letter.reason
+    assert letter.reason is DeadLetterReason.UNDECODABLE_RECOMPUTE_REQUEST and letter.detail
 
 
 class _SlowScorer:

@@ -30,6 +30,7 @@ from schemas.events import (
     StepRecorded,
     VersionSpan,
 )
+from schemas.reasons import DeadLetterReason
 from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.dev.stack import start_worker
 from titoflow.settings import PROJECT_ROOT, Settings
@@ -185,7 +186,7 @@ class Recording:
     boundary: float  # between the two batches
     zeta: str
     live: list[Live]
-    letters: list[tuple[int, int, str]]  # the live DLQ: source partition, offset, reason
+    letters: list[tuple[int, int, DeadLetterReason]]  # the live DLQ: partition, offset, reason
     committed: dict[TopicPartition, int | None] = field(default_factory=dict)
 
     def live_bytes(self, keep: Callable[[SegmentFinalized], bool] = lambda s: True) -> list[bytes]:
@@ -348,7 +349,7 @@ async def test_replay_reproduces_the_live_segments_byte_for_byte(recording: Reco
     summary = format_summary(report)
     assert "sessions still open at the end: 1, not emitted (--finalize-open): delta" in summary
     assert "dead letters (the live worker sends these to the DLQ): 2" in summary
-    assert "step for a session already finalized" in summary and "undecodable" in summary
+    assert "late_step" in summary and "undecodable_event" in summary
     await assert_group_untouched(recording)
 
 
@@ -433,7 +434,7 @@ async def test_filters_by_session_and_instance(recording: Recording) -> None:
         "alpha",
         "beta",
     }
-    assert [n.reason for n in report.dead_letters] == ["step for a session already finalized"]
+    assert [n.reason for n in report.dead_letters] == [DeadLetterReason.LATE_STEP]
 
     both = ReplayOptions(session="gamma", instance="prompt-B")
     replayed, _ = await replay_bytes(settings, both)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from schemas.reasons import DiscardReason
 from tests.families import path_tool
 from tests.topics import engine_generate, recorded_steps
 from tests.witness import Witness
@@ -107,7 +108,7 @@ async def test_group_rollout_with_rewards_becomes_a_padded_batch(
     *kept, discarded = per_session
     assert discarded == [] and notice is not None
     assert (notice.reason, notice.instance_id, notice.metadata) == (
-        "discarded",
+        DiscardReason.DISCARDED,
         instance,
         {"why": "sandbox died"},
     )

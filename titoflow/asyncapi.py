@@ -79,7 +79,7 @@ _TOPICS = (
         _DEFAULTS.topic("steps"),
         StepsTopicEvent,
         carries="One ordered log per session: its opening, every policy call with its exact "
-        "tokens, and its finalize or discard.",
+        "tokens, and its finalize or discard; kept TITOFLOW_STEPS_RETENTION_S.",
         key="session id (so a finalize or discard never overtakes a step)",
         produced_by="the ingress (a step per policy call; the rollout driver's open, finalize "
         "and discard via the ingress)",
@@ -89,7 +89,8 @@ _TOPICS = (
         _DEFAULTS.topic("segments"),
         SegmentsTopicEvent,
         carries="Training samples, and a session_discarded notice for each session that "
-        "yields none (discarded, or finalized without a generated token).",
+        "yields none (discarded, or finalized without a generated token); kept "
+        "TITOFLOW_SEGMENTS_RETENTION_S.",
         key="instance id, else session id (a session's segments keep their order)",
         produced_by="the workers; the recompute stage (segments whose logprobs it filled in)",
         consumed_by="the trainer (SegmentConsumer; RolloutClient in the rollout driver)",
@@ -106,7 +107,8 @@ _TOPICS = (
     _Topic(
         _DEFAULTS.topic("dlq"),
         DeadLetter,
-        carries="Records no worker could use, with the reason and the original bytes.",
+        carries="Records no worker could use, with the reason and the original bytes; kept "
+        "TITOFLOW_DLQ_RETENTION_S.",
         key="the original record's key",
         produced_by="the workers; the recompute stage",
         consumed_by="operators (no titoflow service reads it)",

@@ -19,6 +19,7 @@ from aiokafka import ConsumerRecord as ConsumerRecord
 from aiokafka import TopicPartition as TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import CommitFailedError as CommitFailedError
 from aiokafka.errors import KafkaError as KafkaError
 from aiokafka.errors import MessageSizeTooLargeError
@@ -36,6 +37,8 @@ from titoflow.shutdown import drain_budget
 # from here: this module stays the only one that imports aiokafka (tests/test_layering.py).
 Consumer = AIOKafkaConsumer
 RebalanceListener = ConsumerRebalanceListener
+
+log = logging.getLogger("titoflow.bus")
 
 # Kafka error code for "Topic with this name already exists" in a CreateTopics response.
 _TOPIC_ALREADY_EXISTS = 36
@@ -97,15 +100,31 @@ def _wanted_partitions(settings: Settings) -> dict[str, int]:
     }
 
 
+def _retention_settings(settings: Settings) -> dict[str, tuple[str, float]]:
+    """Each topic whose retention titoflow sets: the setting that holds it, and its seconds.
+    Control and recompute keep the broker's (docs/operations.md, "Retention")."""
+    return {
+        settings.topic("steps"): ("steps_retention_s", settings.steps_retention_s),
+        settings.topic("segments"): ("segments_retention_s", settings.segments_retention_s),
+        settings.topic("dlq"): ("dlq_retention_s", settings.dlq_retention_s),
+        settings.topic("ended"): ("ended_retention_s", settings.ended_retention_s),
+    }
+
+
+def retention_ms(seconds: float) -> str:
+    """A retention setting as Kafka's ``retention.ms`` (-1: forever)."""
+    return "-1" if seconds == -1 else str(int(seconds * 1000))
+
+
 def _topic_configs(settings: Settings, name: str) -> dict[str, str]:
     # Kafka's 1 MB default is smaller than a long agent step or segment.
     configs = {"max.message.bytes": str(settings.max_event_bytes)}
     if name == settings.topic("ended"):
         # Replicas read it whole at start: one record per session (the latest), for a while.
-        configs |= {
-            "cleanup.policy": "compact,delete",
-            "retention.ms": str(int(settings.ended_retention_s * 1000)),
-        }
+        configs["cleanup.policy"] = "compact,delete"
+    retention = _retention_settings(settings).get(name)
+    if retention is not None:
+        configs["retention.ms"] = retention_ms(retention[1])
     return configs
 
 
@@ -125,7 +144,8 @@ def producer_request_timeout_ms(publish_timeout_s: float) -> int:
 
 async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str, int]:
     """Create the topics of ``wanted`` (name → partitions) that do not exist yet; return the
-    partition count each one has now (an existing topic is left as it is)."""
+    partition count each one has now. An existing topic is left as it is; one whose retention is
+    not its setting's gets a warning naming the setting."""
     timeout_ms = producer_request_timeout_ms(settings.publish_timeout_s)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=timeout_ms
@@ -147,7 +167,9 @@ async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str,
                     f"creating topic {topic_error['topic']!r} failed with Kafka error {code}: "
                     f"{topic_error.get('error_message')}"
                 )
-        return await _partition_counts(admin, list(wanted))
+        counts = await _partition_counts(admin, list(wanted))
+        await _warn_on_other_retention(admin, settings, list(wanted))
+        return counts
     except KafkaError as exc:
         raise BrokerUnavailable(
             f"cannot create topics on {settings.bootstrap_servers}: {exc!r}"
@@ -157,7 +179,7 @@ async def create_topics(settings: Settings, wanted: dict[str, int]) -> dict[str,
 
 
 async def ensure_topics(settings: Settings) -> None:
-    """Create the six topics with their configured partition counts; idempotent.
+    """Create the six topics with their configured partition counts and retentions; idempotent.
 
     An existing topic with more partitions than configured is accepted (keys still spread), one
     with fewer is not, and a control topic must have exactly one partition.
@@ -175,6 +197,43 @@ async def ensure_topics(settings: Settings) -> None:
                 f"topic {name!r} exists with {have} partitions, fewer than the {count} "
                 "configured; add partitions to it or lower the setting"
             )
+
+
+async def _warn_on_other_retention(
+    admin: AIOKafkaAdminClient, settings: Settings, names: list[str]
+) -> None:
+    """One warning line per topic whose ``retention.ms`` is not its setting's. titoflow never
+    alters an existing topic: its operators may have meant it (and tansu has no AlterConfigs)."""
+    retained = _retention_settings(settings)
+    described = [n for n in names if n in retained]
+    if not described:
+        return
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in described]
+    )
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            name = resource["resource_name"]
+            if resource["error_code"] != 0 or name not in retained:
+                continue
+            setting, seconds = retained[name]
+            entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+            have, want = entries.get("retention.ms"), retention_ms(seconds)
+            if have != want:
+                variable = f"TITOFLOW_{setting.upper()}"
+                log.warning(
+                    "topic %r has retention.ms=%s, not %s as %s=%g says; titoflow does not "
+                    "alter existing topics: alter it (kafka-configs.sh --alter --entity-type "
+                    "topics --entity-name %s --add-config retention.ms=%s) or set %s to match",
+                    name,
+                    have if have is not None else "unset (the broker's default)",
+                    want,
+                    variable,
+                    seconds,
+                    name,
+                    want,
+                    variable,
+                )
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

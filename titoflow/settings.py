@@ -41,11 +41,32 @@ class Settings(BaseSettings):
     recompute_partitions: int = Field(8, description="Partitions of <prefix>.recompute.")
     dlq_partitions: int = Field(1, description="Partitions of <prefix>.dlq.")
     ended_partitions: int = Field(1, description="Partitions of <prefix>.ended.")
+    # Retention of each topic a replay or a person may need later (its retention.ms, set when
+    # titoflow creates the topic; an existing topic that differs gets one warning, never an
+    # alteration). -1: forever. Disk cost per day: docs/operations.md, "Retention".
+    steps_retention_s: float = Field(
+        7 * 86400.0,
+        description="How long <prefix>.steps keeps events (its retention.ms; -1: forever). The "
+        "source of truth: `titoflow replay` rebuilds segments (another build mode, a fixed "
+        "worker) and a restarted worker re-reads its uncommitted sessions only within it.",
+    )
+    segments_retention_s: float = Field(
+        7 * 86400.0,
+        description="How long <prefix>.segments keeps segments (its retention.ms; -1: "
+        "forever): a trainer that restarts, starts a new group from the beginning or exports "
+        "reads back only this far (older ones can be rebuilt from steps, while they last).",
+    )
+    dlq_retention_s: float = Field(
+        30 * 86400.0,
+        description="How long <prefix>.dlq keeps dead letters (its retention.ms; -1: forever): "
+        "few and read by people, after an incident; each holds the original record, to be "
+        "replayed after a fix.",
+    )
     ended_retention_s: float = Field(
         7 * 86400.0,
-        description="How long <prefix>.ended keeps a session's end (its retention.ms): a second "
-        "end, a reopening or a model call of an ended session is refused (409) for at least "
-        "this long.",
+        description="How long <prefix>.ended keeps a session's end (its retention.ms; -1: "
+        "forever): a second end, a reopening or a model call of an ended session is refused "
+        "(409) for at least this long.",
     )
     ended_sessions_kept: int = Field(
         1_000_000,
@@ -349,6 +370,15 @@ class Settings(BaseSettings):
             return ingress_url
         return f"http://{self.driver_host or self.ingress_host}:{self.driver_port}"
 
+    @field_validator(
+        "steps_retention_s", "segments_retention_s", "dlq_retention_s", "ended_retention_s"
+    )
+    @classmethod
+    def _retention(cls, value: float) -> float:
+        if value <= 0 and value != -1:
+            raise ValueError("must be more than 0 seconds, or -1 to keep records forever")
+        return value
+
     @field_validator("model_family")
     @classmethod
     def _known_family(cls, value: str) -> str:
@@ -397,6 +427,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "recompute_partitions": _TOPIC_MAKERS,
     "dlq_partitions": _TOPIC_MAKERS,
     "ended_partitions": _TOPIC_MAKERS,
+    "steps_retention_s": _TOPIC_MAKERS,
+    "segments_retention_s": _TOPIC_MAKERS,
+    "dlq_retention_s": _TOPIC_MAKERS,
     "ended_retention_s": _TOPIC_MAKERS,
     "ended_sessions_kept": _INGRESS,
     "max_event_bytes": _EVERY,

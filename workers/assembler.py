@@ -17,7 +17,8 @@ Invariants:
 - Output is a function of the events alone (ids and times come from the log), so replaying the
   same events yields byte-identical segments.
 - No event raises out of :meth:`Assembler.apply`: one that cannot be placed (unknown parent, a
-  reused step id, malformed arrays, garbage) comes back with a dead-letter reason.
+  reused step id, malformed arrays, garbage) comes back with a dead-letter reason
+  (:class:`schemas.reasons.DeadLetterReason`) and a detail.
 - A session closes once (finalize, discard or idle) and then yields its segments, or, when it
   yields none (discarded, or no generated token), one ``SessionDiscarded`` notice saying so.
 """
@@ -43,6 +44,7 @@ from schemas.events import (
     StepRecorded,
     steps_topic_adapter,
 )
+from schemas.reasons import DeadLetterReason, DiscardReason, SplitReason
 from workers.assembly.divergence import Decode, classify
 from workers.assembly.emit import FinalizeReason, SegmentEmitter
 from workers.assembly.ended import Ended, EndedSessions
@@ -64,7 +66,8 @@ class StepOutcome:
     """What happened to a step that did not simply extend a segment, and any segment it closed
     (at the size limit)."""
 
-    dead_letter_reason: str | None = None
+    dead_letter_reason: DeadLetterReason | None = None
+    dead_letter_detail: str = ""
     skipped_reason: str | None = None
     segments: list[SegmentFinalized] = field(default_factory=list)
 
@@ -85,7 +88,8 @@ class Applied:
 
     event: StepsEvent | None
     segments: list[SegmentFinalized] = field(default_factory=list)
-    dead_letter_reason: str | None = None
+    dead_letter_reason: DeadLetterReason | None = None
+    dead_letter_detail: str = ""
     skipped_reason: str | None = None
     notice: SessionDiscarded | None = None
 
@@ -132,20 +136,32 @@ class Assembler:
         try:
             event = steps_topic_adapter.validate_json(value or b"")
         except ValidationError as exc:
-            reason = f"undecodable or unknown event: {exc.errors(include_url=False)[:3]}"
-            return Applied(None, dead_letter_reason=reason)
+            errors = str(exc.errors(include_url=False)[:3])
+            return Applied(
+                None,
+                dead_letter_reason=DeadLetterReason.UNDECODABLE_EVENT,
+                dead_letter_detail=errors,
+            )
         try:
             return self._apply(event, partition, offset)
         except Exception as exc:  # a bug must cost one event, not the partition
             log.exception("assembler failed on %s@%d", event.type, offset)
             self.counters["assembler_errors"] += 1
-            return Applied(event, dead_letter_reason=f"assembler error: {exc!r}")
+            return Applied(
+                event,
+                dead_letter_reason=DeadLetterReason.ASSEMBLER_ERROR,
+                dead_letter_detail=repr(exc),
+            )
 
     def _apply(self, event: StepsEvent, partition: int, offset: int) -> Applied:
         if isinstance(event, StepRecorded):
             outcome = self.add_step(event, partition, offset)
             applied = Applied(
-                event, outcome.segments, outcome.dead_letter_reason, outcome.skipped_reason
+                event,
+                outcome.segments,
+                outcome.dead_letter_reason,
+                outcome.dead_letter_detail,
+                outcome.skipped_reason,
             )
         elif isinstance(event, SessionFinalized):
             self._seen(event.session_id, offset)
@@ -210,7 +226,11 @@ class Assembler:
             return Applied(event, skipped_reason="the session's end, sent again")
         self.counters["ends_after_end"] += 1
         when = datetime.datetime.fromtimestamp(ended.at, datetime.UTC).isoformat()
-        return Applied(event, dead_letter_reason=f"session already ended ({ended.how} at {when})")
+        return Applied(
+            event,
+            dead_letter_reason=DeadLetterReason.ALREADY_ENDED,
+            dead_letter_detail=f"{ended.how} at {when}",
+        )
 
     def _seen(self, session_id: str, offset: int) -> None:
         """Stretch the offset span of the session an event belongs to, open or closed."""
@@ -226,7 +246,7 @@ class Assembler:
         if session is None:
             if step.session_id in self._ended:
                 self.counters["late_steps"] += 1
-                return StepOutcome(dead_letter_reason="step for a session already finalized")
+                return StepOutcome(dead_letter_reason=DeadLetterReason.LATE_STEP)
             if step.prefix == "tito":
                 # Its parent sits below this worker's start offset, so the session was complete
                 # when the offset was committed: this is a replayed event already assembled.
@@ -237,7 +257,9 @@ class Assembler:
         reason = malformed(step)
         if reason:
             self.counters["malformed_steps"] += 1
-            return StepOutcome(dead_letter_reason=f"malformed step: {reason}")
+            return StepOutcome(
+                dead_letter_reason=DeadLetterReason.MALFORMED_STEP, dead_letter_detail=reason
+            )
         tokens = StepTokens.of(step)
         known = session.digests.get(step.step_id)
         if known is not None:
@@ -245,14 +267,14 @@ class Assembler:
                 self.counters["duplicate_steps"] += 1
                 return StepOutcome(skipped_reason="duplicate step id")
             self.counters["conflicting_steps"] += 1
-            return StepOutcome(dead_letter_reason="step id already used by another step")
+            return StepOutcome(dead_letter_reason=DeadLetterReason.STEP_ID_CONFLICT)
         session.instance_id = session.instance_id or step.instance_id
         session.last_event_time = step.event_time
         if session.first_version is None and step.weight_versions:
             session.first_version = step.weight_versions[0].version
         placed = self._place(session, step, tokens.tail)
-        if isinstance(placed, str):
-            self.counters[placed] += 1
+        if isinstance(placed, DeadLetterReason):
+            self.counters[str(placed)] += 1
             # A segment without its prefix would be a wrong sample; keep the event for replay.
             return StepOutcome(dead_letter_reason=placed)
         segment, context, anchor = placed
@@ -268,16 +290,16 @@ class Assembler:
 
     def _place(
         self, session: Session, step: StepRecorded, tail: array[int]
-    ) -> tuple[OpenSegment, array[int], str | None] | str:
+    ) -> tuple[OpenSegment, array[int], str | None] | DeadLetterReason:
         """The segment this step extends, the context tokens it adds there and the step it
         follows (its anchor), or why it cannot be placed."""
         if step.prefix == "tito":
             parent = session.segment_of_step.get(step.parent_step_id or "")
             if parent is None:
-                return "unknown_parent_step"
+                return DeadLetterReason.UNKNOWN_PARENT_STEP
             index = parent.index_of(step.parent_step_id or "")
             if index is None or parent.steps[index].completion_end != step.prefix_len:
-                return "prefix_length_mismatch"
+                return DeadLetterReason.PREFIX_LENGTH_MISMATCH
             return session.follow(parent, index), tail, step.parent_step_id
         prompt = tail  # rendered: the whole prompt
         found = session.latest_prefix(prompt)
@@ -289,7 +311,7 @@ class Assembler:
             return session.follow(segment, index), prompt[end:], segment.steps[index].step_id
         if found:  # the prompt of a segment's first step, sampled again: a branch of its own
             session.diagnostics["forks"] += 1
-            return session.start(step.chain_id, "fork"), prompt, None
+            return session.start(step.chain_id, SplitReason.FORK), prompt, None
         if not session.segments:
             return session.start(step.chain_id, None), prompt, None
         latest = session.segments[-1]
@@ -345,7 +367,7 @@ class Assembler:
         notice = SessionDiscarded(
             session_id=session_id,
             event_time=session.last_event_time,
-            reason="empty",
+            reason=DiscardReason.EMPTY,
             instance_id=session.instance_id,
             channel=session.channel,
             metadata=session.metadata,

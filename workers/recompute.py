@@ -33,6 +33,7 @@ from schemas.events import (
     SegmentFinalized,
     VersionSpan,
 )
+from schemas.reasons import DeadLetterReason
 from titoflow.bus import (
     CommitFailedError,
     ConsumerRecord,
@@ -53,6 +54,8 @@ from workers.worker import publish_dead_letter
 log = logging.getLogger("titoflow.recompute")
 
 RETRY_BACKOFF_S = (0.5, 30.0)
+# Why a request goes to the DLQ instead of its segment, and the detail.
+Unusable = tuple[DeadLetterReason, str]
 
 
 class PromptScorer(Protocol):
@@ -192,12 +195,15 @@ class RecomputeWorker:
                 unread += max(highwater - await consumer.position(tp), 0)
         metrics.RECOMPUTE_QUEUE.set(unread + self.in_flight)
 
-    async def _finish(self, record: ConsumerRecord, stop: asyncio.Event) -> SegmentFinalized | str:
+    async def _finish(
+        self, record: ConsumerRecord, stop: asyncio.Event
+    ) -> SegmentFinalized | Unusable:
         """The finished segment of ``record``, or why it goes to the DLQ."""
         try:
             request = RecomputeRequested.model_validate_json(record.value or b"")
         except ValidationError as exc:
-            return f"undecodable recompute request: {exc.errors()[:3]}"
+            errors = str(exc.errors(include_url=False)[:3])
+            return DeadLetterReason.UNDECODABLE_RECOMPUTE_REQUEST, errors
         scorer = None if self.settings.recompute_disabled else self.engine
         backoff = RETRY_BACKOFF_S[0]
         while True:
@@ -212,11 +218,11 @@ class RecomputeWorker:
                 backoff = min(2 * backoff, RETRY_BACKOFF_S[1])
             except Exception as exc:  # a bug must cost one segment, not the partition
                 log.exception("recompute of offset %d failed", record.offset)
-                return f"recompute error: {exc!r}"
+                return DeadLetterReason.RECOMPUTE_ERROR, repr(exc)
 
-    async def _publish(self, record: ConsumerRecord, result: SegmentFinalized | str) -> None:
-        if isinstance(result, str):
-            await publish_dead_letter(self.publisher, self.settings, record, result)
+    async def _publish(self, record: ConsumerRecord, result: SegmentFinalized | Unusable) -> None:
+        if isinstance(result, tuple):
+            await publish_dead_letter(self.publisher, self.settings, record, *result)
             return
         key = result.instance_id or result.session_id
         await self.publisher.publish(

@@ -27,6 +27,7 @@ from schemas.events import (
     SessionFinalized,
     StepRecorded,
 )
+from schemas.reasons import DeadLetterReason
 from titoflow.bus import (
     ConsumerRecord,
     RebalanceListener,
@@ -72,12 +73,18 @@ class _Rebalance(RebalanceListener):  # type: ignore[misc]
 
 
 async def publish_dead_letter(
-    publisher: RecordPublisher, settings: Settings, record: ConsumerRecord, reason: str
+    publisher: RecordPublisher,
+    settings: Settings,
+    record: ConsumerRecord,
+    reason: DeadLetterReason,
+    detail: str = "",
 ) -> None:
     """Send ``record`` to the DLQ: its bytes, where it came from, and why."""
-    log.warning("dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    log.warning("dead letter %s: %s %s", where, reason, detail)
     letter = DeadLetter(
         reason=reason,
+        detail=detail,
         source_topic=record.topic,
         source_partition=record.partition,
         source_offset=record.offset,
@@ -193,7 +200,7 @@ class Worker:
             if applied.skipped_reason:
                 log.info("event skipped: %s", applied.skipped_reason, extra=ids)
         if applied.dead_letter_reason:
-            await self._dead_letter(record, applied.dead_letter_reason)
+            await self._dead_letter(record, applied.dead_letter_reason, applied.dead_letter_detail)
         return [*applied.segments, *([applied.notice] if applied.notice else [])]
 
     def _observe(self) -> None:
@@ -288,9 +295,11 @@ class Worker:
                 },
             )
 
-    async def _dead_letter(self, record: ConsumerRecord, reason: str) -> None:
+    async def _dead_letter(
+        self, record: ConsumerRecord, reason: DeadLetterReason, detail: str
+    ) -> None:
         metrics.DEAD_LETTERS.inc()
-        await publish_dead_letter(self.publisher, self.settings, record, reason)
+        await publish_dead_letter(self.publisher, self.settings, record, reason, detail)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop state of partitions another worker now owns; it re-reads them from the commit."""

@@ -11,19 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from schemas.events import StepRecorded
+from schemas.reasons import SplitReason
 from workers.assembly.conversation import message_key
 from workers.assembly.segment import OpenSegment
 
 Decode = Callable[[list[int]], str]
 
 
-def classify(segment: OpenSegment, step: StepRecorded, decode: Decode | None) -> str:
+def classify(segment: OpenSegment, step: StepRecorded, decode: Decode | None) -> SplitReason:
     """The class of the divergence of ``step``'s rendered prompt from ``segment``."""
     if step.tools_hash != segment.tools_hash:
-        return "tool_change"
+        return SplitReason.TOOL_CHANGE
     conversation = [message_key(m) for m in step.new_messages]
     if conversation[: len(segment.messages)] != [t.key for t in segment.messages]:
-        return "history_rewrite"  # edited, compacted, or injected into (Claude Code reminders)
+        # Edited, compacted, or injected into (Claude Code reminders).
+        return SplitReason.HISTORY_REWRITE
     # The same conversation, other tokens: the template renders history differently from
     # what was sampled. Where the ids part, same text means a retokenization.
     prompt = step.prompt_tail_ids
@@ -31,7 +33,7 @@ def classify(segment: OpenSegment, step: StepRecorded, decode: Decode | None) ->
     at = next(i for i, (a, b) in enumerate(zip(tokens, prompt, strict=False)) if a != b)
     span = next((s for s in segment.steps if s.completion_start <= at < s.completion_end), None)
     if span is None or decode is None:
-        return "template"
+        return SplitReason.TEMPLATE
     sampled = decode(tokens[span.completion_start : span.completion_end])
     rendered = decode(prompt[span.completion_start :])
-    return "retokenization" if rendered.startswith(sampled) else "template"
+    return SplitReason.RETOKENIZATION if rendered.startswith(sampled) else SplitReason.TEMPLATE

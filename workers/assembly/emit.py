@@ -12,12 +12,11 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.events import BuildMode, SegmentFinalized
+from schemas.events import BuildMode, SegmentFinalized, segment_id_for
 from workers.assembly.rebuilt import SegmentRebuilder
 from workers.assembly.segment import OpenSegment
 from workers.assembly.session import Session
@@ -57,12 +56,10 @@ class SegmentEmitter:
         if built is None:
             session.diagnostics["rebuild_fallback"] += 1
             built, mode = segment, "concat"
-        # A step ends at most one segment, so (session, last step) names a segment. A worker
-        # that re-reads a finished session from mid-way (its start was below the committed
-        # offset) rebuilds a tail of a segment already emitted: same last step, same id,
-        # dropped downstream.
-        last_step_id = built.steps[-1].step_id
-        segment_id = hashlib.sha256(f"{session_id}\0{last_step_id}".encode()).hexdigest()[:32]
+        # A worker that re-reads a finished session from mid-way (its start was below the
+        # committed offset) rebuilds a tail of a segment already emitted: same last step, same
+        # id, dropped downstream.
+        segment_id = segment_id_for(session_id, built.steps[-1].step_id)
         loss_mask = built.loss_mask.tolist()
         if self.one_version and session.first_version is not None:
             loss_mask, masked = mask_other_versions(

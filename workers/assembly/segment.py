@@ -26,6 +26,7 @@ from schemas.events import (
     StepRecorded,
     VersionSpan,
 )
+from schemas.reasons import SplitReason
 from workers.assembly.conversation import Turn
 from workers.assembly.step_tokens import StepTokens
 from workers.routed_experts import SegmentRouting
@@ -34,7 +35,7 @@ from workers.routed_experts import SegmentRouting
 @dataclass
 class OpenSegment:
     chain_id: str
-    split_reason: str | None
+    split_reason: SplitReason | None
     tokens: array[int] = field(default_factory=lambda: array("i"))
     loss_mask: array[int] = field(default_factory=lambda: array("B"))
     logprobs: array[float] = field(default_factory=lambda: array("f"))
@@ -109,7 +110,7 @@ class OpenSegment:
         del self.messages_after[steps:]
         self.carried = min(self.carried, cut)
 
-    def copy(self, split_reason: str | None) -> OpenSegment:
+    def copy(self, split_reason: SplitReason | None) -> OpenSegment:
         return OpenSegment(
             chain_id=self.chain_id,
             split_reason=split_reason,
@@ -139,14 +140,14 @@ class OpenSegment:
     def fork_at(self, index: int) -> OpenSegment:
         """A branch: this segment's tokens up to the end of its step ``index``, as context
         (they stay trainable here only)."""
-        fork = self.copy("fork")
+        fork = self.copy(SplitReason.FORK)
         fork.truncate(index + 1)
         fork.make_context(len(fork.tokens))
         return fork
 
     def as_context(self) -> OpenSegment:
         """The continuation of a segment emitted at the size limit: its tokens, all context."""
-        following = self.copy("size")
+        following = self.copy(SplitReason.SIZE)
         following.make_context(len(self.tokens))
         return following
 

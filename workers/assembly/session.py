@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from schemas.events import BuildMode
+from schemas.reasons import SplitReason
 from workers.assembly.segment import OpenSegment
 from workers.assembly.step_tokens import StepTokens, digest
 
@@ -48,7 +49,7 @@ class Session:
     # tokens of any other version are masked (steps a replica could not refuse: see emit).
     first_version: str | None = None
 
-    def start(self, chain_id: str, split_reason: str | None) -> OpenSegment:
+    def start(self, chain_id: str, split_reason: SplitReason | None) -> OpenSegment:
         """A new, empty segment, the session's latest."""
         segment = OpenSegment(chain_id=chain_id, split_reason=split_reason)
         self.segments.append(segment)

@@ -9,6 +9,7 @@ holds them as context).
 
 from __future__ import annotations
 
+from schemas.reasons import SplitReason
 from workers.assembly.segment import OpenSegment
 from workers.assembly.session import Session
 
@@ -42,7 +43,7 @@ def split_unused(session: Session) -> tuple[list[OpenSegment], list[OpenSegment]
             ancestors = segment.copy(segment.split_reason)
             ancestors.truncate(len(segment.steps) - 1)
             used.append(ancestors)
-            segment = segment.copy("fork")
+            segment = segment.copy(SplitReason.FORK)
             segment.make_context(head.prompt_start)
         unused.append(segment)
     return used, unused

@@ -1,5 +1,5 @@
 """Step validation: what makes a step event unusable whatever its session holds (the
-``malformed step`` dead-letter reasons).
+details of the ``malformed_step`` dead-letter reason).
 
 Invariant: a reason depends on the event alone, so every worker and every replay dead-letters
 a malformed step with the same reason, before any segment holds a token of it.

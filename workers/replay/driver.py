@@ -148,7 +148,13 @@ async def _replay_partitions(
             key = record.key.decode("utf-8", "replace") if record.key is not None else None
             if applied.dead_letter_reason:
                 report.dead_letters.append(
-                    Noted(record.partition, record.offset, key, applied.dead_letter_reason)
+                    Noted(
+                        record.partition,
+                        record.offset,
+                        key,
+                        applied.dead_letter_reason,
+                        applied.dead_letter_detail,
+                    )
                 )
             if applied.skipped_reason:
                 report.skipped.append(

@@ -22,7 +22,8 @@ class Noted:
     partition: int
     offset: int
     key: str | None
-    reason: str
+    reason: str  # a DeadLetterReason, or why it was skipped
+    detail: str = ""
 
 
 @dataclass
@@ -44,19 +45,16 @@ class ReplayReport:
         return self.records - self.events
 
 
-def _reason_class(reason: str) -> str:
-    return reason.split(":", 1)[0]
-
-
 def _listed(title: str, noted: Iterable[Noted]) -> list[str]:
     items = list(noted)
     if not items:
         return []
     lines = [f"{title}: {len(items)}"]
-    for reason, count in Counter(_reason_class(n.reason) for n in items).most_common():
+    for reason, count in Counter(n.reason for n in items).most_common():
         lines.append(f"  {count:>6}  {reason}")
     for n in items[:MAX_LISTED]:
-        lines.append(f"    p{n.partition}@{n.offset} key={n.key!r}: {n.reason[:300]}")
+        detail = f" ({n.detail[:300]})" if n.detail else ""
+        lines.append(f"    p{n.partition}@{n.offset} key={n.key!r}: {n.reason}{detail}")
     if len(items) > MAX_LISTED:
         lines.append(f"    ... and {len(items) - MAX_LISTED} more")
     return lines
