@@ -40,7 +40,7 @@ from pydantic import TypeAdapter
 
 from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.load import ScriptedLoad, reference_segments, scripted_load, segment_summary
-from tests.topics import read_until
+from tests.topics import read_topic, read_until
 from titoflow.bus import Publisher, RecordPublisher, make_consumer
 from titoflow.client.consumer import SegmentConsumer
 from titoflow.dev.procs import ManagedProcess
@@ -99,32 +99,6 @@ async def publish_burst(
         where = await publisher.publish(topic, record.session_id, record.value)
         placed.setdefault(record.session_id, []).append(where)
     return placed
-
-
-async def read_topic(settings: Settings, topic: str) -> list[ConsumerRecord]:
-    """Every record of ``topic`` up to its current end, partition by partition, no group."""
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
-    try:
-        await consumer.topics()  # metadata, so the partition count is known
-        partitions = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
-        assert partitions, f"topic {topic} has no partitions"
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        end = await consumer.end_offsets(partitions)
-        reached = {tp: 0 for tp in partitions}
-        records: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in partitions}
-        async with asyncio.timeout(60):
-            while any(reached[tp] < end[tp] for tp in partitions):
-                batch = await consumer.getmany(timeout_ms=500)
-                for tp, partition_records in batch.items():
-                    records[tp] += partition_records
-                    reached[tp] = partition_records[-1].offset + 1
-    finally:
-        await consumer.stop()
-    return [r for tp in partitions for r in records[tp]]
 
 
 async def consume_until_complete(

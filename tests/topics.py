@@ -11,7 +11,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
-from titoflow.bus import make_consumer
+from titoflow.bus import ConsumerRecord, TopicPartition, make_consumer
 from titoflow.settings import Settings
 
 T = TypeVar("T")
@@ -37,6 +37,32 @@ async def read_until(
     finally:
         await consumer.stop()
     return events
+
+
+async def read_topic(settings: Settings, topic: str) -> list[ConsumerRecord]:
+    """Every record of ``topic`` up to its current end, partition by partition, no group."""
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        await consumer.topics()  # metadata, so the partition count is known
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        assert partitions, f"topic {topic} has no partitions"
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        reached = {tp: 0 for tp in partitions}
+        records: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in partitions}
+        async with asyncio.timeout(60):
+            while any(reached[tp] < end[tp] for tp in partitions):
+                batch = await consumer.getmany(timeout_ms=500)
+                for tp, partition_records in batch.items():
+                    records[tp] += partition_records
+                    reached[tp] = partition_records[-1].offset + 1
+    finally:
+        await consumer.stop()
+    return [r for tp in partitions for r in records[tp]]
 
 
 async def read_all(
