@@ -72,14 +72,17 @@ def create_app(settings: Settings) -> FastAPI:
     follower = control_follower(settings)
     ended = EndedSessions(settings.ended_sessions_kept)
     budgets = SessionBudgets(settings.ended_sessions_kept)
+    routing = RoutingKeys(settings.engine_group_routing, settings.session_cache_size)
     ends = ended_follower(settings)
-    ends.subscribe(
-        lambda event, offset: (
+
+    def follow_ended(event: SessionEnded | SessionBudgeted, offset: int) -> None:
+        if isinstance(event, SessionBudgeted):
             budgets.record(event, offset)
-            if isinstance(event, SessionBudgeted)
-            else ended.record(event, offset)
-        )
-    )
+            routing.opened(event.session_id, event.instance_id)
+        else:
+            ended.record(event, offset)
+
+    ends.subscribe(follow_ended)
     follower.subscribe(gate.apply)
     # Before the driver hears of an event: an engine just added is driven with the others.
     follower.subscribe(lambda event, _offset: apply_to_pool(pool, event))
@@ -139,7 +142,7 @@ def create_app(settings: Settings) -> FastAPI:
             ended=ended,
             budgets=budgets,
             capacity=pool,
-            routing=RoutingKeys(settings.engine_group_routing, settings.session_cache_size),
+            routing=routing,
         )
         try:
             await ensure_topics(settings)  # before the producer's metadata request auto-creates

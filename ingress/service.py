@@ -112,7 +112,9 @@ class ChatService:
             engine, tokenizer, renderer.family, renderer.end_ids, recorder, self.routing
         )
         # The rollout driver's session calls are the lifecycle's own.
-        sessions = SessionLifecycle(publish, chains, self.ended, self.budgets)
+        sessions = SessionLifecycle(
+            publish, chains, self.ended, self.budgets, announce_instance=self.routing.by_instance
+        )
         self._open_session = sessions.open_session
         self.finalize = sessions.finalize
         self.discard = sessions.discard

@@ -37,6 +37,8 @@ class SessionLifecycle:
     chains: ChainStore
     ended: EndedSessions
     budgets: SessionBudgets
+    # Group routing: every replica must know the instance a session was opened with.
+    announce_instance: bool = False
 
     async def open_session(
         self,
@@ -60,13 +62,16 @@ class SessionLifecycle:
             budget=budget,
             sampling=sampling,
         )
-        if budget or sampling:
-            # First: a failed publish leaves no session opened without its budget or overrides.
+        instance = session.instance_id if self.announce_instance else None
+        if budget or sampling or instance:
+            # First: a failed publish leaves no session opened without its budget, overrides or
+            # routing.
             budgeted = SessionBudgeted(
                 session_id=event.session_id,
                 event_time=event.event_time,
                 budget=budget,
                 sampling=sampling,
+                instance_id=instance,
             )
             await self.publish(budgeted)
             self.budgets.record(budgeted)

@@ -337,14 +337,20 @@ class SessionEnded(_Event):
 
 
 class SessionBudgeted(_Event):
-    """A session's budget and sampling overrides, on ``<prefix>.ended`` so that every ingress
-    replica applies them (replicas do not read the steps topic); ``event_time`` is when the
-    session opened, from which ``budget.wall_s`` counts. Compaction keeps the session's end
-    instead, once it ended."""
+    """A session's budget and sampling overrides, and its instance where group routing needs it,
+    on ``<prefix>.ended`` so that every ingress replica applies them (replicas do not read the
+    steps topic); ``event_time`` is when the session opened, from which ``budget.wall_s``
+    counts. Compaction keeps the session's end instead, once it ended."""
 
     type: Literal["session_budgeted"] = "session_budgeted"
     budget: SessionBudget
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
+    instance_id: str | None = Field(
+        None,
+        description="The instance the session was opened with, published when the ingress "
+        "routes groups by instance (TITOFLOW_ENGINE_GROUP_ROUTING): a replica that never saw "
+        "the open call routes the session's calls with its group.",
+    )
 
 
 EndedTopicEvent = Annotated[SessionEnded | SessionBudgeted, Field(discriminator="type")]

@@ -1,26 +1,34 @@
 """Group routing (``engine_group_routing``): the routing key a session's calls take
 (titoflow/engine/groups.py) and the pool's choice of an engine for it (titoflow/engine/pool.py
 ``rank``/``choose``), as properties over random pools, health and load; then on the pool and
-the ingress service with ENGINE DOUBLES (tests/doubles.py StubEngine). The same on two real
+the ingress service with ENGINE DOUBLES (tests/doubles.py StubEngine), across two replicas on
+the real broker. The same on two real
 vLLM engines: tests/test_e2e_engines.py."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 
+import openai
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingress.app import create_app
+from ingress.budgets import SessionBudgets
 from ingress.chains import ChainStore
 from ingress.service import ChatService, ServiceOptions
 from ingress.turn import ChatTurn, SessionRef
 from schemas.events import SessionOptions
+from tests.apps import serving, until
 from tests.doubles import RecordingPublisher, StubEngine
 from tests.families import qwen3
+from titoflow.client.rollout import RolloutClient
 from titoflow.engine.api import GenerateParams
 from titoflow.engine.groups import RoutingKeys
 from titoflow.engine.pool import EnginePool, EngineSpec, EngineStatus, choose, rank
+from titoflow.settings import Settings
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 
@@ -211,4 +219,39 @@ async def test_the_service_routes_by_the_instance_of_the_open_call_or_of_the_fir
     assert Counter(key for stub in stubs.values() for key in stub.calls) == {
         "p1": len(GROUP),
         loner: 2,
+    }
+
+
+async def test_a_replica_that_never_saw_the_open_call_routes_the_session_with_its_group(
+    settings: Settings,
+) -> None:
+    """Two ingress apps on the real broker (tansu), group routing on: the driver opens a session
+    with its instance on one; the scaffold's calls, which name no instance, reach the other,
+    which learns the instance from ``<prefix>.ended`` and routes them with the group."""
+    grouped = settings.model_copy(update={"engine_group_routing": True})
+    first, second = create_app(grouped), create_app(grouped)
+    async with serving(first) as one, serving(second) as two:
+        pool, stubs = pool_of("http://a", "http://b", "http://c")
+        service: ChatService = second.state.service
+        service.runner = replace(service.runner, engine=pool)
+        async with RolloutClient(one, grouped) as driver:
+            loner = next(
+                f"moved-{i}"
+                for i in range(100)
+                if pool.ranking(f"moved-{i}")[0] != (pool.ranking("p1")[0])
+            )
+            await driver.open(session_id=loner, instance_id="p1")
+            budgets: SessionBudgets = service.budgets
+
+            async def known() -> bool:
+                return budgets.get(loner) is not None
+
+            await until(known, "the open call's instance on the other replica")
+            client = openai.AsyncOpenAI(base_url=f"{two}/sess/{loner}/v1", api_key="k")
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Solve: 17 * 23"}], max_tokens=1
+            )
+            await client.close()
+    assert {url: stub.calls for url, stub in stubs.items() if stub.calls} == {
+        pool.ranking("p1")[0]: ["p1"]
     }

@@ -5,10 +5,10 @@ its prefix cache instead of paying the prompt's prefill N times.
 Invariant: on one replica a session's key never changes once its first call was routed by it
 (sticky), so a session keeps its engine, and its prefix cache, while that engine is healthy. The
 key is the instance id when one is known at the session's first call (named by that call, or by
-the session's open call on this replica), else the session id, kept even when later calls name
-an instance. Replicas share nothing: one that first meets a session at a call naming its
-instance routes it by the instance, as every call naming it does everywhere (calls that always
-name their instance route alike on every replica). The memory is bounded (least recently used
+the session's open call, which every replica learns from ``<prefix>.ended``), else the session
+id, kept even when later calls name an instance. A replica that meets a session's first call
+before the open call's record reached it routes by what the call names, as every call naming
+its instance does everywhere. The memory is bounded (least recently used
 sessions are forgotten first); forgetting a session only means its next call picks its key
 again.
 """
