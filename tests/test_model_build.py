@@ -59,8 +59,19 @@ def test_rebuild_is_byte_identical(builds: tuple[Path, Path]) -> None:
     assert digests == _digests(second)
 
 
-def test_build_never_needs_torch(builds: tuple[Path, Path]) -> None:
-    assert "torch" not in sys.modules
+def test_build_never_needs_torch(tmp_path: Path) -> None:
+    """In a process of its own: torch is installed here (the trainer's extra) and this test
+    process imports it elsewhere; the build must not."""
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "from titoflow.dev.model_build import build_tiny_model\n"
+        f"build_tiny_model(Path({str(tmp_path / 'model')!r}))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
 
 
 def test_identical_build_is_skipped(builds: tuple[Path, Path]) -> None:
