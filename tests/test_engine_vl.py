@@ -1,0 +1,170 @@
+"""The image contract of vLLM's token API, on the real vLLM CPU engine serving the tiny Qwen3-VL
+policy (titoflow/dev/vl_policy.py): what ``/inference/v1/generate`` does with token ids that
+hold image placeholders and images sent beside them as ``content_parts`` (docs/engine.md,
+"Images"). The ingress' image path (issue 30, part 2) rests on each of these facts:
+
+- one ``<|image_pad|>`` per image comes back expanded to ``grid_t * grid_h * grid_w / 4`` pads,
+  with each image's offset and length, in the reply and in a stream's first event;
+- a run already expanded is expanded again (never send the chain's run; send one placeholder);
+- placeholder and image counts are not checked against each other (the proxy must count);
+- an image is taken by ``uuid`` alone while the engine's cache holds it, refused (400) once it
+  does not, and the uuid wins over the bytes (so it must name the bytes: a content hash).
+
+Images are sized in multiples of 32 px within the processor's pixel bounds, so the processor
+keeps their size and the expected grid follows from the size alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.engines import engine_for_tests
+from titoflow.dev.vl_policy import (
+    IMAGE_PAD_ID,
+    MERGE,
+    PATCH,
+    VISION_END_ID,
+    VISION_START_ID,
+    build_vl_policy,
+)
+
+pytestmark = pytest.mark.engine
+
+IM_START, IM_END, NEWLINE, USER, ASSISTANT, HELLO = 151644, 151645, 198, 872, 77091, 9707
+TOKEN_PX = PATCH * MERGE  # one image token covers 32x32 pixels
+IMAGE = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
+
+
+@pytest.fixture(scope="module")
+def vl_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    model_dir = build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
+    log_dir = tmp_path_factory.mktemp("vllm-vl")
+    for url in engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", model_dir, log_dir):
+        with httpx.Client(base_url=url, timeout=120.0) as client:
+            yield client
+
+
+def png(width: int, height: int, seed: int) -> str:
+    """A noise image of that size as a ``data:`` URL."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def prompt(images: int) -> list[int]:
+    """A user turn holding ``images`` images (one placeholder each) and a word, then the
+    assistant's header, as Qwen3-VL's template renders it."""
+    return [IM_START, USER, NEWLINE, *IMAGE * images, HELLO, IM_END, NEWLINE, IM_START, ASSISTANT]
+
+
+def expanded(ids: list[int], lengths: list[int]) -> list[int]:
+    """``ids`` with the i-th single placeholder replaced by ``lengths[i]`` pads."""
+    out: list[int] = []
+    runs = iter(lengths)
+    for token in ids:
+        out.extend([IMAGE_PAD_ID] * next(runs) if token == IMAGE_PAD_ID else [token])
+    return out
+
+
+def generate(client: httpx.Client, ids: list[int], parts: list[dict[str, Any]]) -> httpx.Response:
+    body = {
+        "token_ids": ids,
+        "sampling_params": {"max_tokens": 2, "temperature": 0.0, "logprobs": 0},
+        "return_token_ids": True,
+        "content_parts": parts,
+    }
+    return client.post("/inference/v1/generate", json=body)
+
+
+def image_part(url: str | None, uuid: str | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "image_url", "url": url}
+    if uuid is not None:
+        part["uuid"] = uuid
+    return part
+
+
+def test_one_placeholder_per_image_comes_back_expanded(vl_engine: httpx.Client) -> None:
+    sizes = [(96, 64), (32, 32), (256, 128)]
+    lengths = [(w // TOKEN_PX) * (h // TOKEN_PX) for w, h in sizes]  # 6, 1, 32
+    ids = prompt(len(sizes))
+    parts = [image_part(png(w, h, seed)) for seed, (w, h) in enumerate(sizes)]
+
+    reply = generate(vl_engine, ids, parts)
+
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["prompt_token_ids"] == expanded(ids, lengths)
+    offsets = [
+        i + 1 for i, token in enumerate(body["prompt_token_ids"]) if token == VISION_START_ID
+    ]
+    assert body["mm_placeholders"] == {
+        "image": [{"offset": o, "length": n} for o, n in zip(offsets, lengths, strict=True)]
+    }
+    assert len(body["choices"][0]["token_ids"]) == 2
+
+    # Streamed, the first event carries the same expanded ids and placeholders.
+    stream_body = {
+        "token_ids": ids,
+        "sampling_params": {"max_tokens": 2},
+        "return_token_ids": True,
+        "stream": True,
+        "content_parts": parts,
+    }
+    with vl_engine.stream("POST", "/inference/v1/generate", json=stream_body) as stream:
+        events = [
+            json.loads(line.removeprefix("data:"))
+            for line in stream.iter_lines()
+            if line.startswith("data:") and "[DONE]" not in line
+        ]
+    assert events[0]["prompt_token_ids"] == body["prompt_token_ids"]
+    assert events[0]["mm_placeholders"] == body["mm_placeholders"]
+    assert all(event.get("prompt_token_ids") is None for event in events[1:])
+
+
+def test_an_expanded_run_is_expanded_again(vl_engine: httpx.Client) -> None:
+    chain = expanded(prompt(1), [6])
+    reply = generate(vl_engine, chain, [image_part(png(96, 64, 0))])
+
+    assert reply.status_code == 200, reply.text
+    # Its first pad became the image's 6, the other 5 stayed: 6 + 5 pads, not the chain's 6.
+    assert reply.json()["prompt_token_ids"].count(IMAGE_PAD_ID) == 11
+    assert reply.json()["prompt_token_ids"] != chain
+
+
+def test_placeholder_and_image_counts_are_not_checked(vl_engine: httpx.Client) -> None:
+    two_placeholders_one_image = generate(vl_engine, prompt(2), [image_part(png(96, 64, 0))])
+    assert two_placeholders_one_image.status_code == 200
+    assert two_placeholders_one_image.json()["prompt_token_ids"] == expanded(prompt(2), [6, 1])
+
+    placeholder_without_image = generate(vl_engine, prompt(1), [])
+    assert placeholder_without_image.status_code == 200
+    assert placeholder_without_image.json()["prompt_token_ids"] == prompt(1)
+
+
+def test_an_image_is_taken_by_uuid_while_cached_and_the_uuid_wins(vl_engine: httpx.Client) -> None:
+    first, second = png(96, 64, 11), png(96, 64, 12)
+    sent = generate(vl_engine, prompt(1), [image_part(first, "first")])
+    by_uuid = generate(vl_engine, prompt(1), [image_part(None, "first")])
+    assert sent.status_code == by_uuid.status_code == 200, by_uuid.text
+    assert by_uuid.json()["prompt_token_ids"] == sent.json()["prompt_token_ids"]
+    assert by_uuid.json()["choices"] == sent.json()["choices"]  # greedy: the same image's tokens
+
+    unknown = generate(vl_engine, prompt(1), [image_part(None, "never-sent")])
+    assert unknown.status_code == 400
+    assert "Cache miss" in unknown.json()["error"]["message"]
+
+    # Other bytes under a cached uuid are answered as the cached image, not as themselves.
+    other_bytes = generate(vl_engine, prompt(1), [image_part(second, "first")])
+    own_uuid = generate(vl_engine, prompt(1), [image_part(second, "second")])
+    assert other_bytes.json()["choices"] == sent.json()["choices"]
+    assert own_uuid.json()["choices"] != sent.json()["choices"]
