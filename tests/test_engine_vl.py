@@ -17,8 +17,11 @@ keeps their size and the expected grid follows from the size alone.
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hashlib
 import io
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +39,9 @@ from titoflow.dev.vl_policy import (
     VISION_START_ID,
     build_vl_policy,
 )
+from titoflow.engine.api import EngineImage, GenerateParams
+from titoflow.engine.vllm import VLLMEngine
+from titoflow.errors import EngineError
 
 pytestmark = pytest.mark.engine
 
@@ -45,12 +51,16 @@ IMAGE = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
 
 
 @pytest.fixture(scope="module")
-def vl_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def vl_engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model_dir = build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
     log_dir = tmp_path_factory.mktemp("vllm-vl")
-    for url in engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", model_dir, log_dir):
-        with httpx.Client(base_url=url, timeout=120.0) as client:
-            yield client
+    yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", model_dir, log_dir)
+
+
+@pytest.fixture
+def vl_engine(vl_engine_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=vl_engine_url, timeout=120.0) as client:
+        yield client
 
 
 def png(width: int, height: int, seed: int) -> str:
@@ -168,3 +178,47 @@ def test_an_image_is_taken_by_uuid_while_cached_and_the_uuid_wins(vl_engine: htt
     own_uuid = generate(vl_engine, prompt(1), [image_part(second, "second")])
     assert other_bytes.json()["choices"] == sent.json()["choices"]
     assert own_uuid.json()["choices"] != sent.json()["choices"]
+
+
+def images_of(chain: list[int], urls: list[str], by_uuid: bool = False) -> tuple[EngineImage, ...]:
+    """The chain's image runs (each right after a ``<|vision_start|>``), named by their bytes."""
+    starts = [i + 1 for i, token in enumerate(chain) if token == VISION_START_ID]
+    out = []
+    for start, url in zip(starts, urls, strict=True):
+        length = next(i for i in range(start, len(chain)) if chain[i] != IMAGE_PAD_ID) - start
+        sha = hashlib.sha256(url.encode()).hexdigest()
+        out.append(EngineImage(start, length, sha, url, by_uuid))
+    return tuple(out)
+
+
+async def test_the_client_sends_placeholders_and_takes_only_the_recorded_expansion(
+    vl_engine_url: str,
+) -> None:
+    engine = VLLMEngine(vl_engine_url, timeout_s=120.0)
+    urls = [png(96, 64, 21), png(32, 32, 22)]
+    chain = expanded(prompt(2), [6, 1])
+    params = GenerateParams(max_tokens=3, temperature=0.0, images=images_of(chain, urls))
+    try:
+        whole = await engine.generate(chain, params, "vl-whole")
+        streamed = [c async for c in engine.generate_stream(chain, params, "vl-stream")]
+        assert len(whole.token_ids) == 3
+        assert [t for c in streamed for t in c.token_ids] == whole.token_ids
+
+        # A chain whose second run is one pad longer than the processor makes it: refused.
+        longer = expanded(prompt(2), [6, 2])
+        wrong = GenerateParams(max_tokens=1, images=images_of(longer, urls))
+        with pytest.raises(EngineError, match="expanded the 2 image"):
+            await engine.generate(longer, wrong, "vl-wrong")
+        with pytest.raises(EngineError, match="expanded the 2 image"):
+            _ = [c async for c in engine.generate_stream(longer, wrong, "vl-wrong-stream")]
+
+        # By uuid alone: an image the engine never cached is resent with its bytes.
+        unseen = tuple(
+            EngineImage(i.offset, i.length, uuid.uuid4().hex, i.url, by_uuid=True)
+            for i in params.images
+        )
+        by_uuid = dataclasses.replace(params, images=unseen)
+        again = await engine.generate(chain, by_uuid, "vl-resent")
+        assert again.token_ids == whole.token_ids
+    finally:
+        await engine.close()
