@@ -23,6 +23,7 @@ import io
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,6 +43,7 @@ from titoflow.dev.vl_policy import (
 from titoflow.engine.api import EngineImage, GenerateParams
 from titoflow.engine.vllm import VLLMEngine
 from titoflow.errors import EngineError
+from titoflow.tito.image_grid import ImageProcessing, upright_size
 
 pytestmark = pytest.mark.engine
 
@@ -51,16 +53,55 @@ IMAGE = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
 
 
 @pytest.fixture(scope="module")
-def vl_engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model_dir = build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
+def vl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
+
+
+@pytest.fixture(scope="module")
+def vl_engine_url(vl_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_dir = tmp_path_factory.mktemp("vllm-vl")
-    yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", model_dir, log_dir)
+    yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", vl_model_dir, log_dir)
 
 
 @pytest.fixture
 def vl_engine(vl_engine_url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=vl_engine_url, timeout=120.0) as client:
         yield client
+
+
+def test_the_renderer_knows_each_run_length_before_the_call(
+    vl_engine: httpx.Client, vl_model_dir: Path
+) -> None:
+    """Sizes the processor rounds, shrinks to its pixel bound or grows to it, and a JPEG stored
+    sideways (EXIF orientation 6). Turning an image a quarter swaps its grid's height and width
+    but keeps its run length, so the engine's reply cannot show the orientation was read (the
+    grid, recorded per image, is where it matters; tests/test_image_grid.py checks it)."""
+    processing = ImageProcessing.of_model(vl_model_dir)
+    assert processing is not None
+    images = [encoded(w, h, "PNG") for w, h in ((100, 50), (1000, 37), (37, 2000), (20, 20))]
+    images.append(encoded(96, 40, "JPEG", orientation=6))
+    ids = prompt(len(images))
+    types = ["png"] * 4 + ["jpeg"]
+    parts = [
+        image_part(f"data:image/{kind};base64," + base64.b64encode(data).decode())
+        for kind, data in zip(types, images, strict=True)
+    ]
+
+    reply = generate(vl_engine, ids, parts)
+
+    assert reply.status_code == 200, reply.text
+    lengths = [run["length"] for run in reply.json()["mm_placeholders"]["image"]]
+    assert lengths == [processing.tokens(*upright_size(b)) for b in images] == [6, 31, 62, 1, 3]
+
+
+def encoded(width: int, height: int, fmt: str, orientation: int | None = None) -> bytes:
+    """A flat image in ``fmt``, with that EXIF orientation if any."""
+    out = io.BytesIO()
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    Image.new("RGB", (width, height), (30, 90, 200)).save(out, format=fmt, exif=exif.tobytes())
+    return out.getvalue()
 
 
 def png(width: int, height: int, seed: int) -> str:
