@@ -197,6 +197,15 @@ def test_vl_policy_is_reproducible_qwen3_vl_with_the_random_models_decoder(
     assert processor["size"] == {"shortest_edge": 32 * 32, "longest_edge": 256 * 256}
 
 
+def test_up_builds_the_vl_policy_in_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vl_dir = tmp_path / "tiny-qwen3-vl"
+    monkeypatch.setattr(model_build, "VL_MODEL_DIR", vl_dir)
+    assert served_by_up(vl_dir) == vl_dir
+    assert json.loads((vl_dir / STAMP_NAME).read_text())["kind"] == "vl"
+
+
 def test_vl_template_is_qwen3_vls_and_renders_one_placeholder_per_image(tmp_path: Path) -> None:
     model = build_vl_policy(tmp_path / "vl")
     template = (model / "chat_template.jinja").read_bytes()

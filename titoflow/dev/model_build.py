@@ -49,6 +49,8 @@ TOKENIZER_FILES = (
 
 # The random-weight model the pipeline tests serve (it never ends a turn on its own).
 RANDOM_MODEL_DIR = PROJECT_ROOT / ".models" / "tiny-qwen3"
+# The vision-language policy (titoflow/dev/vl_policy.py).
+VL_MODEL_DIR = PROJECT_ROOT / ".models" / "tiny-qwen3-vl"
 
 IM_END_ID = 151645  # <|im_end|>: end of an assistant turn in the chat template.
 ENDOFTEXT_ID = 151643  # <|endoftext|>: Qwen's bos/pad.
@@ -257,7 +259,11 @@ def build_default_model(settings: Settings) -> Path:
     naming one of those directories is that directory)."""
     out_dir = settings.model_path
     recorded = read_stamp(out_dir, STAMP_NAME)
-    by_place = {RANDOM_MODEL_DIR.resolve(): "random", settings.moe_model_path.resolve(): "moe"}
+    by_place = {
+        RANDOM_MODEL_DIR.resolve(): "random",
+        settings.moe_model_path.resolve(): "moe",
+        VL_MODEL_DIR.resolve(): "vl",
+    }
     kind = recorded.get("kind") or by_place.get(out_dir.resolve(), "agent")
     if kind == "agent":
         return build_agent_policy(out_dir)
@@ -371,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         default = Settings().moe_model_path if args.moe else RANDOM_MODEL_DIR
         setting = "TITOFLOW_MOE_MODEL_PATH" if args.moe else "--out"
     elif args.vl:
-        from titoflow.dev.vl_policy import VL_MODEL_DIR, build_vl_policy
+        from titoflow.dev.vl_policy import build_vl_policy
 
         build, default, setting = partial(build_vl_policy, seed=args.seed), VL_MODEL_DIR, "--out"
     if args.out is not None:

@@ -26,9 +26,7 @@ from typing import Any
 import numpy as np
 
 from titoflow.dev import model_build
-from titoflow.settings import PROJECT_ROOT
 
-VL_MODEL_DIR = PROJECT_ROOT / ".models" / "tiny-qwen3-vl"
 TEMPLATE_PATH = Path(__file__).with_name("qwen3_vl.jinja")
 TEMPLATE_SHA256 = "3636d0f0bd6bef02654cdffdc447b79cb2cef8ab02cc75267345946291a489e4"
 
@@ -218,7 +216,7 @@ def write_processor(dest: Path) -> None:
     config_path.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
 
 
-def build_vl_policy(out_dir: Path = VL_MODEL_DIR, seed: int = 0) -> Path:
+def build_vl_policy(out_dir: Path = model_build.VL_MODEL_DIR, seed: int = 0) -> Path:
     """Write the tiny Qwen3-VL policy at ``out_dir`` (idempotent) and return it."""
     recipe = model_build.recipe_hash(
         seed,
