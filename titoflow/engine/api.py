@@ -16,6 +16,21 @@ TopLogprobs = list[list[tuple[int, float]]]
 
 
 @dataclass(frozen=True)
+class EngineImage:
+    """An image of the prompt (titoflow/engine/images.py): its run of ``length`` placeholder ids
+    at ``offset`` in the canonical, expanded prompt; ``uuid`` names its bytes (their sha256: an
+    engine answers a cached uuid with the cached image, whatever bytes come with it); ``url`` is
+    a ``data:`` URL or an address the engine fetches. ``by_uuid`` sends it without its URL (an
+    image the engine was sent before); a client resends the URL if the engine lost it."""
+
+    offset: int
+    length: int
+    uuid: str
+    url: str
+    by_uuid: bool = False
+
+
+@dataclass(frozen=True)
 class GenerateParams:
     max_tokens: int
     temperature: float = 1.0
@@ -29,6 +44,9 @@ class GenerateParams:
     # First prompt position whose routed experts are wanted (rows before it were recorded by
     # earlier steps); only an engine that returns routed experts uses it.
     routed_experts_start: int = 0
+    # The prompt's images, in order: the prompt holds their expanded runs, the engine is sent
+    # one placeholder each and must expand them back to the same ids.
+    images: tuple[EngineImage, ...] = ()
 
 
 @dataclass(frozen=True)

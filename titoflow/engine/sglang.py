@@ -59,6 +59,8 @@ class SGLangEngine:
         session_id: str,
         stream: bool,
     ) -> dict[str, Any]:
+        if params.images:  # its image fields are not known here: never send a prompt without them
+            raise EngineError(f"the SGLang backend ({self.url}) does not take images yet")
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,

@@ -7,6 +7,8 @@ step carrying only the new tokens. Ids come from the engine, never from re-encod
 A server started with ``--enable-return-routed-experts`` (MoE) also returns ``routed_experts``
 (base64 ``.npy``, rows for positions ``[routed_experts_prompt_start, prompt + completion - 1)``,
 on the last stream event only); it becomes :class:`~schemas.routed_experts.RoutedExperts` here.
+A prompt with images is sent with one placeholder per image and the images as ``content_parts``,
+and the engine's expansion must give back the prompt's ids (titoflow/engine/images.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from titoflow.engine.api import (
     PromptScores,
 )
 from titoflow.engine.http1 import Http1Client
+from titoflow.engine.images import check_expansion, content_parts, engine_prompt
 from titoflow.errors import ContextOverflow, EngineError, EngineUnavailable
 
 # What an unreachable, reset or silent engine raises (titoflow/engine/http1.py; timeouts included).
@@ -75,7 +78,12 @@ class VLLMEngine:
         self._http = Http1Client(self.url)
 
     def _body(
-        self, prompt_ids: Sequence[int], params: GenerateParams, request_id: str, stream: bool
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerateParams,
+        request_id: str,
+        stream: bool,
+        resend: bool = False,
     ) -> dict[str, Any]:
         sampling: dict[str, Any] = {
             "max_tokens": params.max_tokens,
@@ -93,12 +101,17 @@ class VLLMEngine:
         if params.routed_experts_start:
             sampling["routed_experts_prompt_start"] = params.routed_experts_start
         sampling.update(params.structured or {})
-        return {
+        body = {
             "request_id": request_id,
             "token_ids": _json_ids(prompt_ids),
             "sampling_params": sampling,
             "stream": stream,
         }
+        if params.images:
+            body["token_ids"] = engine_prompt(prompt_ids, params.images)
+            body["content_parts"] = content_parts(params.images, resend)
+            body["return_token_ids"] = True  # the expanded prompt, to check against ours
+        return body
 
     async def _post_generate(self, body: dict[str, Any]) -> Any:
         try:
@@ -119,7 +132,16 @@ class VLLMEngine:
         session_id: str = "",
     ) -> Generation:
         body = self._body(prompt_ids, params, request_id, stream=False)
-        payload = await self._post_generate(body)
+        try:
+            payload = await self._post_generate(body)
+        except EngineError as exc:
+            if not _lost_cached_image(exc, params):
+                raise
+            body = self._body(prompt_ids, params, request_id, stream=False, resend=True)
+            payload = await self._post_generate(body)
+        if params.images:
+            expanded = payload.get("prompt_token_ids")
+            check_expansion(prompt_ids, params.images, expanded, payload.get("mm_placeholders"))
         chunk = self._chunk(payload, len(prompt_ids), 0)
         return Generation.whole(chunk, str(payload.get("request_id", request_id)), self.url)
 
@@ -130,8 +152,23 @@ class VLLMEngine:
         request_id: str,
         session_id: str = "",
     ) -> AsyncIterator[GenerationChunk]:
-        body = self._body(prompt_ids, params, request_id, stream=True)
+        started = False
+        try:
+            async for chunk in self._stream(prompt_ids, params, request_id, resend=False):
+                started = True
+                yield chunk
+        except EngineError as exc:
+            if started or not _lost_cached_image(exc, params):
+                raise
+            async for chunk in self._stream(prompt_ids, params, request_id, resend=True):
+                yield chunk
+
+    async def _stream(
+        self, prompt_ids: Sequence[int], params: GenerateParams, request_id: str, resend: bool
+    ) -> AsyncIterator[GenerationChunk]:
+        body = self._body(prompt_ids, params, request_id, stream=True, resend=resend)
         sampled = 0
+        unchecked = bool(params.images)  # the first event carries the expanded prompt
         try:
             async with self._http.stream(
                 "POST", "/inference/v1/generate", _dumps(body), read_timeout_s=self._timeout_s
@@ -146,6 +183,11 @@ class VLLMEngine:
                     if "error" in payload:  # vLLM reports request errors inside a 200 stream
                         error = payload["error"]
                         raise engine_failure(int(error.get("code", 500)), json.dumps(error))
+                    if unchecked:
+                        expanded = payload.get("prompt_token_ids")
+                        placeholders = payload.get("mm_placeholders")
+                        check_expansion(prompt_ids, params.images, expanded, placeholders)
+                        unchecked = False
                     if payload.get("choices"):
                         chunk = self._chunk(payload, len(prompt_ids), sampled)
                         sampled += len(chunk.token_ids)
@@ -294,6 +336,12 @@ def _routed_experts(encoded: str | None, end: int) -> RoutedExperts | None:
         return None
     data = rows.astype(NUMPY_DTYPE[dtype], copy=False).tobytes()
     return RoutedExperts(start=end - len(rows), shape=rows.shape, dtype=dtype, data=data)
+
+
+def _lost_cached_image(exc: EngineError, params: GenerateParams) -> bool:
+    """Whether the engine refused an image sent by uuid alone because it no longer caches it
+    (restarted, evicted, or another engine of a pool): the call is sent again with every URL."""
+    return any(image.by_uuid for image in params.images) and "Cache miss" in str(exc)
 
 
 def engine_failure(status: int, text: str) -> Exception:

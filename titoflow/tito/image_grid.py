@@ -1,0 +1,93 @@
+"""How many placeholder ids an image becomes, known before the engine is called: the canonical
+prompt holds each image as its expanded run, so the renderer computes the run's length the way
+the engine's processor will (Qwen2-VL, 2.5-VL and 3-VL's image processor, torch-free).
+
+The processor resizes an image to the multiples of ``patch_size * merge_size`` closest to its
+size, scaled into ``[min_pixels, max_pixels]`` (transformers' ``smart_resize``), cuts it into
+``patch_size`` patches (an image is one temporal patch: ``grid_t`` 1) and merges
+``merge_size``x``merge_size`` patches into one token. vLLM first turns the image upright by its
+EXIF orientation (``normalize_image``), so a photo stored sideways is measured upright here too.
+
+Invariant: the numbers depend only on the model directory's ``preprocessor_config.json`` and the
+image's upright size; the engine's expansion is still checked against them on every call
+(titoflow/engine/images.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+# EXIF orientations that turn the image a quarter (PIL's ImageOps.exif_transpose: transpose,
+# rotate 270, transverse, rotate 90), so the upright image has width and height swapped.
+_QUARTER_TURNS = {5, 6, 7, 8}
+_ORIENTATION_TAG = 0x0112
+
+
+@dataclass(frozen=True)
+class ImageProcessing:
+    """The part of a Qwen-VL processor config that fixes an image's grid."""
+
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def of_model(cls, model_dir: Path) -> ImageProcessing | None:
+        """The model's image processing, None when it has no ``preprocessor_config.json``."""
+        try:
+            config = json.loads((model_dir / "preprocessor_config.json").read_text("utf-8"))
+        except FileNotFoundError:
+            return None
+        size = config.get("size") or {}
+        return cls(
+            patch_size=int(config["patch_size"]),
+            merge_size=int(config["merge_size"]),
+            min_pixels=int(size.get("shortest_edge", config.get("min_pixels", 0))),
+            max_pixels=int(size.get("longest_edge", config.get("max_pixels", 0))),
+        )
+
+    def resized(self, height: int, width: int) -> tuple[int, int]:
+        """transformers' ``smart_resize``: the (height, width) the processor resizes to."""
+        factor = self.patch_size * self.merge_size
+        if max(height, width) / min(height, width) > 200:
+            raise ValueError(f"a {width}x{height} image is over 200 times as long as it is wide")
+        h_bar = round(height / factor) * factor
+        w_bar = round(width / factor) * factor
+        if h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt((height * width) / self.max_pixels)
+            h_bar = max(factor, math.floor(height / beta / factor) * factor)
+            w_bar = max(factor, math.floor(width / beta / factor) * factor)
+        elif h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h_bar = math.ceil(height * beta / factor) * factor
+            w_bar = math.ceil(width * beta / factor) * factor
+        return h_bar, w_bar
+
+    def grid_thw(self, height: int, width: int) -> tuple[int, int, int]:
+        """The image's patch grid (time, height, width), as the processor reports it."""
+        h_bar, w_bar = self.resized(height, width)
+        return 1, h_bar // self.patch_size, w_bar // self.patch_size
+
+    def tokens(self, height: int, width: int) -> int:
+        """How many placeholder ids the image expands to."""
+        t, h, w = self.grid_thw(height, width)
+        return t * h * w // self.merge_size**2
+
+
+def upright_size(data: bytes) -> tuple[int, int]:
+    """(height, width) of the encoded image as the engine sees it: after its EXIF orientation.
+    Reads the header only. ValueError when the bytes are no image PIL opens."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            orientation = image.getexif().get(_ORIENTATION_TAG)
+    except (OSError, Image.DecompressionBombError, SyntaxError) as exc:
+        raise ValueError(f"not an image: {exc}") from exc
+    return (width, height) if orientation in _QUARTER_TURNS else (height, width)
