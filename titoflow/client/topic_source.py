@@ -26,6 +26,7 @@ from titoflow.client.consumer import SegmentConsumer
 from titoflow.settings import Settings
 
 Record = SegmentFinalized | SessionDiscarded
+COMMIT_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,12 @@ class TopicStream(Iterator[Delivered | None]):
     def commit(self, offsets: Mapping[int, int]) -> None:
         """Commit each partition of ``offsets`` up to that offset (at most what was taken from
         the consumer); blocks until the broker answered (``SegmentConsumer.commit``'s errors)."""
-        if self._closed:
-            raise RuntimeError("this pass over the topic is closed: nothing to commit")
+        if self._closed or not self._thread.is_alive():
+            raise RuntimeError("this pass over the topic has stopped: nothing to commit")
         future = asyncio.run_coroutine_threadsafe(self._commit(dict(offsets)), self._loop)
-        future.result()
+        # The consumer's commit gives up after publish_timeout_s; this bounds a loop that stopped
+        # meanwhile (its consumer failed), which would never run the commit.
+        future.result(timeout=self._source.settings.publish_timeout_s + COMMIT_MARGIN_S)
 
     async def _commit(self, offsets: dict[int, int]) -> None:
         if self._consumer is not None:  # None: not started, so nothing was taken either
@@ -143,17 +146,18 @@ class TopicStream(Iterator[Delivered | None]):
                 self._consumer = consumer
                 async for record in consumer.records():
                     _, partition, offset = consumer.position
-                    delivered = Delivered(record, partition, offset)
-                    # Never block the loop (the consumer's heartbeats run on it).
-                    while True:
-                        try:
-                            self._handoff.put_nowait(delivered)
-                            break
-                        except queue.Full:
-                            await asyncio.sleep(0.01)
+                    await self._hand(Delivered(record, partition, offset))
+            await self._hand(_Done())
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            self._handoff.put(_Failed(exc))
-            return
-        self._handoff.put(_Done())
+            await self._hand(_Failed(exc))
+
+    async def _hand(self, item: Delivered | _Failed | _Done) -> None:
+        # Never block the loop (the consumer's heartbeats run on it, and close() cancels on it).
+        while True:
+            try:
+                self._handoff.put_nowait(item)
+                return
+            except queue.Full:
+                await asyncio.sleep(0.01)
