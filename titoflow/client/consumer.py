@@ -10,8 +10,9 @@ it. Usage::
             await segments.commit()
 
 Invariants (the contract is docs/trainer.md "Delivery and restarts"):
-- A group's offsets move only in :meth:`commit`, to just past what was handed out before it: what
-  was handed out and not committed comes again after a crash (at least once into the caller).
+- A group's offsets move only in :meth:`commit`, to at most just past what was handed out before
+  it: what was handed out and not committed comes again after a crash (at least once into the
+  caller).
 - A repeat is dropped when its first copy is at most ``dedupe_horizon_s`` older on the same
   partition (a repeat and its first copy share their key, hence their partition), however many
   restarts lie between them: before a group consumer's first record of a partition it reads the
@@ -162,20 +163,30 @@ class SegmentConsumer:
                 self._resumed.add(tp.partition)
                 self._consumer.seek(tp, offset)
 
-    async def commit(self) -> None:
+    async def commit(self, offsets: Mapping[int, int] | None = None) -> None:
         """Commit, in the consumer group, everything handed out so far: call it once what you
-        took is trained on (and saved, if you checkpoint). Raises ``TimeoutError`` when the
-        broker does not answer within ``publish_timeout_s`` (nothing is lost: call it again),
-        and ``CommitFailedError`` once after a rebalance took partitions away with records handed
-        out and not committed (their new owner hands those out again)."""
+        took is trained on (and saved, if you checkpoint). With ``offsets`` (partition → offset),
+        only those partitions, each up to the lower of the given offset and what was handed out
+        (a caller that holds records back, :mod:`titoflow.client.torch_data`). Raises
+        ``TimeoutError`` when the broker does not answer within ``publish_timeout_s`` (nothing is
+        lost: call it again), and ``CommitFailedError`` once after a rebalance took partitions
+        away with records handed out and not committed (their new owner hands those out again)."""
         if self._group_id is None:
             raise RuntimeError("commit() needs a consumer group: SegmentConsumer(group_id=...)")
-        offsets = dict(self._uncommitted)
-        if offsets:
+        commits = (
+            dict(self._uncommitted)
+            if offsets is None
+            else {
+                tp: min(handed, offsets[tp.partition])
+                for tp, handed in self._uncommitted.items()
+                if tp.partition in offsets
+            }
+        )
+        if commits:
             # aiokafka retries a commit for as long as the broker is away.
             async with asyncio.timeout(self._settings.publish_timeout_s):
-                await self._consumer.commit(offsets)
-            for tp, offset in offsets.items():
+                await self._consumer.commit(commits)
+            for tp, offset in commits.items():
                 if self._uncommitted.get(tp) == offset:
                     del self._uncommitted[tp]
         if self._lost:

@@ -10,10 +10,16 @@ per sequence, ``reward`` and ``segment_ids``; ``cu_seqlens`` (flash-attn varlen'
 the rows' real tokens); ``group`` and ``complete``. An item is one segment per row (one segment,
 or with ``group_by_instance`` a group), or with ``pack_tokens`` rows packed up to that budget.
 
-Invariant: tokens, masks and logprob bits are the segment's own (built by
+Invariants: tokens, masks and logprob bits are the segment's own (built by
 :func:`~titoflow.client.batch.segment_arrays`, laid out by :mod:`titoflow.client.packing`,
 never split); a segment is in at most one item; with ``group_by_instance`` an item is exactly
-one group of :class:`~titoflow.client.groups.GroupCollector`.
+one group of :class:`~titoflow.client.groups.GroupCollector`. Over a
+:class:`~titoflow.client.topic_source.TopicSource` with a group, a record is held (by
+:class:`~titoflow.client.progress.Progress`) from when it is read until the item holding it is
+yielded (or it proves to hold nothing to train on: a notice, an unused sample, a group of
+discarded sessions); :meth:`SegmentDataset.commit` commits only below every held record, and
+:meth:`SegmentDataset.checkpoint` resumes a later run so that each segment is in one item across
+restarts. That needs the consumer in the iterating process: with a group, ``num_workers=0``.
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from schemas.events import SegmentFinalized, SessionDiscarded
 from titoflow.client.batch import instance_key, segment_arrays, version_array, version_number
 from titoflow.client.groups import GROUP_SIZE_KEY, Group, GroupCollector
 from titoflow.client.packing import lay_out, pack_greedy
+from titoflow.client.progress import Position, Progress
 from titoflow.client.segment_files import read_jsonl
+from titoflow.client.topic_source import TopicSource, TopicStream
 
 Event = SegmentFinalized | SessionDiscarded
-# None in a source: nothing arrived for a while (TopicSource), so timeouts can fire.
+# None in a source: nothing arrived for a while, so timeouts can fire.
 Source = Iterable[Event | None]
 
 
@@ -53,7 +61,7 @@ def recorded_reward(segment: SegmentFinalized) -> float:
 class SegmentDataset(IterableDataset[dict[str, Any]]):
     def __init__(
         self,
-        source: Source | str | Path,
+        source: TopicSource | Source | str | Path,
         *,
         pad_id: int,
         pack_tokens: int | None = None,
@@ -88,21 +96,86 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         self.version_number = version_number
         self.unused_samples = unused_samples
         self.clock = clock
+        self._pass: tuple[TopicStream, Progress] | None = None  # the live pass over a topic
+        self._resumed: dict[str, Any] | None = None  # where the last pass over it ended
 
-    def _events(self) -> Iterator[Event | None]:
-        events: Source = (
-            read_jsonl(self.source) if isinstance(self.source, str | Path) else self.source
-        )
-        worker = get_worker_info()
-        if worker is None or worker.num_workers == 1 or getattr(events, "shards_itself", False):
-            yield from events
+    def commit(self) -> None:
+        """Commit, in the topic source's consumer group, every record of the items you were
+        handed so far, and nothing held back for a later item (an open group, a partly filled
+        packed row): per partition, up to the lowest offset still held. Call it once what you
+        took is trained on (and saved, if you checkpoint); ``SegmentConsumer.commit``'s errors."""
+        stream, progress = self._live("commit()")
+        stream.commit(progress.watermark())
+
+    def checkpoint(self) -> dict[str, Any]:
+        """JSON-able: where to resume so that every segment is in one item once, as
+        ``TopicSource(..., resume=...)``: save it in the same checkpoint as your model."""
+        if self._pass is None and self._resumed is not None:
+            return self._resumed
+        return self._live("checkpoint()")[1].checkpoint()
+
+    def _live(self, what: str) -> tuple[TopicStream, Progress]:
+        if not isinstance(self.source, TopicSource) or self.source.group_id is None:
+            raise RuntimeError(f"{what} needs a TopicSource with a group_id")
+        if self._pass is None:
+            raise RuntimeError(f"{what} needs the dataset being iterated")
+        return self._pass
+
+    def _release(self, positions: list[Position | None]) -> None:
+        if self._pass is not None:
+            self._pass[1].release(p for p in positions if p is not None)
+
+    def _emit(
+        self,
+        segments: list[SegmentFinalized],
+        positions: list[Position | None],
+        group: str | None,
+        complete: bool,
+    ) -> dict[str, Any]:
+        """The item, its records released: the caller has it once it is yielded."""
+        item = self._item(segments, group, complete)
+        self._release(positions)
+        return item
+
+    def _positioned(self) -> Iterator[tuple[Event | None, Position | None]]:
+        if not isinstance(self.source, TopicSource):
+            events = read_jsonl(self.source) if isinstance(self.source, str | Path) else self.source
+            for event in events:
+                yield event, None
             return
-        # Each data-loader worker takes whole instances (a group never straddles two).
-        for event in events:
-            if event is None or zlib.crc32(instance_key(event).encode()) % worker.num_workers == (
-                worker.id
+        if get_worker_info() is not None and self.source.group_id is not None:
+            raise ValueError(
+                "SegmentDataset over TopicSource(group_id=...) in a DataLoader worker: its "
+                "commit() and checkpoint() must reach the consumer, so use num_workers=0 (the "
+                "consumer runs on its own thread already)"
+            )
+        resume = self._resumed if self._resumed is not None else self.source.resume
+        stream = self.source.open(resume)
+        progress = Progress(resume)
+        self._pass = (stream, progress)
+        try:
+            for delivered in stream:
+                if delivered is None:
+                    yield None, None
+                elif progress.read(delivered.partition, delivered.offset):
+                    yield delivered.event, (delivered.partition, delivered.offset)
+        finally:
+            if self.source.group_id is not None:
+                # A later pass in this process goes on from here, not from the group's commit.
+                self._resumed = progress.checkpoint()
+            self._pass = None
+            stream.close()
+
+    def _events(self) -> Iterator[tuple[Event | None, Position | None]]:
+        worker = get_worker_info()
+        for event, at in self._positioned():
+            # Each data-loader worker takes whole instances (a group never straddles two).
+            if (
+                worker is None
+                or event is None
+                or zlib.crc32(instance_key(event).encode()) % worker.num_workers == worker.id
             ):
-                yield event
+                yield event, at
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.group_by_instance:
@@ -115,47 +188,61 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         return None
 
     def _single(self) -> Iterator[dict[str, Any]]:
-        for event in self._events():
+        for event, at in self._events():
             segment = self._trainable(event)
-            if segment is not None:
-                yield self._item([segment], None, True)
+            if segment is None:
+                self._release([at])
+            else:
+                yield self._emit([segment], [at], None, True)
 
     def _packed(self) -> Iterator[dict[str, Any]]:
         assert self.pack_tokens is not None
         row: list[SegmentFinalized] = []
+        held: list[Position | None] = []
         started = 0.0
-        for event in self._events():
+        for event, at in self._events():
             segment = self._trainable(event)
-            if segment is not None:
+            if segment is None:
+                self._release([at])  # a notice or an unused sample: nothing to hold
+            else:
                 # pack_greedy's rule (and its error for a segment over the budget).
                 lengths = [len(s.token_ids) for s in [*row, segment]]
                 if len(pack_greedy(lengths, self.pack_tokens)) > 1:
-                    yield self._item(row, None, True)
-                    row = []
+                    yield self._emit(row, held, None, True)
+                    row, held = [], []
                 if not row:
                     started = self.clock()
                 row.append(segment)
+                held.append(at)
             if row and self.timeout_s is not None and self.clock() - started >= self.timeout_s:
-                yield self._item(row, None, True)
-                row = []
+                yield self._emit(row, held, None, True)
+                row, held = [], []
         if row:
-            yield self._item(row, None, True)
+            yield self._emit(row, held, None, True)
 
     def _groups(self) -> Iterator[dict[str, Any]]:
         collector = GroupCollector(
             self.group_size, self.timeout_s, self.group_size_key, self.unused_samples
         )
-        for event in self._events():
+        held: dict[str, list[Position | None]] = {}  # the records of each open group
+        for event, at in self._events():
             now = self.clock()
-            done = [] if event is None else [collector.add(event, now)]
+            done: list[Group | None] = []
+            if event is not None:
+                held.setdefault(instance_key(event), []).append(at)
+                done.append(collector.add(event, now))
             for group in [*filter(None, done), *collector.expired(now)]:
-                yield from self._group_item(group)
+                yield from self._group_item(group, held.pop(group.key))
         for group in collector.flush():
-            yield from self._group_item(group)
+            yield from self._group_item(group, held.pop(group.key))
 
-    def _group_item(self, group: Group) -> Iterator[dict[str, Any]]:
-        if group.segments:  # a group of discarded sessions trains nothing
-            yield self._item(group.segments, group.key, group.complete)
+    def _group_item(
+        self, group: Group, positions: list[Position | None]
+    ) -> Iterator[dict[str, Any]]:
+        if group.segments:
+            yield self._emit(group.segments, positions, group.key, group.complete)
+        else:  # a group of discarded sessions trains nothing
+            self._release(positions)
 
     def _item(
         self, segments: list[SegmentFinalized], group: str | None, complete: bool
