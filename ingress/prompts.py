@@ -195,7 +195,7 @@ class PromptBuilder:
                         turn.tools,
                         turn.template_kwargs,
                         budget=limit - len(parent.tokens) - 1,
-                        key=turn.tools_key,
+                        key=turn.render_key,
                     )
                 except NotAppendOnly:  # e.g. a later system message the template moves up front
                     metrics.NOT_APPEND_ONLY.inc()
@@ -211,7 +211,7 @@ class PromptBuilder:
                         turn.tools,
                         turn.template_kwargs,
                         budget=limit - 1,
-                        key=turn.tools_key,
+                        key=turn.render_key,
                     ),
                 )
                 prompt = tail

@@ -45,7 +45,22 @@ def claude_code_tools() -> tuple[dict[str, Any], ...]:
     )
 
 
-TOOL_LISTS: tuple[tuple[dict[str, Any], ...], ...] = ((), TOOLS, TOOLS[:2], claude_code_tools())
+def reordered(value: Any) -> Any:
+    """``value`` with every object's keys in reverse order: equal, but written apart."""
+    if isinstance(value, dict):
+        return {key: reordered(value[key]) for key in reversed(value)}
+    if isinstance(value, list | tuple):
+        return type(value)(reordered(item) for item in value)
+    return value
+
+
+TOOL_LISTS: tuple[tuple[dict[str, Any], ...], ...] = (
+    (),
+    TOOLS,
+    reordered(TOOLS),  # the same tools to compare, another text to render
+    TOOLS[:2],
+    claude_code_tools(),
+)
 CORPUS = corpus()
 
 
@@ -97,6 +112,15 @@ def test_render_is_what_transformers_renders(
         return
     for _ in range(2):  # the first call may keep the tool list, the second reads it kept
         assert renderer.render_text(messages, tools, kwargs, add_generation_prompt) == expected
+
+
+def test_tool_lists_that_differ_in_key_order_render_apart() -> None:
+    renderer = renderer_of("qwen3")
+    messages = CORPUS[0].messages[:2]
+    for tools in (TOOLS, reordered(TOOLS), TOOLS):
+        expected = transformers_text(renderer, messages, tools, {}, True)
+        assert renderer.render_text(messages, tools, {}, True) == expected
+    assert expected != transformers_text(renderer, messages, reordered(TOOLS), {}, True)
 
 
 def test_a_switch_named_like_a_parameter_is_transformers_own_call() -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import detect_family, resolve_family
 from titoflow.tito.families.base import Family
-from titoflow.tito.messages import Message, tools_key
+from titoflow.tito.messages import Message, render_key
 from titoflow.tito.template import ChatTemplate
 from titoflow.tito.tokenizer import TextEncoder
 
@@ -112,7 +112,7 @@ class ChatRenderer:
         add_generation_prompt: bool,
         key: str | None = None,
     ) -> str:
-        """The template's text; ``key``: ``tools_key(tools, template_kwargs)`` if the caller
+        """The template's text; ``key``: ``render_key(tools, template_kwargs)`` if the caller
         has it (made here otherwise: a long tool list's JSON)."""
         dicts = [
             m.template_dict(self.family.tool_arguments_text, self.family.reasoning_key)
@@ -124,7 +124,7 @@ class ChatRenderer:
                 tools,
                 template_kwargs,
                 add_generation_prompt,
-                tools_key(tools, template_kwargs) if key is None else key,
+                render_key(tools, template_kwargs) if key is None else key,
             )
         except Exception as exc:  # jinja raises anything: the template's raise_exception, etc.
             raise TemplateError(f"the chat template rejected the conversation: {exc}") from exc
@@ -212,7 +212,7 @@ class ChatRenderer:
         content = "" if assistant.tool_calls else _SENTINEL
         stand_in = assistant.model_copy(update={"content": content, "reasoning": None})
         reduced = [*head, _ANCHOR_USER, stand_in, *messages[covered:]]
-        key = tools_key(tools, template_kwargs) if key is None else key
+        key = render_key(tools, template_kwargs) if key is None else key
         text = self.render_text(reduced, tools, template_kwargs, True, key)
         opening = self._opening(head, tools, template_kwargs, False, key)
         if not text.startswith(opening):  # a template that writes e.g. today's date: re-render

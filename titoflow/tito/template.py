@@ -65,7 +65,7 @@ class ChatTemplate:
         # Every dict and list of a kept tool list, by id (the object itself held, so an id is
         # never reused while it is here), and the JSON made of them: (object, text) by call.
         self._kept: dict[int, Any] = {}
-        self._json: dict[tuple[Any, ...], tuple[Any, str]] = {}
+        self._json: dict[Any, tuple[Any, str]] = {}
         self._lock = threading.Lock()  # off-loop renders (worker threads) keep tool lists too
 
     def render(
@@ -77,8 +77,8 @@ class ChatTemplate:
         key: str,
     ) -> str:
         """The template's text for ``messages`` (template dicts) under ``tools`` and
-        ``template_kwargs``, whose tools key (:func:`titoflow.tito.messages.tools_key`) is
-        ``key``."""
+        ``template_kwargs``, whose :func:`titoflow.tito.messages.render_key` is ``key`` (kept
+        parts are found by it: it tells apart what renders apart)."""
         if not self._direct or not messages or not _RESERVED.isdisjoint(template_kwargs):
             return str(
                 self._tokenizer.apply_chat_template(
@@ -144,17 +144,26 @@ class ChatTemplate:
         return template
 
     def _tojson(self, tojson: Any) -> Any:
+        kept, made_of = self._kept, self._json  # cleared in place, never replaced
+
         def kept_tojson(value: Any, *args: Any, **kwargs: Any) -> str:
-            if self._kept.get(id(value)) is not value:
-                return str(tojson(value, *args, **kwargs))
+            # Keyed by the object (and the call's options); the entry holds the object, so its
+            # id is not reused while the entry is there.
             try:
-                call = (id(value), args, tuple(sorted(kwargs.items())))
-                made = self._json.get(call)
+                call = (
+                    (id(value), args, tuple(sorted(kwargs.items())))
+                    if args or kwargs
+                    else id(value)
+                )
+                made = made_of.get(call)
             except TypeError:  # an unhashable option (a list of separators): made each time
                 return str(tojson(value, *args, **kwargs))
-            if made is None or made[0] is not value:
-                made = self._json[call] = (value, str(tojson(value, *args, **kwargs)))
-            return made[1]
+            if made is not None and made[0] is value:
+                return made[1]
+            text = str(tojson(value, *args, **kwargs))
+            if kept.get(id(value)) is value:
+                made_of[call] = (value, text)
+            return text
 
         return kept_tojson
 
