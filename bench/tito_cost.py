@@ -1,6 +1,7 @@
 """Per-turn render + tokenize cost along a long agent conversation: TITO versus full re-render.
 
     .venv/bin/python bench/tito_cost.py [--turns 1 10 50 200] [--repeat 30] [--family F ...|all]
+        [--tools two claude-code]
 
 One session of an agent loop (system prompt, two tools, each turn a tool call and a ~600-char
 tool result) runs through the ingress core (:class:`ingress.service.ChatService`, a family's
@@ -18,6 +19,9 @@ Each asked turn's cached state is kept under a session of its own and all are ti
 interleaved (one run of each turn per round, ``--repeat`` rounds): the figure is the median, and
 the ratio to turn 10 shows how each grows, free of the machine's drift during the run.
 With ``--family``, each family runs the same session in the same process, one after another.
+With ``--tools``, each tool list does: ``two`` (bench/overhead.py's two tools) or ``claude-code``
+(Claude Code's default list as captured in bench/captures: 24 tools, 64 KB of JSON), and the table
+shows each list's TITO cost over the two tools' at the same turn.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import asyncio
 import json
 import statistics
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.engine_double import ARGUMENTS, TOOL
@@ -80,32 +86,71 @@ OPENING = (
 )
 
 
-def reply_ids(renderer: ChatRenderer, history: tuple[Message, ...]) -> list[int]:
+CLAUDE_CODE = Path(__file__).parent / "captures/claude-default/001-sess-x-v-messages.json"
+
+
+def claude_code_tools() -> tuple[dict[str, Any], ...]:
+    """Claude Code's default tool list as its captured request sent it, as OpenAI tools."""
+    tools = json.loads(CLAUDE_CODE.read_text())["body"]["tools"]
+    return tuple(
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t["input_schema"],
+            },
+        }
+        for t in tools
+    )
+
+
+TOOL_LISTS = {"two": lambda: TOOLS, "claude-code": claude_code_tools}
+
+
+def reply_ids(
+    renderer: ChatRenderer, history: tuple[Message, ...], tools: tuple[dict[str, Any], ...]
+) -> list[int]:
     """The fixed tool call in the family's own format: the template's rendering of it after
     ``history``, through the turn's end token (what the model would generate)."""
     native = renderer.family.native_call_id  # Kimi's and Mistral's ids are the model's own
     call_id = native(TOOL, 0) if native else "call_0"
     call = ToolCall(id=call_id, name=TOOL, arguments=json.dumps(ARGUMENTS))
     answer = Message(role="assistant", tool_calls=(call,))
-    prompt = renderer.full_prompt(history, TOOLS, {})
-    full = renderer.full_prompt([*history, answer], TOOLS, {}, add_generation_prompt=False)
+    prompt = renderer.full_prompt(history, tools, {})
+    full = renderer.full_prompt([*history, answer], tools, {}, add_generation_prompt=False)
     rest = full[len(prompt) :]
     end = next((i for i, token in enumerate(rest) if token in renderer.end_ids), None)
     if end is None:  # GLM ends a turn at the next message's opener: the tool result's
         result = Message(role="tool", content="ok", tool_call_id=call.id)
-        after = renderer.full_prompt([*history, answer, result], TOOLS, {}, False)
+        after = renderer.full_prompt([*history, answer, result], tools, {}, False)
         return [*rest, next(t for t in after[len(full) :] if t in renderer.end_ids)]
     return rest[: end + 1]
 
 
-async def measure(turns: list[int], repeat: int, family: str | None) -> list[dict[str, Any]]:
+@dataclass
+class Session:
+    """One family's session under one tool list, played up to the largest asked turn: each
+    asked turn's request, its cached state kept under a session of its own."""
+
+    family: str
+    tool_list: str
+    tools: tuple[dict[str, Any], ...]
+    renderer: ChatRenderer
+    service: ChatService
+    asked: dict[int, ChatTurn]
+    prompt_tokens: dict[int, int]
+
+
+async def play(turns: list[int], family: str | None, tool_list: str) -> Session:
+    tools = TOOL_LISTS[tool_list]()
     model = Settings().model_path if family is None else tokenizer_dir(family)
     tokenizer = load_tokenizer(model)
     renderer = ChatRenderer(tokenizer)
     service = ChatService(
         renderer=renderer,
         tokenizer=tokenizer,
-        engine=FixedEngine(reply_ids(renderer, OPENING)),  # type: ignore[arg-type]  # generate is all complete uses
+        engine=FixedEngine(reply_ids(renderer, OPENING, tools)),  # type: ignore[arg-type]  # generate is all complete uses
         publish=_drop,
         chains=ChainStore(16),
         options=ServiceOptions(max_model_len=10_000_000, default_max_tokens=64),
@@ -120,7 +165,7 @@ async def measure(turns: list[int], repeat: int, family: str | None) -> list[dic
             api="openai.chat",
             model="policy",
             messages=tuple(messages),
-            tools=TOOLS,
+            tools=tools,
         )
         if turn in turns:
             # The turn's cached state kept under a session of its own, so every asked turn is
@@ -132,55 +177,82 @@ async def measure(turns: list[int], repeat: int, family: str | None) -> list[dic
             if found is not None:
                 service.chains.advance(own.session_id, None, found[0])
             asked[turn] = request.model_copy(update={"session": own})
-            prompt_tokens[turn] = len(renderer.full_prompt(request.messages, TOOLS, {}))
+            prompt_tokens[turn] = len(renderer.full_prompt(request.messages, tools, {}))
         result = await service.complete(request)
         answer = result.parsed.tool_calls[0]
         messages.append(Message(role="assistant", tool_calls=(answer,)))
         messages.append(
             Message(role="tool", content=tool_output(0, turn, 600), tool_call_id=answer.id)
         )
-    tito: dict[int, list[float]] = {turn: [] for turn in asked if turn > 1}
-    full: dict[int, list[float]] = {turn: [] for turn in asked}
-    # TITO turns interleaved among themselves, full renders apart: an 80 ms render between two
-    # TITO turns leaves the next one with cold caches.
+    name = renderer.family.name
+    return Session(name, tool_list, tools, renderer, service, asked, prompt_tokens)
+
+
+def measure(sessions: list[Session], repeat: int) -> list[dict[str, Any]]:
+    """Every session's asked turns timed ``repeat`` times, interleaved across sessions and
+    turns (the TITO turns; the full renders apart: an 80 ms render between two TITO turns leaves
+    the next one with cold caches); medians."""
+    tito: dict[tuple[int, int], list[float]] = {
+        (i, t): [] for i, s in enumerate(sessions) for t in s.asked if t > 1
+    }
+    full: dict[tuple[int, int], list[float]] = {
+        (i, t): [] for i, s in enumerate(sessions) for t in s.asked
+    }
     for _ in range(repeat):
-        for turn in tito:
-            tito[turn].append(elapsed_ms(lambda r=asked[turn]: service.prompts.for_turn_now(r)))
+        for i, turn in tito:
+            s, request = sessions[i], sessions[i].asked[turn]
+            tito[i, turn].append(
+                elapsed_ms(lambda s=s, r=request: s.service.prompts.for_turn_now(r))
+            )
     for _ in range(repeat):
-        for turn, request in asked.items():
-            full[turn].append(
-                elapsed_ms(lambda r=request: renderer.full_prompt(r.messages, TOOLS, {}))
+        for i, turn in full:
+            s, request = sessions[i], sessions[i].asked[turn]
+            full[i, turn].append(
+                elapsed_ms(lambda s=s, r=request: s.renderer.full_prompt(r.messages, s.tools, {}))
             )
     rows = []
-    for turn, request in asked.items():
-        rows.append(
-            {
-                "family": renderer.family.name,
-                "turn": turn,
-                "messages": len(request.messages),
-                "prompt_tokens": prompt_tokens[turn],
-                "tito_ms": round(statistics.median(tito[turn]), 3) if turn in tito else None,
-                "full_ms": round(statistics.median(full[turn]), 3),
-            }
-        )
-        print(rows[-1], flush=True)
+    for i, s in enumerate(sessions):
+        for turn, request in s.asked.items():
+            times = tito.get((i, turn))
+            rows.append(
+                {
+                    "family": s.family,
+                    "tools": s.tool_list,
+                    "turn": turn,
+                    "messages": len(request.messages),
+                    "prompt_tokens": s.prompt_tokens[turn],
+                    "tito_ms": round(statistics.median(times), 3) if times else None,
+                    "full_ms": round(statistics.median(full[i, turn]), 3),
+                }
+            )
+            print(rows[-1], flush=True)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'family':>12} {'turn':>5} {'messages':>8} {'prompt tok':>10} {'tito ms':>8} "
-        f"{'full ms':>8} {'tito/turn10':>11} {'full/turn10':>11}"
+        f"{'family':>12} {'tools':>11} {'turn':>5} {'messages':>8} {'prompt tok':>10} "
+        f"{'tito ms':>8} {'full ms':>8} {'tito/turn10':>11} {'full/turn10':>11} "
+        f"{'tito/two':>8}"
     ]
     for r in rows:
-        own = [o for o in rows if o["family"] == r["family"]]
+        own = [o for o in rows if o["family"] == r["family"] and o["tools"] == r["tools"]]
         base = next((o for o in own if o["turn"] == 10), own[0])
+        two = next(
+            (
+                o
+                for o in rows
+                if o["family"] == r["family"] and o["tools"] == "two" and o["turn"] == r["turn"]
+            ),
+            None,
+        )
         tito = r["tito_ms"]
         tito_ratio = f"{tito / base['tito_ms']:.2f}" if tito and base["tito_ms"] else ""
+        to_two = f"{tito / two['tito_ms']:.2f}" if tito and two and two["tito_ms"] else ""
         lines.append(
-            f"{r['family']:>12} {r['turn']:>5} {r['messages']:>8} {r['prompt_tokens']:>10} "
-            f"{'' if tito is None else tito:>8} {r['full_ms']:>8} {tito_ratio:>11} "
-            f"{r['full_ms'] / base['full_ms']:>11.2f}"
+            f"{r['family']:>12} {r['tools']:>11} {r['turn']:>5} {r['messages']:>8} "
+            f"{r['prompt_tokens']:>10} {'' if tito is None else tito:>8} {r['full_ms']:>8} "
+            f"{tito_ratio:>11} {r['full_ms'] / base['full_ms']:>11.2f} {to_two:>8}"
         )
     return "\n".join(lines)
 
@@ -196,15 +268,20 @@ def main() -> None:
         default=None,
         help="Families to measure (their tokenizer recipes), or 'all'; default: the local model.",
     )
+    parser.add_argument(
+        "--tools", nargs="+", default=["two"], choices=sorted(TOOL_LISTS), help="tool lists"
+    )
     args = parser.parse_args()
     families: list[str | None] = [None]
     if args.family:
         families = [f for f in NAMES if f in SOURCES] if args.family == ["all"] else args.family
-    rows = [
-        row
+    turns = sorted(args.turns)
+    sessions = [
+        asyncio.run(play(turns, family, tool_list))
         for family in families
-        for row in asyncio.run(measure(sorted(args.turns), args.repeat, family))
+        for tool_list in args.tools
     ]
+    rows = measure(sessions, args.repeat)
     write_results(args.name, command_line(), {"rows": rows, "repeat": args.repeat}, table(rows))
 
 

@@ -184,6 +184,7 @@ class PromptBuilder:
                         turn.tools,
                         turn.template_kwargs,
                         budget=limit - len(parent.tokens) - 1,
+                        key=turn.render_key,
                     )
                 except NotAppendOnly:  # e.g. a later system message the template moves up front
                     metrics.NOT_APPEND_ONLY.inc()
@@ -195,7 +196,11 @@ class PromptBuilder:
                 tail = array(
                     "i",
                     self.renderer.full_prompt(
-                        turn.messages, turn.tools, turn.template_kwargs, budget=limit - 1
+                        turn.messages,
+                        turn.tools,
+                        turn.template_kwargs,
+                        budget=limit - 1,
+                        key=turn.render_key,
                     ),
                 )
                 prompt = tail

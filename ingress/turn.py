@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from titoflow.tito.messages import Message, tools_key
+from titoflow.tito.messages import Message, render_key, tools_key
 
 Api = Literal["openai.chat", "anthropic.messages", "openai.responses"]
 
@@ -60,6 +60,11 @@ class ChatTurn(BaseModel):
         """Chains continue only under the same tools and template switches: they shape prompts.
         Cached: a turn reads it three times (find, step record, chain advance)."""
         return tools_key(self.tools, self.template_kwargs)
+
+    @cached_property
+    def render_key(self) -> str:
+        """The tools and template switches as the renderer keeps their rendered parts."""
+        return render_key(self.tools, self.template_kwargs)
 
 
 class TokenCall(BaseModel):

@@ -115,6 +115,17 @@ def messages_from_fields(fields: list[dict[str, Any]]) -> tuple[Message, ...]:
     return _MESSAGES.validate_python(fields)
 
 
+def render_key(tools: Sequence[dict[str, Any]], template_kwargs: dict[str, Any]) -> str:
+    """The tools and template switches exactly as a template reads them: JSON in their own key
+    order (which ``tojson`` writes), unlike :func:`tools_key`, so two lists that differ only in
+    key order render apart; ``1``, ``1.0`` and ``true`` distinct."""
+    value = [list(tools), template_kwargs]
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, default=repr)
+
+
 def tools_key(tools: Sequence[dict[str, Any]], template_kwargs: dict[str, Any]) -> str:
     """The tools and template switches as canonical JSON (sorted keys; ``1``, ``1.0`` and
     ``true`` distinct; request bodies hold no NaN, see ``http.read_json``). orjson is a tenth of

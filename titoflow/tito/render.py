@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import detect_family, resolve_family
 from titoflow.tito.families.base import Family
-from titoflow.tito.messages import Message, tools_key
+from titoflow.tito.messages import Message, render_key
+from titoflow.tito.template import ChatTemplate
 from titoflow.tito.tokenizer import TextEncoder
 
 # Stands in for the assistant's content so sampled text never enters the terminator search.
@@ -56,6 +57,7 @@ class ChatRenderer:
     def __init__(self, tokenizer: Tokenizer, family: Family | None = None) -> None:
         self.tokenizer = tokenizer
         self.family = family or detect_family(template_source(tokenizer))
+        self._template = ChatTemplate(tokenizer)
         encoder = TextEncoder(tokenizer)
         self.encode = encoder.__call__
         self.encode_within = encoder.within
@@ -108,21 +110,24 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
         add_generation_prompt: bool,
+        key: str | None = None,
     ) -> str:
+        """The template's text; ``key``: ``render_key(tools, template_kwargs)`` if the caller
+        has it (made here otherwise: a long tool list's JSON)."""
+        dicts = [
+            m.template_dict(self.family.tool_arguments_text, self.family.reasoning_key)
+            for m in messages
+        ]
         try:
-            text = self.tokenizer.apply_chat_template(
-                [
-                    m.template_dict(self.family.tool_arguments_text, self.family.reasoning_key)
-                    for m in messages
-                ],
-                tools=list(tools) or None,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **template_kwargs,
+            return self._template.render(
+                dicts,
+                tools,
+                template_kwargs,
+                add_generation_prompt,
+                render_key(tools, template_kwargs) if key is None else key,
             )
         except Exception as exc:  # jinja raises anything: the template's raise_exception, etc.
             raise TemplateError(f"the chat template rejected the conversation: {exc}") from exc
-        return str(text)
 
     def full_prompt(
         self,
@@ -131,10 +136,11 @@ class ChatRenderer:
         template_kwargs: dict[str, Any],
         add_generation_prompt: bool = True,
         budget: int | None = None,
+        key: str | None = None,
     ) -> list[int]:
         """The conversation's prompt; with ``budget``, ``TooLong`` instead where its text
-        cannot fit in that many tokens."""
-        text = self.render_text(messages, tools, template_kwargs, add_generation_prompt)
+        cannot fit in that many tokens (``key`` as for :meth:`render_text`)."""
+        text = self.render_text(messages, tools, template_kwargs, add_generation_prompt, key)
         return self.encode_within(text, budget)
 
     def assistant_opening(self) -> list[int]:
@@ -165,17 +171,17 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
         fresh: bool,
+        key: str,
     ) -> str:
         """The text before an assistant turn that follows ``head`` and the anchor user turn.
         Memoized: every turn of every session of an agent re-rendered the same system prompt
         and tools for it (half of the continuation's cost)."""
-        key = (head, tools_key(tools, template_kwargs))
-        text = None if fresh else self._openings.get(key)
+        text = None if fresh else self._openings.get((head, key))
         if text is None:
-            text = self.render_text([*head, _ANCHOR_USER], tools, template_kwargs, False)
+            text = self.render_text([*head, _ANCHOR_USER], tools, template_kwargs, False, key)
             if len(self._openings) >= _OPENINGS_KEPT:
                 self._openings.clear()
-            self._openings[key] = text
+            self._openings[head, key] = text
         return text
 
     def continuation(
@@ -186,6 +192,7 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
         budget: int | None = None,
+        key: str | None = None,
     ) -> list[int]:
         """Tokens to append to a chain covering ``messages[:covered]`` (ending with an assistant
         turn) so the result is the prompt for all of ``messages`` (``TooLong`` instead
@@ -205,10 +212,11 @@ class ChatRenderer:
         content = "" if assistant.tool_calls else _SENTINEL
         stand_in = assistant.model_copy(update={"content": content, "reasoning": None})
         reduced = [*head, _ANCHOR_USER, stand_in, *messages[covered:]]
-        text = self.render_text(reduced, tools, template_kwargs, add_generation_prompt=True)
-        opening = self._opening(head, tools, template_kwargs, fresh=False)
+        key = render_key(tools, template_kwargs) if key is None else key
+        text = self.render_text(reduced, tools, template_kwargs, True, key)
+        opening = self._opening(head, tools, template_kwargs, False, key)
         if not text.startswith(opening):  # a template that writes e.g. today's date: re-render
-            opening = self._opening(head, tools, template_kwargs, fresh=True)
+            opening = self._opening(head, tools, template_kwargs, True, key)
         if not text.startswith(opening):
             raise NotAppendOnly("the chat template is not append-only before an assistant turn")
         if self.closes_turn:
@@ -223,7 +231,9 @@ class ChatRenderer:
         else:
             if isinstance(chain_end, bool):
                 raise TypeError("this template's turns end at the next opener: pass the token")
-            turn = self.render_text([*head, _ANCHOR_USER, stand_in], tools, template_kwargs, False)
+            turn = self.render_text(
+                [*head, _ANCHOR_USER, stand_in], tools, template_kwargs, False, key
+            )
             if not text.startswith(turn):
                 raise NotAppendOnly("the chat template is not append-only after an assistant turn")
             end_of_turn = len(turn)
