@@ -25,6 +25,8 @@ from ingress.errors import ErrorShape
 from ingress.service import SampleEvent, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn
 from titoflow.errors import InvalidRequest, TitoflowError
+from titoflow.tito.images import read_image
+from titoflow.tito.messages import MessageImage
 
 
 class _Streamable(Protocol):
@@ -98,6 +100,7 @@ class TextPart(http.Lenient):
 
     type: str
     text: str = ""
+    image_url: Any = None  # an image part's: OpenAI chat's {"url": ...}, Responses' the URL
 
 
 def text_of(
@@ -117,6 +120,32 @@ def text_of(
         message = f"unsupported content part types: {unsupported}"
         raise InvalidRequest(f"{param}: {message}" if param_in_message else message, param)
     return "".join(part.text for part in content)
+
+
+def content_with_images(
+    content: Sequence[TextPart], accepted: frozenset[str], param: str
+) -> tuple[str, tuple[MessageImage, ...]]:
+    """A content of text and ``image_url`` parts: its text (``accepted`` parts joined) and its
+    images, each at the point of the text it stands (titoflow/tito/images.py reads them). A
+    part of another type, an image with no URL, or one that is no ``data:`` URL of an image
+    is a 400 naming the part."""
+    text = ""
+    images: list[MessageImage] = []
+    for index, part in enumerate(content):
+        if part.type in accepted:
+            text += part.text
+            continue
+        at = f"{param}.{index}"
+        if part.type != "image_url":
+            raise InvalidRequest(f"unsupported content part type: {part.type!r}", at)
+        url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+        if not isinstance(url, str):
+            raise InvalidRequest(f"{at}.image_url: an image part needs its url", f"{at}.image_url")
+        try:
+            images.append(read_image(url, len(text)))
+        except ValueError as exc:
+            raise InvalidRequest(f"{at}.image_url: {exc}", f"{at}.image_url") from exc
+    return text, tuple(images)
 
 
 def token_counts(result: TurnResult) -> tuple[int, int]:

@@ -1,0 +1,286 @@
+"""Images through the OpenAI chat route (issue 30, part 2), with the official SDK, in-process on
+the SCRIPTED ENGINE DOUBLE and the tiny Qwen3-VL policy's tokenizer, template and processor
+config: a ``data:`` URL image part becomes one placeholder in the rendered prompt, expanded to
+the image's run (titoflow/tito/image_grid.py) in the chain and the step; the engine call carries
+the images (new ones with their bytes, the chain's by uuid alone); the next turn is TITO; a text
+request on the same app takes the text path; and every refusal is a 400 with nothing published.
+The same path on the real VL engine is tests/test_e2e_chat_images.py."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+from typing import Any
+
+import openai
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from ingress import openai_chat
+from ingress.service import ServiceOptions
+from ingress.turn import SessionRef, TokenCall
+from schemas.events import StepRecorded
+from tests.apps import asgi_client, scripted_app
+from tests.doubles import RecordingPublisher, ScriptedEngine
+from tests.families import path_tool, qwen3
+from titoflow.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
+from titoflow.tito.image_grid import ImageProcessing
+from titoflow.tito.messages import Message, MessageImage
+
+PROCESSING = ImageProcessing(
+    patch_size=PREPROCESSOR_CONFIG["patch_size"],
+    merge_size=PREPROCESSOR_CONFIG["merge_size"],
+    min_pixels=PREPROCESSOR_CONFIG["size"]["shortest_edge"],
+    max_pixels=PREPROCESSOR_CONFIG["size"]["longest_edge"],
+)
+OPTIONS = ServiceOptions(max_model_len=4096, default_max_tokens=64, image_processing=PROCESSING)
+TOOLS: Any = [path_tool("screenshot", "a screenshot of a path")]
+CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
+
+
+def vl_tokenizer() -> Any:
+    tokenizer = qwen3()  # a fresh one: the VL policy's is Qwen3's with Qwen3-VL's template
+    tokenizer.chat_template = chat_template()
+    return tokenizer
+
+
+def vl_app(
+    replies: list[str], options: ServiceOptions = OPTIONS
+) -> tuple[Any, ScriptedEngine, RecordingPublisher]:
+    return scripted_app(replies, [openai_chat.router], options=options, tokenizer=vl_tokenizer())
+
+
+def client_for(app: Any) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url="http://ingress/sess/s1/v1",
+        api_key="unused",
+        http_client=asgi_client(app),
+        max_retries=0,
+    )
+
+
+def png(width: int, height: int, colour: tuple[int, int, int] = (30, 90, 200)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+def image_part(data: bytes) -> dict[str, Any]:
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def steps(publisher: RecordingPublisher) -> list[StepRecorded]:
+    return [e for e in publisher.events if isinstance(e, StepRecorded)]
+
+
+def runs(ids: list[int]) -> list[tuple[int, int]]:
+    """(offset, length) of each run of image placeholders in ``ids``."""
+    found: list[tuple[int, int]] = []
+    for at, token in enumerate(ids):
+        if token != IMAGE_PAD_ID:
+            continue
+        if found and sum(found[-1]) == at:
+            found[-1] = (found[-1][0], found[-1][1] + 1)
+        else:
+            found.append((at, 1))
+    return found
+
+
+async def test_two_turns_with_images_expand_in_the_chain_and_continue_by_tito() -> None:
+    """Turn 1: a user message with an image (not streamed); turn 2: the tool result holding a
+    screenshot (streamed). Each step's prompt is the engine's, with every image's expanded run;
+    turn 2 extends turn 1's chain, sending the first image by uuid alone."""
+    app, engine, publisher = vl_app([CALL, "I see it.<|im_end|>"])
+    client = client_for(app)
+    first, second = png(100, 50), png(64, 96, (200, 10, 10))
+    messages: Any = [
+        {"role": "user", "content": [{"type": "text", "text": "look: "}, image_part(first)]}
+    ]
+    answer = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    call = answer.choices[0].message.tool_calls[0]  # type: ignore[index]
+    messages += [
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "content": [image_part(second), {"type": "text", "text": "the screen"}],
+        },
+    ]
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, tools=TOOLS, stream=True
+    )
+    text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+    assert text == "I see it."
+
+    one, two = steps(publisher)
+    lengths = [PROCESSING.tokens(50, 100), PROCESSING.tokens(96, 64)]
+    assert lengths == [6, 6]
+    assert one.prefix == "rendered" and two.prefix == "tito"
+    assert two.prefix_len == len(one.prompt_tail_ids) + len(one.completion_ids)
+    assert one.prompt_tail_ids == engine.prompts[0]
+    chain = one.prompt_tail_ids + one.completion_ids
+    assert engine.prompts[1] == chain + two.prompt_tail_ids
+    first_run = runs(engine.prompts[0])
+    assert [length for _, length in first_run] == lengths[:1]
+    both = runs(engine.prompts[1])
+    assert both[0] == first_run[0] and [length for _, length in both] == lengths
+    sent = [
+        (i.offset, i.length, i.uuid, i.by_uuid) for params in engine.params for i in params.images
+    ]
+    digest = [hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()]
+    assert sent == [
+        (*first_run[0], digest[0], False),
+        (*both[0], digest[0], True),
+        (*both[1], digest[1], False),
+    ]
+    # The record names images by hash: no bytes in the step event.
+    recorded = [part for m in one.new_messages + two.new_messages for part in m["content"]]
+    assert [p["image"] for p in recorded if p["type"] == "image"] == [f"sha256:{d}" for d in digest]
+    assert "base64" not in one.model_dump_json() + two.model_dump_json()
+
+
+async def test_the_continuation_equals_the_whole_conversation_rendered() -> None:
+    """A client that lost nothing and a replica that lost its cache send the same prompt."""
+    app, engine, _ = vl_app([CALL, "ok<|im_end|>"])
+    messages: Any = [{"role": "user", "content": [image_part(png(200, 120))]}]
+    answer = await client_for(app).chat.completions.create(
+        model="m", messages=messages, tools=TOOLS
+    )
+    messages += [
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": [{"type": "text", "text": "and "}, image_part(png(32, 32))]},
+    ]
+    await client_for(app).chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    fresh, fresh_engine, _ = vl_app(["ok<|im_end|>"])
+    await client_for(fresh).chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    assert engine.prompts[1] == fresh_engine.prompts[0]
+    assert [i.length for i in fresh_engine.params[0].images] == [
+        PROCESSING.tokens(120, 200),
+        PROCESSING.tokens(32, 32),
+    ]
+
+
+async def test_a_text_request_sends_no_images() -> None:
+    app, engine, _ = vl_app(["hi<|im_end|>"])
+    await client_for(app).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hello"}]
+    )
+    assert engine.params[0].images == () and IMAGE_PAD_ID not in engine.prompts[0]
+
+
+IMAGE = image_part(png(40, 40))
+NO_VL = ServiceOptions(max_model_len=4096, default_max_tokens=64)
+
+
+@pytest.mark.parametrize(
+    ("messages", "options", "says"),
+    [
+        ([{"role": "user", "content": [IMAGE]}], NO_VL, "reads no images"),
+        (
+            [{"role": "user", "content": [IMAGE] * 3}],
+            ServiceOptions(
+                max_model_len=4096, default_max_tokens=64, image_processing=PROCESSING, max_images=2
+            ),
+            "at most 2",
+        ),
+        (
+            [{"role": "user", "content": [IMAGE]}],
+            ServiceOptions(
+                max_model_len=4096,
+                default_max_tokens=64,
+                image_processing=PROCESSING,
+                max_image_bytes=10,
+            ),
+            "max_image_bytes_per_request",
+        ),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}],
+                }
+            ],
+            OPTIONS,
+            "only data: URLs",
+        ),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                    ],
+                }
+            ],
+            OPTIONS,
+            "not an image",
+        ),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], OPTIONS, "needs its url"),
+        (
+            [{"role": "system", "content": [IMAGE]}, {"role": "user", "content": "hi"}],
+            OPTIONS,
+            "only user and tool messages",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "<|image_pad|>"}, IMAGE]}],
+            OPTIONS,
+            "2 image placeholder",
+        ),
+    ],
+)
+async def test_refused_images_are_a_400_and_publish_nothing(
+    messages: Any, options: ServiceOptions, says: str
+) -> None:
+    app, engine, publisher = vl_app(["never<|im_end|>"], options)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client_for(app).chat.completions.create(model="m", messages=messages)
+    assert says in refused.value.message
+    assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert publisher.events == [] and engine.prompts == []
+
+
+@given(
+    st.text(max_size=12),
+    st.lists(st.tuples(st.integers(0, 12), st.sampled_from("ab")), max_size=3),
+)
+def test_a_message_with_images_reads_back_from_its_record(
+    text: str, placed: list[tuple[int, str]]
+) -> None:
+    """What a step records of a message (template_dict, hashes only) gives back its text and
+    where each image stands; moving or changing an image changes the match key."""
+    images = tuple(
+        MessageImage(at=min(at, len(text)), sha256=name * 64, height=32, width=64)
+        for at, name in sorted(placed)
+    )
+    message = Message(role="user", content=text, images=images)
+    back = Message.from_template_dict(message.template_dict())
+    assert back.content == text
+    assert [(i.at, i.sha256, i.height, i.width) for i in back.images] == [
+        (i.at, i.sha256, i.height, i.width) for i in images
+    ]
+    assert back.match_key("strict") == message.match_key("strict")
+    if images:
+        other = images[0].model_copy(update={"sha256": "c" * 64})
+        changed = message.model_copy(update={"images": (other, *images[1:])})
+        assert changed.match_key("strict") != message.match_key("strict")
+
+
+async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uuid() -> None:
+    """The caller's ids hold the chain's expanded runs: without the images the engine would
+    read the placeholders as plain tokens."""
+    app, engine, _ = vl_app(["seen<|im_end|>", "more"])
+    data = png(64, 64)
+    messages: Any = [{"role": "user", "content": [image_part(data)]}]
+    await client_for(app).chat.completions.create(model="m", messages=messages)
+    chain = engine.prompts[0] + qwen3().encode("seen<|im_end|>", add_special_tokens=False)
+    service = app.state.service
+    ref = SessionRef(session_id="s1")
+    await service.generate_tokens(TokenCall(session=ref, model="m", prompt_ids=(*chain, 198)))
+    [image] = engine.params[1].images
+    assert engine.prompts[1] == [*chain, 198]
+    assert (image.uuid, image.by_uuid) == (hashlib.sha256(data).hexdigest(), True)
+    assert engine.prompts[1][image.offset : image.offset + image.length] == [IMAGE_PAD_ID] * 4
