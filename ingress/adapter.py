@@ -139,13 +139,19 @@ def content_with_images(
         if part.type != "image_url":
             raise InvalidRequest(f"unsupported content part type: {part.type!r}", at)
         url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
-        if not isinstance(url, str):
-            raise InvalidRequest(f"{at}.image_url: an image part needs its url", f"{at}.image_url")
-        try:
-            images.append(read_image(url, len(text)))
-        except ValueError as exc:
-            raise InvalidRequest(f"{at}.image_url: {exc}", f"{at}.image_url") from exc
+        images.append(image_at(url, len(text), f"{at}.image_url"))
     return text, tuple(images)
+
+
+def image_at(url: Any, at: int, param: str) -> MessageImage:
+    """The image of ``url`` standing at character ``at`` of its message's text; a 400 naming
+    ``param`` when it is no ``data:`` URL of an image."""
+    if not isinstance(url, str):
+        raise InvalidRequest(f"{param}: an image needs its url", param)
+    try:
+        return read_image(url, at)
+    except ValueError as exc:
+        raise InvalidRequest(f"{param}: {exc}", param) from exc
 
 
 def token_counts(result: TurnResult) -> tuple[int, int]:

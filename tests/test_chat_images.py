@@ -1,25 +1,29 @@
-"""Images through the OpenAI chat route (issue 30, part 2), with the official SDK, in-process on
-the SCRIPTED ENGINE DOUBLE and the tiny Qwen3-VL policy's tokenizer, template and processor
-config: a ``data:`` URL image part becomes one placeholder in the rendered prompt, expanded to
-the image's run (titoflow/tito/image_grid.py) in the chain and the step; the engine call carries
-the images (new ones with their bytes, the chain's by uuid alone); the next turn is TITO; a text
-request on the same app takes the text path; and every refusal is a 400 with nothing published.
-The same path on the real VL engine is tests/test_e2e_chat_images.py."""
+"""Images through the OpenAI chat and Anthropic messages routes (issue 30, part 2), with the
+official SDKs, in-process on the SCRIPTED ENGINE DOUBLE and the tiny Qwen3-VL policy's tokenizer,
+template and processor config: a ``data:`` URL image part (an Anthropic base64 block) becomes one
+placeholder in the rendered prompt, expanded to the image's run (titoflow/tito/image_grid.py) in
+the chain and the step; the engine call carries the images (new ones with their bytes, the
+chain's by uuid alone); the next turn is TITO; a text request on the same app takes the text
+path; and every refusal is a 400 with nothing published. The same path on the real VL engine is
+tests/test_e2e_chat_images.py."""
 
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import io
+from functools import cache
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from ingress import openai_chat
+from ingress import anthropic_messages, openai_chat
 from ingress.service import ServiceOptions
 from ingress.turn import SessionRef, TokenCall
 from schemas.events import StepRecorded
@@ -41,8 +45,10 @@ TOOLS: Any = [path_tool("screenshot", "a screenshot of a path")]
 CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
 
 
+@cache
 def vl_tokenizer() -> Any:
-    tokenizer = qwen3()  # a fresh one: the VL policy's is Qwen3's with Qwen3-VL's template
+    """The VL policy's: Qwen3's with Qwen3-VL's template, on a copy (``qwen3()`` is shared)."""
+    tokenizer = copy.deepcopy(qwen3())
     tokenizer.chat_template = chat_template()
     return tokenizer
 
@@ -50,7 +56,8 @@ def vl_tokenizer() -> Any:
 def vl_app(
     replies: list[str], options: ServiceOptions = OPTIONS
 ) -> tuple[Any, ScriptedEngine, RecordingPublisher]:
-    return scripted_app(replies, [openai_chat.router], options=options, tokenizer=vl_tokenizer())
+    routers = [openai_chat.router, anthropic_messages.router]
+    return scripted_app(replies, routers, options=options, tokenizer=vl_tokenizer())
 
 
 def client_for(app: Any) -> openai.AsyncOpenAI:
@@ -284,3 +291,87 @@ async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uui
     assert engine.prompts[1] == [*chain, 198]
     assert (image.uuid, image.by_uuid) == (hashlib.sha256(data).hexdigest(), True)
     assert engine.prompts[1][image.offset : image.offset + image.length] == [IMAGE_PAD_ID] * 4
+
+
+def anthropic_image(data: bytes) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+    return {"type": "image", "source": source}
+
+
+async def test_anthropic_image_blocks_in_a_user_turn_and_a_tool_result() -> None:
+    """The same path through Anthropic's messages API: an image block in the user's turn (not
+    streamed), then a screenshot in the tool_result (streamed); the second turn is TITO and
+    sends the first image by uuid alone."""
+    app, engine, publisher = vl_app([CALL, "I see it.<|im_end|>"])
+    client = anthropic.AsyncAnthropic(
+        base_url="http://ingress/sess/s1", api_key="k", http_client=asgi_client(app), max_retries=0
+    )
+    tools: Any = [{"name": "screenshot", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    first, second = png(100, 50), png(64, 96, (200, 10, 10))
+    messages: Any = [
+        {"role": "user", "content": [{"type": "text", "text": "look"}, anthropic_image(first)]}
+    ]
+    answer = await client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
+    [use] = [block for block in answer.content if block.type == "tool_use"]
+    messages += [
+        {"role": "assistant", "content": [block.model_dump() for block in answer.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": use.id,
+                    "content": [anthropic_image(second), {"type": "text", "text": "the screen"}],
+                }
+            ],
+        },
+    ]
+    stream = await client.messages.create(
+        model="m", max_tokens=64, messages=messages, tools=tools, stream=True
+    )
+    events = [event.type async for event in stream]
+    assert events[-1] == "message_stop"
+
+    one, two = steps(publisher)
+    assert (one.prefix, two.prefix) == ("rendered", "tito")
+    assert engine.prompts[1] == one.prompt_tail_ids + one.completion_ids + two.prompt_tail_ids
+    digest = [hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()]
+    sent = [(i.uuid, i.by_uuid, i.length) for p in engine.params for i in p.images]
+    assert sent == [(digest[0], False, 6), (digest[0], True, 6), (digest[1], False, 6)]
+    assert [length for _, length in runs(engine.prompts[1])] == [6, 6]
+
+
+@pytest.mark.parametrize(
+    ("messages", "says"),
+    [
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "url", "url": "https://x"}}],
+                }
+            ],
+            "only data: URLs",
+        ),
+        ([{"role": "user", "content": [anthropic_image(b"not a png")]}], "not an image"),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [anthropic_image(png(32, 32))]},
+                {"role": "user", "content": "and?"},
+            ],
+            "assistant message cannot hold image blocks",
+        ),
+    ],
+)
+async def test_refused_anthropic_images_are_a_400_and_publish_nothing(
+    messages: Any, says: str
+) -> None:
+    app, engine, publisher = vl_app(["never<|im_end|>"])
+    client = anthropic.AsyncAnthropic(
+        base_url="http://ingress/sess/s1", api_key="k", http_client=asgi_client(app), max_retries=0
+    )
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await client.messages.create(model="m", max_tokens=8, messages=messages)
+    assert says in refused.value.message
+    assert publisher.events == [] and engine.prompts == []
