@@ -122,13 +122,19 @@ def text_of(
     return "".join(part.text for part in content)
 
 
+def has_image(content: str | Sequence[TextPart] | None, image_type: str) -> bool:
+    """Whether a message content holds a part of ``image_type``."""
+    return isinstance(content, list) and any(part.type == image_type for part in content)
+
+
 def content_with_images(
-    content: Sequence[TextPart], accepted: frozenset[str], param: str
+    content: Sequence[TextPart], accepted: frozenset[str], param: str, image_type: str
 ) -> tuple[str, tuple[MessageImage, ...]]:
-    """A content of text and ``image_url`` parts: its text (``accepted`` parts joined) and its
-    images, each at the point of the text it stands (titoflow/tito/images.py reads them). A
-    part of another type, an image with no URL, or one that is no ``data:`` URL of an image
-    is a 400 naming the part."""
+    """A content of text and image parts (``image_type``: OpenAI chat's ``image_url``, the
+    Responses API's ``input_image``): its text (``accepted`` parts joined) and its images, each
+    at the point of the text it stands (titoflow/tito/images.py reads them). A part of another
+    type, an image with no URL, or one that is no ``data:`` URL of an image is a 400 naming the
+    part."""
     text = ""
     images: list[MessageImage] = []
     for index, part in enumerate(content):
@@ -136,7 +142,7 @@ def content_with_images(
             text += part.text
             continue
         at = f"{param}.{index}"
-        if part.type != "image_url":
+        if part.type != image_type:
             raise InvalidRequest(f"unsupported content part type: {part.type!r}", at)
         url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
         images.append(image_at(url, len(text), f"{at}.image_url"))

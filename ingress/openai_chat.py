@@ -22,6 +22,7 @@ from ingress.adapter import (
     ToolName,
     TurnApi,
     content_with_images,
+    has_image,
     text_of,
     token_counts,
 )
@@ -114,10 +115,10 @@ _TEXT_PARTS = frozenset({"text", "input_text"})
 def _message_fields(raw: _Message, at: str) -> dict[str, Any]:
     content = raw.content
     images: tuple[MessageImage, ...] = ()
-    if isinstance(content, list) and any(part.type == "image_url" for part in content):
+    if isinstance(content, list) and has_image(content, "image_url"):
         if raw.role not in ("user", "tool"):
             raise InvalidRequest(f"{at}: only user and tool messages may hold images", at)
-        text, images = content_with_images(content, _TEXT_PARTS, f"{at}.content")
+        text, images = content_with_images(content, _TEXT_PARTS, f"{at}.content", "image_url")
     else:
         text = text_of(content, _TEXT_PARTS, "messages")
     fields: dict[str, Any] = {

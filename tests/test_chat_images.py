@@ -1,11 +1,11 @@
-"""Images through the OpenAI chat and Anthropic messages routes (issue 30, part 2), with the
-official SDKs, in-process on the SCRIPTED ENGINE DOUBLE and the tiny Qwen3-VL policy's tokenizer,
-template and processor config: a ``data:`` URL image part (an Anthropic base64 block) becomes one
-placeholder in the rendered prompt, expanded to the image's run (titoflow/tito/image_grid.py) in
-the chain and the step; the engine call carries the images (new ones with their bytes, the
-chain's by uuid alone); the next turn is TITO; a text request on the same app takes the text
-path; and every refusal is a 400 with nothing published. The same path on the real VL engine is
-tests/test_e2e_chat_images.py."""
+"""Images through the OpenAI chat, Responses and Anthropic messages routes (issue 30, part 2), with
+the official SDKs, in-process on the SCRIPTED ENGINE DOUBLE and the tiny Qwen3-VL policy's
+tokenizer, template and processor config: a ``data:`` URL image part (an Anthropic base64 block)
+becomes one placeholder in the rendered prompt, expanded to the image's run
+(titoflow/tito/image_grid.py) in the chain and the step; the engine call carries the images (new
+ones with their bytes, the chain's by uuid alone); the next turn is TITO; a text request on the
+same app takes the text path; and every refusal is a 400 with nothing published. The same path on
+the real VL engine is tests/test_e2e_chat_images.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from ingress import anthropic_messages, openai_chat
+from ingress import anthropic_messages, openai_chat, openai_responses
 from ingress.service import ServiceOptions
 from ingress.turn import SessionRef, TokenCall
 from schemas.events import StepRecorded
@@ -56,7 +56,7 @@ def vl_tokenizer() -> Any:
 def vl_app(
     replies: list[str], options: ServiceOptions = OPTIONS
 ) -> tuple[Any, ScriptedEngine, RecordingPublisher]:
-    routers = [openai_chat.router, anthropic_messages.router]
+    routers = [openai_chat.router, anthropic_messages.router, openai_responses.router]
     return scripted_app(replies, routers, options=options, tokenizer=vl_tokenizer())
 
 
@@ -374,4 +374,58 @@ async def test_refused_anthropic_images_are_a_400_and_publish_nothing(
     with pytest.raises(anthropic.BadRequestError) as refused:
         await client.messages.create(model="m", max_tokens=8, messages=messages)
     assert says in refused.value.message
+    assert publisher.events == [] and engine.prompts == []
+
+
+async def test_responses_input_image_parts_in_a_message_and_a_function_output() -> None:
+    """The same path through the Responses API: an ``input_image`` part in the user's message
+    (not streamed), then one in the function call's output (streamed); TITO, first image by
+    uuid alone."""
+    app, engine, publisher = vl_app([CALL, "I see it.<|im_end|>"])
+    client = client_for(app)
+    function = TOOLS[0]["function"]
+    tools: Any = [
+        {"type": "function", "name": function["name"], "parameters": function["parameters"]}
+    ]
+    first, second = png(100, 50), png(64, 96, (200, 10, 10))
+    url = [image_part(data)["image_url"]["url"] for data in (first, second)]
+    items: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "look"},
+                {"type": "input_image", "image_url": url[0], "detail": "auto"},
+            ],
+        }
+    ]
+    answer = await client.responses.create(model="m", input=items, tools=tools)
+    [call] = answer.output
+    assert call.type == "function_call"
+    items += [
+        call.model_dump(exclude_none=True),
+        {
+            "type": "function_call_output",
+            "call_id": call.call_id,
+            "output": [{"type": "input_image", "image_url": url[1]}],
+        },
+    ]
+    stream = await client.responses.create(model="m", input=items, tools=tools, stream=True)
+    assert [event.type async for event in stream][-1] == "response.completed"
+
+    one, two = steps(publisher)
+    assert (one.prefix, two.prefix) == ("rendered", "tito")
+    assert engine.prompts[1] == one.prompt_tail_ids + one.completion_ids + two.prompt_tail_ids
+    digest = [hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()]
+    sent = [(i.uuid, i.by_uuid) for p in engine.params for i in p.images]
+    assert sent == [(digest[0], False), (digest[0], True), (digest[1], False)]
+    assert [length for _, length in runs(engine.prompts[1])] == [6, 6]
+
+
+async def test_a_responses_image_in_an_assistant_message_is_a_400() -> None:
+    app, engine, publisher = vl_app(["never<|im_end|>"])
+    image = {"type": "input_image", "image_url": image_part(png(32, 32))["image_url"]["url"]}
+    items: Any = [{"role": "assistant", "content": [image]}, {"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client_for(app).responses.create(model="m", input=items)
+    assert "only user messages may hold images" in refused.value.message
     assert publisher.events == [] and engine.prompts == []
