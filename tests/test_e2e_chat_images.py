@@ -1,7 +1,8 @@
-"""Images through the OpenAI chat route on real parts (issue 30, part 2): the official SDK, an
-ingress process, the real broker and vLLM CPU serving the tiny Qwen3-VL policy. Two turns, an
-image each: a user message (not streamed) whose answer is a tool call the engine is constrained
-to make, then the tool's result holding a screenshot (streamed). The steps on the topic hold the
+"""Images through the chat APIs on real parts (issue 30, part 2): the official SDKs, an ingress
+process, the real broker and vLLM CPU serving the tiny Qwen3-VL policy. Two turns, an image each:
+a user message whose answer is a tool call the engine is constrained to make, then the tool's
+result holding a screenshot; with the OpenAI SDK (the first turn whole, the second streamed), then
+with Anthropic's (both streamed). The steps on the topic hold the
 expanded prompt ids, and the engine, sent one placeholder per image with the images, expands
 them to exactly those ids (checked here on the engine directly, beside the ingress' own check on
 every call); the second step extends the first by TITO.
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 from PIL import Image
 
@@ -110,6 +112,9 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
         )
         usage = [chunk.usage async for chunk in stream if chunk.usage]
         one, two = await recorded_steps(stack, session, 2)
+        anthropic_session = f"vl-a-{uuid.uuid4().hex[:8]}"
+        await anthropic_turns(url, anthropic_session, images)
+        three, four = await recorded_steps(stack, anthropic_session, 2)
     finally:
         ingress.stop()
 
@@ -130,8 +135,70 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
     assert [p["image"] for p in recorded if p.get("type") == "image"] == [
         "sha256:" + hashlib.sha256(data).hexdigest() for data in images
     ]
-    # The engine itself, sent the recorded prompt as the ingress sends it, expands it to the
-    # recorded ids.
+    await assert_the_engine_expands(vl_engine_url, prompt, found, images)
+
+    # The same with Anthropic's SDK, both turns streamed.
+    assert (three.prefix, four.prefix, four.parent_step_id) == ("rendered", "tito", three.step_id)
+    prompt = three.prompt_tail_ids + three.completion_ids + four.prompt_tail_ids
+    found = runs(prompt)
+    assert [length for _, length in found] == lengths
+    await assert_the_engine_expands(vl_engine_url, prompt, found, images)
+
+
+async def anthropic_turns(url: str, session: str, images: list[bytes]) -> None:
+    """An image block, then a screenshot in a tool_result, with Anthropic's SDK, streamed."""
+    claude = AsyncAnthropic(base_url=f"{url}/sess/{session}", api_key="k", max_retries=0)
+    # No arguments to write: the constrained call is "{}", never cut by max_tokens.
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    tool: Any = {"name": "screenshot", "input_schema": schema}
+    source = [
+        {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+        for data in images
+    ]
+    turns: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "source": source[0]},
+                {"type": "text", "text": "what now?"},
+            ],
+        }
+    ]
+    async with claude.messages.stream(
+        model="policy",
+        max_tokens=64,
+        messages=turns,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "screenshot"},
+    ) as stream:
+        answer = await stream.get_final_message()
+    uses = [block for block in answer.content if block.type == "tool_use"]
+    assert len(uses) == 1, answer
+    use = uses[0]
+    turns += [
+        {"role": "assistant", "content": [block.model_dump() for block in answer.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": use.id,
+                    "content": [{"type": "image", "source": source[1]}],
+                }
+            ],
+        },
+    ]
+    async with claude.messages.stream(
+        model="policy", max_tokens=8, messages=turns, tools=[tool]
+    ) as stream:
+        await stream.get_final_message()
+
+
+async def assert_the_engine_expands(
+    engine_url: str, prompt: list[int], found: list[tuple[int, int]], images: list[bytes]
+) -> None:
+    """The engine itself, sent the recorded prompt as the ingress sends it (one placeholder
+    per image, the images beside), expands it to the recorded ids."""
     sent = [
         EngineImage(offset, length, hashlib.sha256(data).hexdigest(), data_url(data))
         for (offset, length), data in zip(found, images, strict=True)
@@ -142,7 +209,7 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
         "sampling_params": {"max_tokens": 1, "temperature": 0.0},
         "return_token_ids": True,
     }
-    async with httpx.AsyncClient(base_url=vl_engine_url, timeout=120.0) as engine:
+    async with httpx.AsyncClient(base_url=engine_url, timeout=120.0) as engine:
         reply = await engine.post("/inference/v1/generate", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["prompt_token_ids"] == prompt
