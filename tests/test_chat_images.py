@@ -31,8 +31,11 @@ from tests.apps import asgi_client, scripted_app
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
 from titoflow.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
+from titoflow.errors import TemplateError
 from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.messages import Message, MessageImage
+from titoflow.tito.render import ChatRenderer
+from workers.rebuild import Rebuilder
 
 PROCESSING = ImageProcessing(
     patch_size=PREPROCESSOR_CONFIG["patch_size"],
@@ -429,3 +432,29 @@ async def test_a_responses_image_in_an_assistant_message_is_a_400() -> None:
         await client_for(app).responses.create(model="m", input=items)
     assert "only user messages may hold images" in refused.value.message
     assert publisher.events == [] and engine.prompts == []
+
+
+async def test_a_worker_re_renders_a_conversation_with_images_to_the_engine_s_prompt() -> None:
+    """A ``last-step`` segment re-renders the recorded messages (images named by hash, with
+    their size): each image's placeholder becomes its run, so the re-render starts with the
+    prompt the engine expanded."""
+    app, engine, publisher = vl_app([CALL, "ok<|im_end|>"])
+    client = client_for(app)
+    messages: Any = [{"role": "user", "content": [image_part(png(100, 50))]}]
+    answer = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    messages += [
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {
+            "role": "tool",
+            "tool_call_id": (answer.choices[0].message.tool_calls or [])[0].id,
+            "content": [image_part(png(64, 96))],
+        },
+    ]
+    await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    one, two = steps(publisher)
+    recorded = [*one.new_messages, one.response_message, *two.new_messages, two.response_message]
+    rebuilder = Rebuilder(ChatRenderer(vl_tokenizer()), PROCESSING)
+    tokens = rebuilder.render(recorded, one.tools, one.template_kwargs)
+    assert tokens == engine.prompts[1] + two.completion_ids + [198]  # the template's last "\n"
+    with pytest.raises(TemplateError):
+        Rebuilder(ChatRenderer(vl_tokenizer())).render(recorded, one.tools, {})
