@@ -25,6 +25,8 @@ from ingress.errors import ErrorShape
 from ingress.service import SampleEvent, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn
 from titoflow.errors import InvalidRequest, TitoflowError
+from titoflow.tito.images import read_image
+from titoflow.tito.messages import MessageImage
 
 
 class _Streamable(Protocol):
@@ -98,6 +100,7 @@ class TextPart(http.Lenient):
 
     type: str
     text: str = ""
+    image_url: Any = None  # an image part's: OpenAI chat's {"url": ...}, Responses' the URL
 
 
 def text_of(
@@ -117,6 +120,44 @@ def text_of(
         message = f"unsupported content part types: {unsupported}"
         raise InvalidRequest(f"{param}: {message}" if param_in_message else message, param)
     return "".join(part.text for part in content)
+
+
+def has_image(content: str | Sequence[TextPart] | None, image_type: str) -> bool:
+    """Whether a message content holds a part of ``image_type``."""
+    return isinstance(content, list) and any(part.type == image_type for part in content)
+
+
+def content_with_images(
+    content: Sequence[TextPart], accepted: frozenset[str], param: str, image_type: str
+) -> tuple[str, tuple[MessageImage, ...]]:
+    """A content of text and image parts (``image_type``: OpenAI chat's ``image_url``, the
+    Responses API's ``input_image``): its text (``accepted`` parts joined) and its images, each
+    at the point of the text it stands (titoflow/tito/images.py reads them). A part of another
+    type, an image with no URL, or one that is no ``data:`` URL of an image is a 400 naming the
+    part."""
+    text = ""
+    images: list[MessageImage] = []
+    for index, part in enumerate(content):
+        if part.type in accepted:
+            text += part.text
+            continue
+        at = f"{param}.{index}"
+        if part.type != image_type:
+            raise InvalidRequest(f"unsupported content part type: {part.type!r}", at)
+        url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+        images.append(image_at(url, len(text), f"{at}.image_url"))
+    return text, tuple(images)
+
+
+def image_at(url: Any, at: int, param: str) -> MessageImage:
+    """The image of ``url`` standing at character ``at`` of its message's text; a 400 naming
+    ``param`` when it is no ``data:`` URL of an image."""
+    if not isinstance(url, str):
+        raise InvalidRequest(f"{param}: an image needs its url", param)
+    try:
+        return read_image(url, at)
+    except ValueError as exc:
+        raise InvalidRequest(f"{param}: {exc}", param) from exc
 
 
 def token_counts(result: TurnResult) -> tuple[int, int]:

@@ -22,12 +22,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BeforeValidator, Field
 
 from ingress import errors, http, sse
-from ingress.adapter import ToolName, TurnApi, token_counts
+from ingress.adapter import ToolName, TurnApi, image_at, token_counts
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions, SessionRef
 from titoflow.errors import InvalidRequest, TitoflowError
-from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.messages import Message, MessageImage, ToolCall
 from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
 
 API = "anthropic.messages"
@@ -44,9 +44,22 @@ class _Text(http.Lenient):
 
 
 class _Unsupported(http.Lenient):
-    """Blocks a text-only policy cannot take; named so the client gets a clear 400."""
+    """Blocks the policy cannot take; named so the client gets a clear 400."""
 
-    type: Literal["image", "document"]
+    type: Literal["document"]
+
+
+class _Image(http.Lenient):
+    """An image: ``source`` is ``{"type": "base64", "media_type", "data"}`` (or a URL, which
+    the ingress does not fetch: a 400)."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+
+    def data_url(self) -> Any:
+        if self.source.get("type") == "base64":
+            return f"data:{self.source.get('media_type')};base64,{self.source.get('data')}"
+        return self.source.get("url")
 
 
 class _ToolUse(http.Lenient):
@@ -60,7 +73,7 @@ class _ToolResult(http.Lenient):
     type: Literal["tool_result"]
     tool_use_id: str
     content: Annotated[
-        list[Annotated[_Text | _Unsupported, Field(discriminator="type")]],
+        list[Annotated[_Text | _Image | _Unsupported, Field(discriminator="type")]],
         BeforeValidator(_as_blocks),
     ] = Field(default_factory=list)
     is_error: bool = False  # accepted; the result's text is what the model reads
@@ -76,7 +89,7 @@ class _RedactedThinking(http.Lenient):
 
 
 _Block = Annotated[
-    _Text | _Unsupported | _ToolUse | _ToolResult | _Thinking | _RedactedThinking,
+    _Text | _Image | _Unsupported | _ToolUse | _ToolResult | _Thinking | _RedactedThinking,
     Field(discriminator="type"),
 ]
 
@@ -131,12 +144,30 @@ def _unsupported(block: _Unsupported, param: str) -> InvalidRequest:
     )
 
 
+def _with_images(parts: list[tuple[_Text | _Image, str]]) -> tuple[str, tuple[MessageImage, ...]]:
+    """Text blocks joined as :func:`_joined` joins them, each image at the point of the text
+    it follows (``parts``: each block with its param)."""
+    text, texts = "", 0
+    images: list[MessageImage] = []
+    for part, param in parts:
+        if isinstance(part, _Image):
+            images.append(image_at(part.data_url(), len(text), f"{param}.source"))
+            continue
+        text += ("\n" if texts else "") + part.text
+        texts += 1
+    return text, tuple(images)
+
+
 def _tool_message(block: _ToolResult, param: str) -> Message:
-    texts = []
+    parts: list[tuple[_Text | _Image, str]] = []
     for index, part in enumerate(block.content):
         if isinstance(part, _Unsupported):
             raise _unsupported(part, f"{param}.content.{index}")
-        texts.append(part)
+        parts.append((part, f"{param}.content.{index}"))
+    if any(isinstance(part, _Image) for part, _ in parts):
+        text, images = _with_images(parts)
+        return Message(role="tool", content=text, tool_call_id=block.tool_use_id, images=images)
+    texts = [part for part, _ in parts if isinstance(part, _Text)]
     return Message(role="tool", content=_joined(texts), tool_call_id=block.tool_use_id)
 
 
@@ -144,17 +175,21 @@ def _user_messages(raw: _Message, param: str) -> list[Message]:
     """Each tool_result becomes a tool message and each run of text a user (or system)
     message, in the order the blocks came."""
     out: list[Message] = []
-    texts: list[_Text] = []
+    run: list[tuple[_Text | _Image, str]] = []  # the blocks of the message being gathered
 
     def flush() -> None:
-        if texts:
+        if any(isinstance(block, _Image) for block, _ in run):
+            text, images = _with_images(run)
+            out.append(Message(role=raw.role, content=text, images=images))
+        elif run:
+            texts = [block for block, _ in run if isinstance(block, _Text)]
             out.append(Message(role=raw.role, content=_joined(texts)))
-            texts.clear()
+        run.clear()
 
     for index, block in enumerate(raw.content):
         where = f"{param}.content.{index}"
-        if isinstance(block, _Text):
-            texts.append(block)
+        if isinstance(block, _Text) or (isinstance(block, _Image) and raw.role == "user"):
+            run.append((block, where))
         elif isinstance(block, _ToolResult) and raw.role == "user":
             flush()
             out.append(_tool_message(block, where))

@@ -47,6 +47,7 @@ from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
 from titoflow.settings import Settings
 from titoflow.shutdown import Deadline, close_budget
+from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -136,6 +137,9 @@ def create_app(settings: Settings) -> FastAPI:
                 max_in_flight=settings.max_in_flight,
                 retry_after_s=settings.overload_retry_after_s,
                 logprobs_mode=settings.engine_logprobs_mode,
+                image_processing=ImageProcessing.of_model(settings.model_path),
+                max_images=settings.max_images_per_request,
+                max_image_bytes=settings.max_image_bytes_per_request,
             ),
             tracer=CallTracer(settings.otel_traces),
             control=gate,

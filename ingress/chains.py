@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from titoflow.engine.api import EngineImage
 from titoflow.tito.messages import Matcher, Message
 
 MAX_CHAINS_PER_SESSION = 16
@@ -61,6 +62,8 @@ class Chain:
     first_version: str | None = None
     prior: Prior | None = None  # None: the head is the chain's first step
     seq: int = 0  # the order this replica recorded the head step in (set by the store)
+    # The images whose expanded runs the tokens hold, each sent by uuid alone on the next call.
+    images: tuple[EngineImage, ...] = ()
 
     def summary(self) -> Prior:
         return Prior(
@@ -84,6 +87,7 @@ class Chain:
             depth=self.depth - 1,
             prior=None,
             seq=self.prior.seq,
+            images=tuple(i for i in self.images if i.offset < self.prior.tokens),
         )
 
 

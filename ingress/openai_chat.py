@@ -16,7 +16,16 @@ from fastapi import APIRouter, Request
 from pydantic import Field, InstanceOf, RootModel
 
 from ingress import errors, http, sse
-from ingress.adapter import SamplesApi, TextPart, ToolName, TurnApi, text_of, token_counts
+from ingress.adapter import (
+    SamplesApi,
+    TextPart,
+    ToolName,
+    TurnApi,
+    content_with_images,
+    has_image,
+    text_of,
+    token_counts,
+)
 from ingress.chains import MAX_CHAINS_PER_SESSION
 from ingress.known_messages import KNOWN_MESSAGES
 from ingress.service import (
@@ -28,7 +37,8 @@ from ingress.service import (
     TurnStarted,
 )
 from ingress.turn import ChatTurn, SamplingOptions
-from titoflow.tito.messages import Message, messages_from_fields
+from titoflow.errors import InvalidRequest
+from titoflow.tito.messages import Message, MessageImage, messages_from_fields
 from titoflow.tito.output import ReasoningDelta, TextDelta, ToolCallDone
 
 
@@ -102,10 +112,18 @@ class ChatCompletionRequest(http.Lenient):
 _TEXT_PARTS = frozenset({"text", "input_text"})
 
 
-def _message_fields(raw: _Message) -> dict[str, Any]:
-    return {
+def _message_fields(raw: _Message, at: str) -> dict[str, Any]:
+    content = raw.content
+    images: tuple[MessageImage, ...] = ()
+    if isinstance(content, list) and has_image(content, "image_url"):
+        if raw.role not in ("user", "tool"):
+            raise InvalidRequest(f"{at}: only user and tool messages may hold images", at)
+        text, images = content_with_images(content, _TEXT_PARTS, f"{at}.content", "image_url")
+    else:
+        text = text_of(content, _TEXT_PARTS, "messages")
+    fields: dict[str, Any] = {
         "role": "system" if raw.role == "developer" else raw.role,
-        "content": text_of(raw.content, _TEXT_PARTS, "messages"),
+        "content": text,
         "reasoning": raw.reasoning_content,
         "tool_calls": [
             {
@@ -120,10 +138,16 @@ def _message_fields(raw: _Message) -> dict[str, Any]:
         "tool_call_id": raw.tool_call_id,
         "name": raw.name,
     }
+    if images:
+        fields["images"] = images
+    return fields
 
 
 def _parse_new(new: list[tuple[int, Any]]) -> list[tuple[Message, ...]]:
-    fields = [_message_fields(http.validated(_Message, raw, f"messages.{i}")) for i, raw in new]
+    fields = [
+        _message_fields(http.validated(_Message, raw, f"messages.{i}"), f"messages.{i}")
+        for i, raw in new
+    ]
     return [(message,) for message in messages_from_fields(fields)]
 
 

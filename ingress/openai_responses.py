@@ -23,11 +23,19 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ingress import errors, http, sse
-from ingress.adapter import TextPart, ToolName, TurnApi, text_of, token_counts
+from ingress.adapter import (
+    TextPart,
+    ToolName,
+    TurnApi,
+    content_with_images,
+    has_image,
+    text_of,
+    token_counts,
+)
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions
 from titoflow.errors import InvalidRequest
-from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.messages import Message, MessageImage, ToolCall
 from titoflow.tito.output import OutputDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
 
 API = "openai.responses"
@@ -82,6 +90,16 @@ class _FunctionTool(http.Lenient):
 
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+_IMAGE = "input_image"  # its image_url a data: URL (a file_id names a stored file: refused)
+
+
+def _text_and_images(
+    content: str | list[TextPart], param: str
+) -> tuple[str, tuple[MessageImage, ...]]:
+    """A content's text and images; text alone (any other part a 400) where it has none."""
+    if isinstance(content, list) and has_image(content, _IMAGE):
+        return content_with_images(content, _TEXT_PARTS, param, _IMAGE)
+    return text_of(content, _TEXT_PARTS, param, param_in_message=True), ()
 
 
 # Records of hosted tools the client ran itself; their findings reach the model as message text.
@@ -138,13 +156,14 @@ class _Transcript:
             return
         if kind == "message":
             message = http.validated(_InputMessage, raw, at)
-            text = text_of(message.content, _TEXT_PARTS, f"{at}.content", param_in_message=True)
+            text, images = _text_and_images(message.content, f"{at}.content")
+            if images and message.role != "user":
+                raise InvalidRequest(f"{at}: only user messages may hold images", at)
             if message.role == "assistant":
                 self._assistant("message", content=text)
             else:
-                self._other(
-                    Message(role="user" if message.role == "user" else "system", content=text)
-                )
+                role: Literal["user", "system"] = "user" if message.role == "user" else "system"
+                self._other(Message(role=role, content=text, images=images))
         elif kind == "function_call":
             fc = http.validated(_FunctionCall, raw, at)
             self._assistant(
@@ -152,8 +171,10 @@ class _Transcript:
             )
         elif kind == "function_call_output":
             output = http.validated(_FunctionCallOutput, raw, at)
-            text = text_of(output.output, _TEXT_PARTS, f"{at}.output", param_in_message=True)
-            self._other(Message(role="tool", content=text, tool_call_id=output.call_id))
+            text, images = _text_and_images(output.output, f"{at}.output")
+            self._other(
+                Message(role="tool", content=text, tool_call_id=output.call_id, images=images)
+            )
         elif kind == "reasoning":
             item = http.validated(_Reasoning, raw, at)
             self._reasoning.append("".join(part.text for part in item.content or item.summary))

@@ -23,12 +23,14 @@ from typing import Generic, TypeVar
 from ingress import metrics
 from ingress.admission import Admission
 from ingress.chains import Chain, ChainStore
+from ingress.images import has_images, with_images
 from ingress.service_options import ServiceOptions
 from ingress.turn import ChatTurn, TokenCall
 from schemas.events import step_id_for
 from titoflow.engine.api import GenerateParams
 from titoflow.errors import ContextOverflow, InvalidRequest, NotAppendOnly
 from titoflow.tito.families.grammar import tool_call_constraint
+from titoflow.tito.images import IMAGE_PAD
 from titoflow.tito.messages import Matcher, Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import TooLong
@@ -214,7 +216,14 @@ class PromptBuilder:
                 prompt_tokens=at_least,
                 limit=limit,
             ) from exc
+        images = None
+        if (parent is not None and parent.images) or has_images(turn.messages[covered:]):
+            pad_id = self.renderer.token_id(IMAGE_PAD)
+            tail, images = with_images(self.options, pad_id, turn.messages, parent, covered, tail)
+            prompt = parent.tokens + tail if parent else tail
         params = self._turn_params(turn, len(prompt), len(parent.tokens) if parent else 0)
+        if images:
+            params = replace(params, images=images)
         render_ms = (time.perf_counter() - started) * 1000
         matcher = self.options.matcher
         return _ready(turn, parent, covered, tail, prompt, params, matcher, started, render_ms)
@@ -241,6 +250,8 @@ class PromptBuilder:
             seed=call.seed,
             stop_token_ids=call.stop_token_ids,
             top_logprobs=call.top_logprobs,
+            # The chain's images, by uuid: its expanded runs are in the caller's prompt too.
+            images=parent.images if parent else (),
         )
         tail = prompt[prefix_len:]
         # No messages (none covered), matched token for token, nothing rendered.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schemas.events import LogprobsMode
+from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.messages import Matcher
 
 
@@ -28,3 +29,6 @@ class ServiceOptions:
     max_in_flight: int = 0  # generations in flight on this replica; 0: no bound
     retry_after_s: int = 1  # what a call refused for overload is told to wait
     logprobs_mode: LogprobsMode = "raw_logprobs"  # the engines' --logprobs-mode, recorded
+    image_processing: ImageProcessing | None = None  # None: the policy reads no images
+    max_images: int = 16  # images one request's conversation may hold
+    max_image_bytes: int = 16 << 20  # their decoded bytes, all together

@@ -22,6 +22,7 @@ from array import array
 
 from ingress import sampling
 from ingress.chains import Chain, ChainStore
+from ingress.images import held_images
 from ingress.prompts import AnyCall
 from ingress.turn import ChatTurn
 from schemas.events import LogprobsMode, StepRecorded
@@ -120,6 +121,7 @@ def advance_chain(
         depth=parent.depth + 1 if parent else 1,
         first_version=parent.first_version if parent else version,
         prior=parent.summary() if parent and turn else None,
+        images=held_images(call.params.images, len(call.prompt)) if call.params.images else (),
     )
     if turn:
         chains.advance(request.session.session_id, parent, head)

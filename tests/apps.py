@@ -35,10 +35,11 @@ def scripted_app(
     settings: Settings | None = None,
     options: ServiceOptions | None = None,
     engine_type: type[ScriptedEngine] = ScriptedEngine,
+    tokenizer: Any = None,
 ) -> tuple[FastAPI, ScriptedEngine, RecordingPublisher]:
     """An app whose engine (``engine_type``) answers with the token ids of ``replies``, one per
-    call."""
-    tokenizer = qwen3()
+    call; its policy's tokenizer is Qwen3's unless ``tokenizer`` is given."""
+    tokenizer = tokenizer or qwen3()
     engine = engine_type(tokenizer, replies)
     publisher = RecordingPublisher()
     app = FastAPI()

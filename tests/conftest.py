@@ -20,6 +20,7 @@ from tests.engines import engine_for_tests
 from tests.topics import read_all
 from tests.witness import Witness, check_segments
 from titoflow.dev.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
+from titoflow.dev.vl_policy import build_vl_policy
 from titoflow.settings import Settings
 
 pytest_plugins = ["tests.kafka_fixtures"]
@@ -56,6 +57,19 @@ def agent_engine_url(
 ) -> Iterator[str]:
     log_dir = tmp_path_factory.mktemp("vllm-agent")
     yield from engine_for_tests("TITOFLOW_TEST_AGENT_ENGINE_URL", agent_model_dir, log_dir)
+
+
+@pytest.fixture(scope="session")
+def vl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny vision-language policy (titoflow/dev/vl_policy.py), built for this session."""
+    return build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
+
+
+@pytest.fixture(scope="session")
+def vl_engine_url(vl_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM CPU serving it, shared by the image tests of the session."""
+    log_dir = tmp_path_factory.mktemp("vllm-vl")
+    yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", vl_model_dir, log_dir)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -204,9 +204,9 @@ def test_count_tokens_needs_no_max_tokens_and_no_session() -> None:
         (body(tool_choice={"type": "tool"}), "tool_choice.name", "name"),
         (body(tools=[{"name": "t"}]), "tools.0.input_schema", "input_schema"),
         (
-            body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+            body(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
             "messages.0.content.0",
-            "image blocks are not supported",
+            "document blocks are not supported",
         ),
         (
             body(
@@ -217,14 +217,14 @@ def test_count_tokens_needs_no_max_tokens_and_no_session() -> None:
                             {
                                 "type": "tool_result",
                                 "tool_use_id": "t",
-                                "content": [{"type": "image"}],
+                                "content": [{"type": "document"}],
                             }
                         ],
                     }
                 ]
             ),
             "messages.0.content.0.content.0",
-            "image blocks are not supported",
+            "document blocks are not supported",
         ),
         (
             body(

@@ -31,14 +31,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.engines import engine_for_tests
 from titoflow.dev.vl_policy import (
     IMAGE_PAD_ID,
     MERGE,
     PATCH,
     VISION_END_ID,
     VISION_START_ID,
-    build_vl_policy,
 )
 from titoflow.engine.api import EngineImage, GenerateParams
 from titoflow.engine.vllm import VLLMEngine
@@ -50,17 +48,6 @@ pytestmark = pytest.mark.engine
 IM_START, IM_END, NEWLINE, USER, ASSISTANT, HELLO = 151644, 151645, 198, 872, 77091, 9707
 TOKEN_PX = PATCH * MERGE  # one image token covers 32x32 pixels
 IMAGE = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
-
-
-@pytest.fixture(scope="module")
-def vl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
-
-
-@pytest.fixture(scope="module")
-def vl_engine_url(vl_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log_dir = tmp_path_factory.mktemp("vllm-vl")
-    yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", vl_model_dir, log_dir)
 
 
 @pytest.fixture

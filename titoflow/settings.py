@@ -198,6 +198,18 @@ class Settings(BaseSettings):
         1, ge=1, description="The Retry-After, in seconds, of a call refused for overload."
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, description="Largest request body accepted.")
+    max_images_per_request: int = Field(
+        16,
+        ge=0,
+        description="Images one chat request's conversation may hold (a vision-language policy; "
+        "the local engine takes 16 a prompt); more is a 400.",
+    )
+    max_image_bytes_per_request: int = Field(
+        16 * 1024 * 1024,
+        ge=0,
+        description="Decoded bytes of all images of one chat request's conversation; more is a "
+        "400.",
+    )
     max_json_depth: int = Field(
         128,
         ge=1,
@@ -457,6 +469,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "context_policy": _INGRESS,
     "max_steps_per_session": _INGRESS,
     "max_request_bytes": _INGRESS,
+    "max_images_per_request": _INGRESS,
+    "max_image_bytes_per_request": _INGRESS,
     "max_json_depth": _INGRESS,
     "accepted_models": _INGRESS,
     "model_family": (*_INGRESS, "worker", "replay", "inspect"),

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.events import LOGPROB_SOURCE_NONE, LOGPROB_SOURCE_RECOMPUTED, VersionSpan
+from titoflow.errors import TemplateError
+from titoflow.tito.image_grid import ImageProcessing
+from titoflow.tito.images import IMAGE_PAD, expand
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 
@@ -32,8 +35,12 @@ PENDING = math.nan
 class Rebuilder:
     """Renders recorded conversations and finds the assistant turns in token sequences."""
 
-    def __init__(self, renderer: ChatRenderer) -> None:
+    def __init__(
+        self, renderer: ChatRenderer, image_processing: ImageProcessing | None = None
+    ) -> None:
         self.renderer = renderer
+        # A vision-language policy's: each recorded image (its upright size) becomes its run.
+        self.image_processing = image_processing
         self.opening = renderer.assistant_opening()
         self.end_ids = renderer.end_ids
         # What an assistant turn's content follows: the template's opening, and the tokens after
@@ -45,9 +52,20 @@ class Rebuilder:
     def render(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], kwargs: Any
     ) -> list[int]:
-        """The whole conversation as the chat template renders it (no generation prompt)."""
+        """The whole conversation as the chat template renders it (no generation prompt), each
+        image's placeholder expanded to its run; TemplateError where it cannot be."""
         turns = [Message.from_template_dict(m) for m in messages]
-        return self.renderer.full_prompt(turns, tools, kwargs, add_generation_prompt=False)
+        ids = self.renderer.full_prompt(turns, tools, kwargs, add_generation_prompt=False)
+        images = [image for turn in turns for image in turn.images]
+        if not images:
+            return ids
+        pad_id = self.renderer.token_id(IMAGE_PAD)
+        if self.image_processing is None or pad_id is None:
+            raise TemplateError("the conversation holds images and the policy reads none")
+        try:
+            return expand(ids, images, self.image_processing, pad_id)[0]
+        except ValueError as exc:  # placeholders and images do not pair: not this template's
+            raise TemplateError(str(exc)) from exc
 
     def assistant_spans(self, tokens: Sequence[int]) -> list[Span]:
         """``[start, end)`` of every closed assistant turn: its content through the end token

@@ -37,6 +37,7 @@ from titoflow.bus import (
     ensure_topics,
 )
 from titoflow.settings import Settings
+from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 from workers import metrics
@@ -119,7 +120,10 @@ def assembler_for(settings: Settings) -> Assembler:
     return Assembler(
         settings.max_segment_tokens,
         decode,
-        Rebuilder(ChatRenderer.for_setting(tokenizer, settings.model_family)),
+        Rebuilder(
+            ChatRenderer.for_setting(tokenizer, settings.model_family),
+            ImageProcessing.of_model(settings.model_path),
+        ),
         settings.build_mode,
         settings.recompute_enabled,
         settings.mask_stale_versions,

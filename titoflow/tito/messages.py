@@ -1,7 +1,9 @@
 """Chat messages as every wire format maps them and every chat template reads them, and the
 keys that decide whether two requests continue one token chain: a message's match key and the
 tools key. Pure values: the ingress matches a client's echo against them, and the workers rebuild
-prompts from what steps recorded with them."""
+prompts from what steps recorded with them. A message's images stand at character offsets of its
+text; a template (and so a step's record) sees them as image parts named by their bytes' hash,
+never the bytes."""
 
 from __future__ import annotations
 
@@ -39,6 +41,22 @@ class ToolCall(BaseModel):
             return self.arguments
 
 
+class MessageImage(BaseModel):
+    """An image of a message's content (titoflow/tito/images.py): where it stands in the text
+    (``at``, a character offset), what names its bytes (``sha256``, the engine's uuid for it),
+    its upright size (which fixes its run of placeholder ids) and the URL it came as. Only the
+    hash reaches a template or a recorded step, never the bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: int
+    sha256: str
+    height: int
+    width: int
+    size: int = Field(0, description="Bytes of the encoded image (0: not known, as recorded).")
+    url: str = Field("", description="The data: URL it came as (empty: not known, as recorded).")
+
+
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -48,6 +66,7 @@ class Message(BaseModel):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    images: tuple[MessageImage, ...] = ()  # in content order; only user and tool messages
 
     def template_dict(
         self, arguments_text: bool = False, reasoning_key: str = "reasoning_content"
@@ -56,6 +75,8 @@ class Message(BaseModel):
         their JSON text for templates that write them as given (``arguments_text``); reasoning
         under the key the template reads (gpt-oss's reads ``thinking``)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.images:
+            out["content"] = self._content_parts()
         if self.reasoning is not None:
             out[reasoning_key] = self.reasoning
         if self.tool_calls:
@@ -68,9 +89,43 @@ class Message(BaseModel):
             out["name"] = self.name
         return out
 
+    def _content_parts(self) -> list[dict[str, Any]]:
+        """The content as the parts a vision template reads: text, and each image named by
+        its hash (the template writes one placeholder per image part, whatever it holds)."""
+        parts: list[dict[str, Any]] = []
+        start = 0
+        for image in self.images:
+            if image.at > start:
+                parts.append({"type": "text", "text": self.content[start : image.at]})
+            parts.append(
+                {
+                    "type": "image",
+                    "image": f"sha256:{image.sha256}",
+                    "size": [image.height, image.width],
+                }
+            )
+            start = image.at
+        if start < len(self.content):
+            parts.append({"type": "text", "text": self.content[start:]})
+        return parts
+
     @classmethod
     def from_template_dict(cls, message: dict[str, Any]) -> Message:
         """The inverse of :meth:`template_dict` (how steps record messages)."""
+        content = message.get("content") or ""
+        images: list[MessageImage] = []
+        if isinstance(content, list):
+            text = ""
+            for part in content:
+                if part.get("type") == "image":
+                    height, width = part["size"]
+                    sha256 = str(part["image"]).removeprefix("sha256:")
+                    images.append(
+                        MessageImage(at=len(text), sha256=sha256, height=height, width=width)
+                    )
+                else:
+                    text += part.get("text", "")
+            content = text
         calls = tuple(
             ToolCall(
                 id=str(call.get("id") or ""),
@@ -82,11 +137,12 @@ class Message(BaseModel):
         )
         return cls(
             role=message["role"],
-            content=message.get("content") or "",
+            content=content,
             reasoning=message.get("reasoning_content"),
             tool_calls=calls,
             tool_call_id=message.get("tool_call_id"),
             name=message.get("name"),
+            images=tuple(images),
         )
 
     def match_key(self, matcher: Matcher) -> tuple[Any, ...]:
@@ -103,7 +159,10 @@ class Message(BaseModel):
             (call.id, call.name, json.dumps(call.arguments_value(), sort_keys=True))
             for call in self.tool_calls
         )
-        return (self.role, self.content, calls, self.tool_call_id)
+        key = (self.role, self.content, calls, self.tool_call_id)
+        if self.images:  # the same text with other images (or elsewhere) is another message
+            return (*key, tuple((image.at, image.sha256) for image in self.images))
+        return key
 
 
 _MESSAGES = TypeAdapter(tuple[Message, ...])
