@@ -30,19 +30,26 @@ from pydantic import (
 _NEEDS_SWAP = sys.byteorder != "little"
 
 
-def pack(values: list[int] | list[float], typecode: str) -> str:
-    # struct packs a list twice as fast as array(typecode, values), little-endian on any host.
-    return base64.b64encode(struct.pack(f"<{len(values)}{typecode}", *values)).decode("ascii")
-
-
 class PackedList(list[Any]):
-    """The values of a packed array, as a list, with the array itself (``packed``)."""
+    """The values of an array, as a list, with the array itself (``packed``): decoded from an
+    event, or made from one to be published."""
 
     __slots__ = ("packed",)
 
     def __init__(self, packed: array[Any]) -> None:
         super().__init__(packed.tolist())
         self.packed = packed
+
+
+def pack(values: list[int] | list[float], typecode: str) -> str:
+    if isinstance(values, PackedList) and values.packed.typecode == typecode:
+        packed = values.packed
+        if _NEEDS_SWAP:
+            packed = packed[:]
+            packed.byteswap()
+        return base64.b64encode(packed).decode("ascii")
+    # struct packs a list twice as fast as array(typecode, values), little-endian on any host.
+    return base64.b64encode(struct.pack(f"<{len(values)}{typecode}", *values)).decode("ascii")
 
 
 def unpack(data: str, typecode: str) -> PackedList:

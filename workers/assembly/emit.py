@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
+from schemas.arrays import PackedList
 from schemas.events import BuildMode, SegmentFinalized
 from workers.assembly.rebuilt import SegmentRebuilder
 from workers.assembly.segment import OpenSegment
@@ -63,7 +64,8 @@ class SegmentEmitter:
         # dropped downstream.
         last_step_id = built.steps[-1].step_id
         segment_id = hashlib.sha256(f"{session_id}\0{last_step_id}".encode()).hexdigest()[:32]
-        loss_mask = built.loss_mask.tolist()
+        # Lists that keep a copy of their array, which publishing then packs as it is.
+        loss_mask: list[int] = PackedList(built.loss_mask[:])
         if self.one_version and session.first_version is not None:
             loss_mask, masked = mask_other_versions(
                 loss_mask, built.versions, session.first_version
@@ -80,10 +82,10 @@ class SegmentEmitter:
             chain_id=built.chain_id,
             instance_id=session.instance_id,
             rollout_id=str(session.metadata.get("rollout_id") or session_id),
-            token_ids=built.tokens.tolist(),
+            token_ids=PackedList(built.tokens[:]),
             loss_mask=loss_mask,
-            logprobs=built.logprobs.tolist(),
-            logprob_source=built.source.tolist(),
+            logprobs=PackedList(built.logprobs[:]),
+            logprob_source=PackedList(built.source[:]),
             weight_versions=list(built.versions),
             routed_experts=built.routing.block(),
             steps=list(built.steps),
