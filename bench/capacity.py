@@ -281,6 +281,12 @@ def model(
     worker_cores = turns_s * unit["worker_cpu_ms_per_step"] / 1e3
     replicas = max(1, math.ceil(ingress_cores / (UTILISATION - unit["ingress_idle_cores"])))
     workers = max(1, math.ceil(worker_cores / (UTILISATION - unit["worker_idle_cores"])))
+    # At the saturated cost (requests and steps batch as the load per process grows): the
+    # least that could do, where the paced cost above is the most.
+    least = (
+        math.ceil(turns_s / unit["ingress_turns_per_s_per_core"] / UTILISATION),
+        math.ceil(turns_s / unit["worker_steps_per_s_per_core"] / UTILISATION),
+    )
     partitions = 2 ** math.ceil(math.log2(2 * workers))  # workers can double without re-keying
     steps_bps = turns_s * context / session_turns * unit["steps_bytes_per_token"]
     ends_s = sessions / (turn_every * session_turns)
@@ -294,6 +300,7 @@ def model(
         "turns_per_s": round(turns_s),
         "ingress_replicas": replicas,
         "workers": workers,
+        "at_saturated_cost": f"{least[0]}/{least[1]}",
         "partitions": partitions,
         "broker_write_mb_s": round((steps_bps + segments_bps) / 2**20, 1),
         "disk_gb_per_day": round((steps_bps + segments_bps) * 86400 * REPLICATION / 2**30),
