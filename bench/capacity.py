@@ -150,6 +150,12 @@ async def topic_bytes(
     return records, size, tokens
 
 
+def busy(cpu_s: float, idle_cores: float, wall_s: float) -> float:
+    """CPU seconds spent on the load: ``cpu_s`` less idle CPU over ``wall_s``, at least one
+    clock tick (what /proc counts in), so a tiny run does not divide by zero."""
+    return max(cpu_s - idle_cores * wall_s, 0.01)
+
+
 def unit_figures(
     stack: Stack, burst: int, sessions: int, turns: int, period: float
 ) -> dict[str, float]:
@@ -182,10 +188,10 @@ def unit_figures(
     return {
         "ingress_idle_cores": idle[0],
         "worker_idle_cores": idle[1],
-        "ingress_turns_per_s_per_core": count / (cpu1[0] - cpu0[0] - idle[0] * wall),
-        "worker_steps_per_s_per_core": count / (cpu1[1] - cpu0[1] - idle[1] * wall),
-        "ingress_cpu_ms_per_turn": (cpu3[0] - cpu2[0] - idle[0] * took) / paced_count * 1e3,
-        "worker_cpu_ms_per_step": (cpu3[1] - cpu2[1] - idle[1] * took) / paced_count * 1e3,
+        "ingress_turns_per_s_per_core": count / busy(cpu1[0] - cpu0[0], idle[0], wall),
+        "worker_steps_per_s_per_core": count / busy(cpu1[1] - cpu0[1], idle[1], wall),
+        "ingress_cpu_ms_per_turn": busy(cpu3[0] - cpu2[0], idle[0], took) / paced_count * 1e3,
+        "worker_cpu_ms_per_step": busy(cpu3[1] - cpu2[1], idle[1], took) / paced_count * 1e3,
         "ingress_kb_per_session": (rss3[0] - rss2[0]) / sessions / 1024,
         "worker_kb_per_session": (rss3[1] - rss2[1]) / sessions / 1024,
         "tokens_per_turn": steps[2] / steps[0],
