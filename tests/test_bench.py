@@ -74,6 +74,23 @@ def test_assembly_bench_measures_a_step_here_and_against_a_checkout() -> None:
     assert row["us_per_step"] > 0 and row["against_us_per_step"] > 0 and row["ratio"] > 0
 
 
+def test_capacity_bench_prints_the_model_and_checks_it_at_a_load() -> None:
+    argv = ["--burst", "4", "--unit-sessions", "4", "--sessions", "8", "--turns", "2"]
+    result = run_bench("bench/capacity.py", *argv, "--period", "1")
+    unit, checked, models = result["unit"], result["check"], result["model"]
+    assert isinstance(unit, dict) and isinstance(checked, list) and isinstance(models, list)
+    assert unit["tokens_per_turn"] > 0 and unit["steps_bytes_per_token"] > 0
+    assert unit["segments_per_session"] == 1.0  # every burst session was finalized into one
+    figures = {row["figure"]: row for row in checked}
+    assert set(figures) == {
+        "turns/s held", "ingress CPU s", "worker CPU s", "ingress RSS MB", "worker RSS MB",
+        "steps topic MB",
+    }  # fmt: skip
+    assert figures["steps topic MB"]["measured"] > 0  # the check's 16 steps were read back
+    assert [m["sessions"] for m in models] == [1000, 10000, 100000]
+    assert all(m["partitions"] >= 2 * m["workers"] for m in models)
+
+
 def test_edge_cost_bench_times_each_capture_here_and_against_a_checkout() -> None:
     argv = ["--repeat", "2", "--rounds", "1", "--against", str(ROOT)]
     rows = run_bench("bench/edge_cost.py", *argv)["rows"]

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
+from schemas.arrays import PackedList
 from schemas.events import BuildMode, SegmentFinalized, segment_id_for
 from workers.assembly.rebuilt import SegmentRebuilder
 from workers.assembly.segment import OpenSegment
@@ -60,7 +61,8 @@ class SegmentEmitter:
         # committed offset) rebuilds a tail of a segment already emitted: same last step, same
         # id, dropped downstream.
         segment_id = segment_id_for(session_id, built.steps[-1].step_id)
-        loss_mask = built.loss_mask.tolist()
+        # Lists that keep a copy of their array, which publishing then packs as it is.
+        loss_mask: list[int] = PackedList(built.loss_mask[:])
         if self.one_version and session.first_version is not None:
             loss_mask, masked = mask_other_versions(
                 loss_mask, built.versions, session.first_version
@@ -77,10 +79,10 @@ class SegmentEmitter:
             chain_id=built.chain_id,
             instance_id=session.instance_id,
             rollout_id=str(session.metadata.get("rollout_id") or session_id),
-            token_ids=built.tokens.tolist(),
+            token_ids=PackedList(built.tokens[:]),
             loss_mask=loss_mask,
-            logprobs=built.logprobs.tolist(),
-            logprob_source=built.source.tolist(),
+            logprobs=PackedList(built.logprobs[:]),
+            logprob_source=PackedList(built.source[:]),
             weight_versions=list(built.versions),
             routed_experts=built.routing.block(),
             steps=list(built.steps),

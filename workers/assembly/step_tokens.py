@@ -12,6 +12,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.arrays import as_array
 from schemas.events import StepRecorded
 
 
@@ -36,8 +37,9 @@ class StepTokens:
 
     @classmethod
     def of(cls, step: StepRecorded) -> StepTokens:
-        tail, completion = array("i", step.prompt_tail_ids), array("i", step.completion_ids)
-        logprobs = array("f", step.completion_logprobs)
+        tail = as_array(step.prompt_tail_ids, "i")
+        completion = as_array(step.completion_ids, "i")
+        logprobs = as_array(step.completion_logprobs, "f")
         tail_digest, completion_digest = digest(tail), digest(completion)
         head = f"{step.parent_step_id}\0{step.prefix}\0{step.prefix_len}\0".encode()
         whole = digest(head + tail_digest + completion_digest, logprobs)
