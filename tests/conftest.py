@@ -65,9 +65,10 @@ def vl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vl_engine_url(vl_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM CPU serving it, shared by the image tests of the session."""
+    """vLLM CPU serving it, for one module: held for the whole session it would sit beside the
+    shared engines and the two-engine tests' second one (~6 GB more, near CI's 24 GiB)."""
     log_dir = tmp_path_factory.mktemp("vllm-vl")
     yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", vl_model_dir, log_dir)
 
