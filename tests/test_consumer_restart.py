@@ -169,11 +169,13 @@ async def test_a_trainer_killed_mid_stream_trains_on_every_segment_once(
         stop.set()
         await producing
         trainers.append(start_trainer(settings, checkpoint, KILLS))
-        # The last life trains on what is left; fresh segments complete its last batch.
+        # The last life trains on what is left; fresh segments complete its last batch, and
+        # give it one to train (and so commit) when the killed life had trained on everything.
         async with asyncio.timeout(FINAL_TIMEOUT_S):
-            while untrained := set(producer.copies) - set(
-                trained_ids(load_checkpoint_lines(checkpoint))
-            ):
+            while (
+                untrained := set(producer.copies)
+                - set(trained_ids(lines := load_checkpoint_lines(checkpoint)))
+            ) or not any(line["life"] == KILLS for line in lines):
                 assert trainers[-1].alive(), trainers[-1].log_tail()
                 if len(untrained) < BATCH_SIZE:
                     await producer.fresh()
