@@ -26,7 +26,6 @@ import sys
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
 
 from ingress.admission import Admission, Capacity, Control, InFlight, Slot, turn_number
 from ingress.budgets import SessionBudgets
@@ -49,8 +48,7 @@ from ingress.service_options import ServiceOptions
 from ingress.session_lifecycle import SessionLifecycle
 from ingress.session_log import Publish, PublishTogether, SessionEvent
 from ingress.tracing import CallTracer
-from ingress.turn import ChatTurn, SessionRef, TokenCall
-from schemas.events import SamplingOverrides, SessionBudget, SessionOpened, SessionOptions
+from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import Engine
 from titoflow.engine.groups import RoutingKeys
 from titoflow.errors import InvalidRequest
@@ -112,27 +110,10 @@ class ChatService:
             engine, tokenizer, renderer.family, renderer.end_ids, recorder, self.routing
         )
         # The rollout driver's session calls are the lifecycle's own.
-        sessions = SessionLifecycle(
-            publish, chains, self.ended, self.budgets, announce_instance=self.routing.by_instance
-        )
-        self._open_session = sessions.open_session
+        sessions = SessionLifecycle(publish, chains, self.ended, self.budgets, self.routing)
+        self.open_session = sessions.open_session
         self.finalize = sessions.finalize
         self.discard = sessions.discard
-
-    async def open_session(
-        self,
-        session: SessionRef,
-        channel: str | None,
-        metadata: dict[str, Any],
-        options: SessionOptions,
-        budget: SessionBudget | None = None,
-        sampling: SamplingOverrides | None = None,
-    ) -> SessionOpened:
-        """Open a session (:mod:`ingress.session_lifecycle`); once it is on its log, its calls
-        here route by the instance it names (with group routing)."""
-        opened = await self._open_session(session, channel, metadata, options, budget, sampling)
-        self.routing.opened(opened.session_id, opened.instance_id)
-        return opened
 
     async def count_prompt_tokens(self, turn: ChatTurn) -> int:
         """The conversation's prompt length, rendered in full in a worker thread (a count

@@ -29,6 +29,7 @@ from schemas.events import (
     SessionOpened,
     SessionOptions,
 )
+from titoflow.engine.groups import RoutingKeys
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,7 @@ class SessionLifecycle:
     chains: ChainStore
     ended: EndedSessions
     budgets: SessionBudgets
-    # Group routing: every replica must know the instance a session was opened with.
-    announce_instance: bool = False
+    routing: RoutingKeys
 
     async def open_session(
         self,
@@ -62,7 +62,8 @@ class SessionLifecycle:
             budget=budget,
             sampling=sampling,
         )
-        instance = session.instance_id if self.announce_instance else None
+        # Group routing: every replica must know the instance a session was opened with.
+        instance = session.instance_id if self.routing.by_instance else None
         if budget or sampling or instance:
             # First: a failed publish leaves no session opened without its budget, overrides or
             # routing.
@@ -76,6 +77,7 @@ class SessionLifecycle:
             await self.publish(budgeted)
             self.budgets.record(budgeted)
         await self.publish(event)
+        self.routing.opened(event.session_id, event.instance_id)
         return event
 
     async def finalize(
