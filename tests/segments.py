@@ -1,13 +1,20 @@
-"""Segments made by hand for the tests of what trainers read (exports, trainer formats): two
-steps with a tool result between them, every field filled."""
+"""Segments made by hand, the tests' one factory of them: :func:`filled_segment` (two steps
+with a tool result between them, every field filled: exports, trainer formats),
+:func:`step_segment` (steps of context then completion: batches, topics) and
+:func:`token_segment` (a token sequence as it is: packing, datasets)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from schemas.events import SegmentFinalized, SegmentStep, VersionSpan
 from schemas.routed_experts import RoutedExperts
 
+# A step of :func:`step_segment`: its context ids, completion ids and the completion's logprobs.
+Step = tuple[list[int], list[int], list[float]]
 
-def make_segment(
+
+def filled_segment(
     name: str,
     logprobs: list[float],
     *,
@@ -71,4 +78,77 @@ def make_segment(
         reward=reward,
         reward_components={"correct": 1.0} if reward is not None else {},
         last_of_session=True,
+    )
+
+
+def step_segment(name: str, *steps: Step, **fields: Any) -> SegmentFinalized:
+    """A segment of ``steps`` in order, each its context (loss mask 0, no logprob) then its
+    completion (loss mask 1, logprobs from the engine); ``fields`` set any other field."""
+    tokens: list[int] = []
+    mask: list[int] = []
+    lps: list[float] = []
+    source: list[int] = []
+    made: list[SegmentStep] = []
+    for index, (context, completion, logprobs) in enumerate(steps):
+        start = len(tokens)
+        tokens += context + completion
+        mask += [0] * len(context) + [1] * len(completion)
+        lps += [0.0] * len(context) + logprobs
+        source += [0] * len(context) + [1] * len(completion)
+        made.append(
+            SegmentStep(
+                step_id=f"{name}-{index}",
+                prompt_start=start,
+                completion_start=start + len(context),
+                completion_end=len(tokens),
+                prefix="tito" if index else "rendered",
+                finish_reason="length",
+            )
+        )
+    values: dict[str, Any] = {
+        "session_id": f"sess-{name}",
+        "event_time": 0.0,
+        "segment_id": f"seg-{name}",
+        "chain_id": f"{name}-0",
+        "token_ids": tokens,
+        "loss_mask": mask,
+        "logprobs": lps,
+        "logprob_source": source,
+        "steps": made,
+        "finalize_reason": "finalized",
+    }
+    return SegmentFinalized(**{**values, **fields})
+
+
+def token_segment(
+    name: str,
+    tokens: list[tuple[int, bool, float, int]],
+    *,
+    instance: str | None = None,
+    session: str | None = None,
+    last: bool = True,
+    unused: bool = False,
+    reward: float | None = None,
+    metadata: dict[str, Any] | None = None,
+    versions: list[VersionSpan] | None = None,
+) -> SegmentFinalized:
+    """A segment of ``tokens`` (id, in the loss, logprob, logprob source) as they are, no steps."""
+    return SegmentFinalized(
+        session_id=session or f"sess-{name}",
+        event_time=0.0,
+        segment_id=f"seg-{name}",
+        chain_id=name,
+        instance_id=instance,
+        token_ids=[t[0] for t in tokens],
+        loss_mask=[int(t[1]) for t in tokens],
+        logprobs=[t[2] for t in tokens],
+        # A token outside the loss may have no logprob (source 0), one in it always has one.
+        logprob_source=[t[3] if t[1] else t[3] * (i % 2) for i, t in enumerate(tokens)],
+        weight_versions=versions or [],
+        steps=[],
+        finalize_reason="finalized",
+        last_of_session=last,
+        unused_sample=unused,
+        reward=reward,
+        metadata=metadata or {},
     )

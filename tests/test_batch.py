@@ -11,65 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.events import SegmentFinalized, SegmentStep
+from schemas.events import SegmentFinalized
+from tests.segments import step_segment
 from titoflow.client.batch import group_by_instance, instance_key, pad_segments
 from titoflow.settings import PROJECT_ROOT
 
 PAD = 151643
 
 
-def segment(
-    name: str,
-    context: list[int],
-    completion: list[int],
-    logprobs: list[float],
-    *,
-    instance: str | None = None,
-    more: tuple[list[int], list[int], list[float]] | None = None,
-) -> SegmentFinalized:
-    """A segment of one step (``context`` then ``completion``), optionally a second step."""
-    tokens: list[int] = []
-    mask: list[int] = []
-    lps: list[float] = []
-    source: list[int] = []
-    steps: list[SegmentStep] = []
-    for index, (ctx, out, lp) in enumerate(
-        [(context, completion, logprobs), *([more] if more else [])]
-    ):
-        start = len(tokens)
-        tokens += ctx + out
-        mask += [0] * len(ctx) + [1] * len(out)
-        lps += [0.0] * len(ctx) + lp
-        source += [0] * len(ctx) + [1] * len(out)
-        steps.append(
-            SegmentStep(
-                step_id=f"{name}-{index}",
-                prompt_start=start,
-                completion_start=start + len(ctx),
-                completion_end=len(tokens),
-                prefix="tito" if index else "rendered",
-                finish_reason="length",
-            )
-        )
-    return SegmentFinalized(
-        session_id=f"sess-{name}",
-        event_time=0.0,
-        segment_id=f"seg-{name}",
-        chain_id=f"{name}-0",
-        instance_id=instance,
-        token_ids=tokens,
-        loss_mask=mask,
-        logprobs=lps,
-        logprob_source=source,
-        steps=steps,
-        finalize_reason="finalized",
-    )
-
-
 def test_pads_to_the_longest_and_keeps_every_value_exact() -> None:
     lp = [-0.5, -1.25, -3.0078125]
-    a = segment("a", [1, 2, 3], [10, 11, 12], lp, more=([13], [14, 15], [-0.1, -7.5]))
-    b = segment("b", [4, 5], [20], [-2.5])
+    a = step_segment("a", ([1, 2, 3], [10, 11, 12], lp), ([13], [14, 15], [-0.1, -7.5]))
+    b = step_segment("b", ([4, 5], [20], [-2.5]))
     batch = pad_segments([a, b], pad_id=PAD)
 
     assert set(batch) == {"input_ids", "attention_mask", "loss_mask", "old_logprobs"}
@@ -99,7 +52,7 @@ def test_pads_to_the_longest_and_keeps_every_value_exact() -> None:
 
 
 def test_pad_to_multiple_of() -> None:
-    batch = pad_segments([segment("a", [1, 2], [3], [-1.0])], pad_id=0, pad_to_multiple_of=8)
+    batch = pad_segments([step_segment("a", ([1, 2], [3], [-1.0]))], pad_id=0, pad_to_multiple_of=8)
     assert batch["input_ids"].shape == (1, 8)
     assert batch["input_ids"][0].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]
 
@@ -107,7 +60,7 @@ def test_pad_to_multiple_of() -> None:
 def test_refuses_what_would_train_silently_wrong() -> None:
     with pytest.raises(ValueError, match="no segments"):
         pad_segments([], pad_id=0)
-    good = segment("a", [1, 2], [3, 4], [-1.0, -2.0])
+    good = step_segment("a", ([1, 2], [3, 4], [-1.0, -2.0]))
     # A generated token whose logprob was never reported (source 0): not trainable as is.
     no_logprob = good.model_copy(update={"logprob_source": [0, 0, 1, 0]})
     with pytest.raises(ValueError, match="no engine logprob"):
@@ -121,7 +74,7 @@ def test_refuses_what_would_train_silently_wrong() -> None:
 
 def test_the_wire_form_decodes_to_the_same_batch_with_numpy_alone() -> None:
     """What a non-Python-model consumer does: JSON + base64 + little-endian arrays."""
-    original = segment("a", [7, 8, 9], [100, 101], [-0.25, -4.5])
+    original = step_segment("a", ([7, 8, 9], [100, 101], [-0.25, -4.5]))
     raw = original.model_dump_json().encode()
     event = json.loads(raw)
     assert isinstance(event["token_ids"], str)  # packed, not a JSON list
@@ -135,9 +88,9 @@ def test_the_wire_form_decodes_to_the_same_batch_with_numpy_alone() -> None:
 
 
 def test_groups_by_instance_falling_back_to_the_session() -> None:
-    a1 = segment("a1", [1], [2], [-1.0], instance="prompt-7")
-    b = segment("b", [1], [2], [-1.0])
-    a2 = segment("a2", [1], [3], [-1.0], instance="prompt-7")
+    a1 = step_segment("a1", ([1], [2], [-1.0]), instance_id="prompt-7")
+    b = step_segment("b", ([1], [2], [-1.0]))
+    a2 = step_segment("a2", ([1], [3], [-1.0]), instance_id="prompt-7")
     groups = group_by_instance([a1, b, a2])
     assert groups == {"prompt-7": [a1, a2], "sess-b": [b]}
     assert instance_key(b) == "sess-b"
@@ -154,9 +107,9 @@ def _doc_examples() -> list[str]:
 def test_the_trainer_doc_example_runs() -> None:
     [example] = _doc_examples()
     group = [
-        segment("r0", [1, 2, 3], [10, 11], [-1.0, -2.0], instance="prompt-1"),
-        segment("r1", [1, 2, 3], [12, 13, 14], [-0.5, -0.5, -0.5], instance="prompt-1"),
-        segment("r2", [4, 5], [15], [-3.0], instance="prompt-2"),
+        step_segment("r0", ([1, 2, 3], [10, 11], [-1.0, -2.0]), instance_id="prompt-1"),
+        step_segment("r1", ([1, 2, 3], [12, 13, 14], [-0.5, -0.5, -0.5]), instance_id="prompt-1"),
+        step_segment("r2", ([4, 5], [15], [-3.0]), instance_id="prompt-2"),
     ]
     namespace: dict[str, Any] = {
         "segments": group,

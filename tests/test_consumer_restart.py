@@ -23,6 +23,7 @@ import pytest
 
 from schemas.events import SegmentFinalized
 from tests.consumer_trainer import GROUP, load_checkpoint_lines
+from tests.segments import step_segment
 from tests.topics import read_topic
 from titoflow.bus import CommitFailedError, Publisher, TopicPartition, make_consumer
 from titoflow.client.consumer import SegmentConsumer
@@ -43,18 +44,8 @@ FINAL_TIMEOUT_S = 120.0
 
 
 def segment(n: int) -> SegmentFinalized:
-    return SegmentFinalized(
-        session_id=f"sess-{n}",
-        event_time=float(n),
-        segment_id=f"seg-{n}",
-        chain_id="c",
-        instance_id=f"prompt-{n % 5}",
-        token_ids=[1, 2, n],
-        loss_mask=[0, 1, 1],
-        logprobs=[0.0, -0.5, -0.25],
-        logprob_source=[0, 1, 1],
-        steps=[],
-        finalize_reason="finalized",
+    return step_segment(
+        str(n), ([1], [2, n], [-0.5, -0.25]), event_time=float(n), instance_id=f"prompt-{n % 5}"
     )
 
 

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from schemas.events import SegmentFinalized, SessionDiscarded
+from tests.segments import token_segment
 from tests.test_consumer_restart import committed_offsets
-from tests.test_torch_data import make_segment
 from titoflow.bus import Publisher, home_partition
 from titoflow.client.progress import Position, Progress
 from titoflow.client.topic_source import TopicSource
@@ -197,7 +197,7 @@ async def test_a_stopped_trainer_resumes_from_its_checkpoint_and_trains_on_each_
     meta = {"group_size": 2}
 
     def seg(name: str, instance: str) -> SegmentFinalized:
-        return make_segment(name, body, instance=instance, metadata=meta, reward=1.0)
+        return token_segment(name, body, instance=instance, metadata=meta, reward=1.0)
 
     publisher = Publisher(settings)
     await publisher.start()
@@ -230,7 +230,7 @@ async def test_a_stopped_trainer_resumes_from_its_checkpoint_and_trains_on_each_
         everything = {"seg-a0", "seg-a1", "seg-b0", "seg-b1", "seg-c0", "seg-c1", "seg-d0"}
         await wait_for(lambda: set(trainer.trained()) == everything, second)
         trainer.stop_now.set()
-        await publish(make_segment("z0", body, instance=z, metadata={"group_size": 1}))
+        await publish(token_segment("z0", body, instance=z, metadata={"group_size": 1}))
         await asyncio.to_thread(second.join, 60)
         assert not second.is_alive()
     finally:
@@ -256,7 +256,7 @@ async def test_a_partly_filled_packed_row_is_held_back_from_the_commit(settings:
     """s0, a discard notice and s1 fill a row; s2 does not fit, so the row is handed out and s2
     held: the commit and the checkpoint stop at s2, and a resumed dataset hands out s2 alone."""
     body = [(1, False, 0.0, 0), (2, True, -1.0, 1)]
-    s0, s1, s2 = (make_segment(f"s{i}", body, instance="one") for i in range(3))
+    s0, s1, s2 = (token_segment(f"s{i}", body, instance="one") for i in range(3))
     notice = SessionDiscarded(session_id="gone", event_time=0, instance_id="one")
     publisher = Publisher(settings)
     await publisher.start()

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 
 from schemas.events import DeadLetter, SegmentFinalized
 from schemas.reasons import DeadLetterReason
+from tests.segments import step_segment
 from tests.topics import read_until
 from titoflow.bus import Publisher
 from titoflow.client.consumer import SegmentConsumer
@@ -109,19 +110,7 @@ async def test_segments_of_one_instance_share_a_partition_and_repeats_are_droppe
     settings: Settings,
 ) -> None:
     def segment(session: str) -> SegmentFinalized:
-        return SegmentFinalized(
-            session_id=session,
-            event_time=1.0,
-            segment_id=f"seg-{session}",
-            chain_id="c",
-            instance_id="prompt-1",
-            token_ids=[1, 2],
-            loss_mask=[0, 1],
-            logprobs=[0.0, -0.5],
-            logprob_source=[0, 1],
-            steps=[],
-            finalize_reason="finalized",
-        )
+        return step_segment(session, ([1], [2], [-0.5]), session_id=session, instance_id="prompt-1")
 
     publisher = Publisher(settings)
     partitions = set()

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from cli.main import main
 from schemas.events import SegmentFinalized, SessionDiscarded
-from tests.segments import make_segment
+from tests.segments import filled_segment
 from titoflow.bus import Publisher
 from titoflow.client.export import COLUMNS, read_segments, write_parquet
 from titoflow.settings import PROJECT_ROOT, Settings
@@ -61,7 +61,7 @@ def test_parquet_round_trip_keeps_every_field_and_the_logprob_bits(
     experts: bool,
 ) -> None:
     segments = [
-        make_segment(f"s{i}", lps, reward=reward, experts=experts, instance=None if i else "p")
+        filled_segment(f"s{i}", lps, reward=reward, experts=experts, instance=None if i else "p")
         for i, lps in enumerate(logprobs)
     ]
     path = tmp_path_factory.mktemp("rt") / "segments.parquet"
@@ -92,8 +92,8 @@ def test_a_datasets_directory_loads_with_load_from_disk_bit_for_bit(tmp_path: Pa
         -0.6931471824645996,
     ]
     segments = [
-        make_segment("a", special, experts=True),
-        make_segment("b", [-1.25, -2.5], instance=None, reward=None),
+        filled_segment("a", special, experts=True),
+        filled_segment("b", [-1.25, -2.5], instance=None, reward=None),
     ]
     lines = tmp_path / "segments.jsonl"
     lines.write_bytes(b"".join(segment_bytes(s) + b"\n" for s in segments))
@@ -124,7 +124,7 @@ def test_the_export_module_is_not_imported_by_the_core_and_names_its_extra(
     assert done.stdout.strip() == b"[]"
     # Without pyarrow, the command says which extra to install, in one line.
     lines = tmp_path / "segments.jsonl"
-    lines.write_bytes(segment_bytes(make_segment("a", [-1.0])) + b"\n")
+    lines.write_bytes(segment_bytes(filled_segment("a", [-1.0])) + b"\n")
     blocked = (
         "import sys; sys.modules['pyarrow'] = None; from cli.main import main; sys.exit(main())"
     )
@@ -155,7 +155,7 @@ def test_bad_input_is_one_line_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = tmp_path / "segments.jsonl"
-    lines.write_bytes(segment_bytes(make_segment("a", [-1.0])) + b'\n{"type": "step_recorded"}\n')
+    lines.write_bytes(segment_bytes(filled_segment("a", [-1.0])) + b'\n{"type": "step_recorded"}\n')
     out = tmp_path / "out.parquet"
     assert main(["export", "--from-jsonl", str(lines), "--parquet", str(out)]) == 2
     [line] = capsys.readouterr().err.splitlines()
@@ -193,8 +193,8 @@ async def cli(*argv: str) -> int:
 async def test_live_topic_and_a_time_window_of_it_on_tansu(
     settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    early = [make_segment(f"e{i}", [-0.5 * i, -1.0], instance=f"p{i % 2}") for i in range(4)]
-    late = [make_segment(f"l{i}", [-0.25, -3.0 * i], instance=f"p{i % 2}") for i in range(3)]
+    early = [filled_segment(f"e{i}", [-0.5 * i, -1.0], instance=f"p{i % 2}") for i in range(4)]
+    late = [filled_segment(f"l{i}", [-0.25, -3.0 * i], instance=f"p{i % 2}") for i in range(3)]
     notice = SessionDiscarded(session_id="gone", event_time=1.0, reason="empty")
     # A worker's at-least-once repeat (same id, same bytes) and a discard notice ride along.
     await publish_segments(settings, [*early, early[0], notice])
@@ -261,7 +261,7 @@ def test_the_reading_example_of_the_docs_runs_as_written(
     [example] = re.findall(
         r"<!-- tested by tests/test_export\.py -->\s*```python\n(.*?)```", text, re.DOTALL
     )
-    segments = [make_segment("a", [-1.0, -0.5]), make_segment("b", [-2.0])]
+    segments = [filled_segment("a", [-1.0, -0.5]), filled_segment("b", [-2.0])]
     lines = tmp_path / "segments.jsonl"
     lines.write_bytes(b"".join(segment_bytes(s) + b"\n" for s in segments))
     monkeypatch.chdir(tmp_path)

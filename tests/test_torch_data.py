@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
 from schemas.events import SegmentFinalized, SessionDiscarded, VersionSpan
+from tests.segments import token_segment
 from titoflow.bus import Publisher
 from titoflow.client.batch import version_number
 from titoflow.client.groups import GroupCollector
@@ -42,39 +43,6 @@ token = st.tuples(
 sequence = st.lists(token, min_size=1, max_size=24).map(
     lambda ts: [(ts[0][0], False, 0.0, 0), *ts[1:]]
 )
-
-
-def make_segment(
-    name: str,
-    tokens: list[tuple[int, bool, float, int]],
-    *,
-    instance: str | None = None,
-    session: str | None = None,
-    last: bool = True,
-    unused: bool = False,
-    reward: float | None = None,
-    metadata: dict[str, Any] | None = None,
-    versions: list[VersionSpan] | None = None,
-) -> SegmentFinalized:
-    return SegmentFinalized(
-        session_id=session or f"sess-{name}",
-        event_time=0.0,
-        segment_id=f"seg-{name}",
-        chain_id=name,
-        instance_id=instance,
-        token_ids=[t[0] for t in tokens],
-        loss_mask=[int(t[1]) for t in tokens],
-        logprobs=[t[2] for t in tokens],
-        # A token outside the loss may have no logprob (source 0), one in it always has one.
-        logprob_source=[t[3] if t[1] else t[3] * (i % 2) for i, t in enumerate(tokens)],
-        weight_versions=versions or [],
-        steps=[],
-        finalize_reason="finalized",
-        last_of_session=last,
-        unused_sample=unused,
-        reward=reward,
-        metadata=metadata or {},
-    )
 
 
 def float_bits(values: Any) -> list[int]:
@@ -113,7 +81,7 @@ def check_item_holds(item: dict[str, Any], segments: list[SegmentFinalized]) -> 
 def test_packing_keeps_every_sequence_whole_exact_and_within_the_budget(
     sequences: list[list[tuple[int, bool, float, int]]], budget: int
 ) -> None:
-    segments = [make_segment(f"s{i}", tokens) for i, tokens in enumerate(sequences)]
+    segments = [token_segment(f"s{i}", tokens) for i, tokens in enumerate(sequences)]
     items = list(SegmentDataset(segments, pad_id=PAD, pack_tokens=budget))
     assert [sid for item in items for sid in item["segment_ids"]] == [
         s.segment_id for s in segments
@@ -148,8 +116,8 @@ def test_one_segment_per_item_with_weight_versions_and_reward() -> None:
         VersionSpan(version="v3", start=1, end=2),
         VersionSpan(version="v4", start=2, end=3),
     ]
-    segment = make_segment("a", tokens, reward=0.25, versions=versions)
-    no_reward = make_segment("b", tokens)
+    segment = token_segment("a", tokens, reward=0.25, versions=versions)
+    no_reward = token_segment("b", tokens)
     [item, other] = list(SegmentDataset([segment, no_reward], pad_id=PAD))
     check_item_holds(item, [segment])
     assert item["weight_version"].tolist() == [[-1, 3, 4, -1]]
@@ -162,10 +130,10 @@ def test_one_segment_per_item_with_weight_versions_and_reward() -> None:
 
 
 def test_refuses_a_trainable_first_token_and_a_sequence_over_the_budget() -> None:
-    first = make_segment("a", [(1, True, -1.0, 1), (2, False, 0.0, 0)])
+    first = token_segment("a", [(1, True, -1.0, 1), (2, False, 0.0, 0)])
     with pytest.raises(ValueError, match="first token is in the loss"):
         list(SegmentDataset([first], pad_id=PAD))
-    long = make_segment("b", [(1, False, 0.0, 0)] * 9)
+    long = token_segment("b", [(1, False, 0.0, 0)] * 9)
     with pytest.raises(ValueError, match="exceeds the packing budget of 8"):
         list(SegmentDataset([long], pad_id=PAD, pack_tokens=8))
 
@@ -199,7 +167,7 @@ def test_groups_are_handed_out_once_when_their_sessions_ended(
             continue
         per_session.append(
             [
-                make_segment(
+                token_segment(
                     f"s{s}-{k}",
                     [(1, False, 0.0, 0), (2, True, -1.0, 1)],
                     instance=f"i{instance}",
@@ -253,7 +221,9 @@ def test_groups_are_handed_out_once_when_their_sessions_ended(
 
 def test_group_timeout_and_size_from_the_collector_or_metadata() -> None:
     def seg(name: str, instance: str, **kw: Any) -> SegmentFinalized:
-        return make_segment(name, [(1, False, 0.0, 0), (2, True, -1.0, 1)], instance=instance, **kw)
+        return token_segment(
+            name, [(1, False, 0.0, 0), (2, True, -1.0, 1)], instance=instance, **kw
+        )
 
     collector = GroupCollector(group_size=2, timeout_s=10.0)
     assert collector.add(seg("a", "p"), now=0.0) is None
@@ -278,7 +248,7 @@ def test_grouped_items_from_a_jsonl_file_through_a_data_loader(tmp_path: Path) -
     partial packed row or group handed out after the timeout on a source's idle ticks."""
     body = [(1, False, 0.0, 0), (2, True, -1.0, 1), (3, True, -2.0, 1)]
     group = [
-        make_segment(f"r{i}", body, instance="p", reward=float(i), metadata={"group_size": 2})
+        token_segment(f"r{i}", body, instance="p", reward=float(i), metadata={"group_size": 2})
         for i in range(2)
     ]
     path = tmp_path / "segments.jsonl"
@@ -324,8 +294,8 @@ def test_a_packed_row_with_block_causal_mask_gives_each_segment_its_own_logits(
     same logits as each segment alone. Position ids alone do not keep the boundary there."""
     policy: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     policy.eval()
-    first = make_segment("a", [(5, False, 0.0, 0), (6, True, -1.0, 1), (7, True, -1.0, 1)])
-    second = make_segment("b", [(11, False, 0.0, 0), (12, False, 0.0, 0), (13, True, -2.0, 1)])
+    first = token_segment("a", [(5, False, 0.0, 0), (6, True, -1.0, 1), (7, True, -1.0, 1)])
+    second = token_segment("b", [(11, False, 0.0, 0), (12, False, 0.0, 0), (13, True, -2.0, 1)])
     [item] = list(SegmentDataset([first, second], pad_id=PAD, pack_tokens=8))
     assert item["input_ids"].shape == (1, 6)
     padded = {
@@ -353,10 +323,10 @@ async def test_the_topic_source_feeds_groups_on_tansu_and_stops_its_consumer(
     source's idle ticks; closing the dataset's iterator stops the consumer's thread."""
     body = [(1, False, 0.0, 0), (2, True, -1.0, 1)]
     meta = {"group_size": 2}
-    p0 = make_segment("p0", body, instance="p", metadata=meta, reward=1.0)
-    unused = make_segment("p1u", body, instance="p", session="sess-p1", last=False, unused=True)
-    p1 = make_segment("p1", body, instance="p", metadata=meta, reward=0.0)
-    q0 = make_segment("q0", body, instance="q", metadata={"group_size": 3})
+    p0 = token_segment("p0", body, instance="p", metadata=meta, reward=1.0)
+    unused = token_segment("p1u", body, instance="p", session="sess-p1", last=False, unused=True)
+    p1 = token_segment("p1", body, instance="p", metadata=meta, reward=0.0)
+    q0 = token_segment("q0", body, instance="q", metadata={"group_size": 3})
     publisher = Publisher(settings)
     await publisher.start()
     try:
@@ -387,7 +357,7 @@ async def test_the_topic_source_feeds_groups_on_tansu_and_stops_its_consumer(
 def test_data_loader_workers_each_take_whole_instances() -> None:
     body = [(1, False, 0.0, 0), (2, True, -1.0, 1)]
     segments = [
-        make_segment(f"{instance}{k}", body, instance=instance, metadata={"group_size": 2})
+        token_segment(f"{instance}{k}", body, instance=instance, metadata={"group_size": 2})
         for k in range(2)
         for instance in "abcdef"
     ]

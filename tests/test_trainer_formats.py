@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from schemas.events import SegmentFinalized
-from tests.segments import make_segment
+from tests.segments import filled_segment
 from titoflow.client.batch import instance_key
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
@@ -42,11 +42,11 @@ def bits(segment: SegmentFinalized, lo: int, hi: int | None = None) -> bytes:
 
 
 SEGMENTS = [
-    make_segment("a", [-0.0, -1e-45, -2.5, -7.25, float("-inf")]),
-    make_segment("b", [-0.5], instance=None),
-    make_segment("c", [-3.0, -0.125, -1.0, -2.0, -4.0, -8.0, -0.75], instance="prompt-1"),
+    filled_segment("a", [-0.0, -1e-45, -2.5, -7.25, float("-inf")]),
+    filled_segment("b", [-0.5], instance=None),
+    filled_segment("c", [-3.0, -0.125, -1.0, -2.0, -4.0, -8.0, -0.75], instance="prompt-1"),
 ]
-UNREWARDED = [make_segment("d", [-1.0, -2.0], reward=None), SEGMENTS[1]]
+UNREWARDED = [filled_segment("d", [-1.0, -2.0], reward=None), SEGMENTS[1]]
 
 
 def dims(expression: str, names: dict[str, int]) -> list[tuple[int, ...]]:
