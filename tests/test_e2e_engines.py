@@ -21,13 +21,11 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from pydantic import TypeAdapter
 
 from ingress.app import create_app
-from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.apps import ADMIN_TOKEN, admin, serving, until
 from tests.engines import engine_for_tests
-from tests.topics import engine_generate, read_until
+from tests.topics import engine_generate, sessions_recorded
 from tests.witness import Witness
 from titoflow.dev.stack import settings_env, start_worker
 from titoflow.engine.pool import EnginePool
@@ -142,23 +140,9 @@ async def test_sessions_stick_move_on_drain_and_nothing_is_lost(
                 finalized.raise_for_status()
             for client in clients.values():
                 await client.close()
-        # Read while the worker runs: stopped, it would leave the last sessions unassembled.
-        events = await read_until(
-            settings,
-            settings.topic("steps"),
-            steps_topic_adapter,
-            lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(sessions) * TURNS,
-        )
-        segments = await read_until(
-            settings,
-            settings.topic("segments"),
-            TypeAdapter(SegmentFinalized),
-            lambda got: {s.session_id for s in got} >= set(sessions),
-            timeout_s=120,
-        )
+        steps, segments = await sessions_recorded(settings, sessions, len(sessions) * TURNS)
     finally:
         worker.stop()
-    steps = [e for e in events if isinstance(e, StepRecorded)]
 
     # Nothing lost, nothing twice: one step per call, one segment per session.
     assert len(steps) == len(sessions) * TURNS
@@ -295,22 +279,9 @@ async def test_a_group_shares_one_engine_and_moves_together_when_it_drains(
                 (await http.post(f"{url}/sess/{session}/finalize", json={})).raise_for_status()
             for client in clients.values():
                 await client.close()
-        events = await read_until(
-            settings,
-            settings.topic("steps"),
-            steps_topic_adapter,
-            lambda got: sum(isinstance(e, StepRecorded) for e in got) >= len(group) * GROUP_TURNS,
-        )
-        segments = await read_until(
-            settings,
-            settings.topic("segments"),
-            TypeAdapter(SegmentFinalized),
-            lambda got: {s.session_id for s in got} >= set(group),
-            timeout_s=120,
-        )
+        steps, segments = await sessions_recorded(settings, group, len(group) * GROUP_TURNS)
     finally:
         worker.stop()
-    steps = [e for e in events if isinstance(e, StepRecorded)]
     assert len(steps) == len(group) * GROUP_TURNS
     engines = {s: [e.engine_url for e in steps if e.session_id == s] for s in group}
     # The whole group on the instance's engine, including the sessions whose own hash picks

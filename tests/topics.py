@@ -114,6 +114,27 @@ async def finalized_segments(
     return [s for s in segments if s.session_id == session]
 
 
+async def sessions_recorded(
+    settings: Settings, sessions: list[str], steps: int
+) -> tuple[list[StepRecorded], list[SegmentFinalized]]:
+    """Once ``steps`` steps are recorded and every one of ``sessions`` has a segment: the steps
+    and the segments. Read while the worker runs (stopped, it leaves sessions unassembled)."""
+    events = await read_until(
+        settings,
+        settings.topic("steps"),
+        steps_topic_adapter,
+        lambda got: sum(isinstance(e, StepRecorded) for e in got) >= steps,
+    )
+    segments = await read_until(
+        settings,
+        settings.topic("segments"),
+        TypeAdapter(SegmentFinalized),
+        lambda got: {s.session_id for s in got} >= set(sessions),
+        timeout_s=120,
+    )
+    return [e for e in events if isinstance(e, StepRecorded)], segments
+
+
 async def engine_generate(
     engine_url: str, prompt: list[int], seed: int, stop: int, max_tokens: int
 ) -> Any:
