@@ -99,7 +99,7 @@ async def test_header_and_body_sessions_idle_finalize_instance_keys_and_dlq(
     for line in (
         'titoflow_worker_segments_total{reason="finalized"} 1.0',
         'titoflow_worker_segments_total{reason="idle"} 1.0',
-        "titoflow_worker_dead_letters_total 1.0",
+        'titoflow_worker_dead_letters_total{reason="undecodable_event"} 1.0',
         "titoflow_worker_consumer_lag{",
         "titoflow_worker_publish_seconds_count",
     ):

@@ -32,6 +32,7 @@ from titoflow.engine.api import PromptScores
 from titoflow.settings import Settings
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
+from workers import metrics
 from workers.assembler import Assembler
 from workers.assembly.pending import needs_recompute
 from workers.rebuild import Rebuilder
@@ -237,6 +238,8 @@ async def test_the_recompute_stage_under_the_kill_switch_masks_without_an_engine
         }
     )
     request = RecomputeRequested(session_id="s", event_time=1.0, segment=pending)
+    reason = DeadLetterReason.UNDECODABLE_RECOMPUTE_REQUEST
+    letters_before = metrics.DEAD_LETTERS.labels(reason.value)._value.get()
     publisher = Publisher(killed)
     try:
         await publisher.publish(killed.topic("recompute"), "s", b"\xff poison")
@@ -259,7 +262,8 @@ async def test_the_recompute_stage_under_the_kill_switch_masks_without_an_engine
         done.logprob_source[p] for p in where
     } == {0}
     assert done.diagnostics["recompute_masked_disabled"] == len(where)
-    assert letter.reason is DeadLetterReason.UNDECODABLE_RECOMPUTE_REQUEST and letter.detail
+    assert letter.reason is reason and letter.detail
+    assert metrics.DEAD_LETTERS.labels(reason.value)._value.get() == letters_before + 1
 
 
 class _SlowScorer:

@@ -17,7 +17,11 @@ DIVERGENCES = Counter(
 )
 for _kind in DIVERGENCE_CLASSES:  # zero from the start: "none yet" is not "not exported"
     DIVERGENCES.labels(_kind)
-DEAD_LETTERS = Counter("titoflow_worker_dead_letters_total", "Events sent to the DLQ.")
+DEAD_LETTERS = Counter(
+    "titoflow_worker_dead_letters_total",
+    "Events sent to the DLQ, by reason (schemas/reasons.py DeadLetterReason).",
+    ["reason"],
+)
 CONSUMER_LAG = Gauge(
     "titoflow_worker_consumer_lag",
     "Events of the steps topic not yet consumed, by partition (high watermark - position).",

@@ -80,7 +80,7 @@ async def publish_dead_letter(
     reason: DeadLetterReason,
     detail: str = "",
 ) -> None:
-    """Send ``record`` to the DLQ: its bytes, where it came from, and why."""
+    """Send ``record`` to the DLQ: its bytes, where it came from, and why (counted by why)."""
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     log.warning("dead letter %s: %s %s", where, reason, detail)
     letter = DeadLetter(
@@ -96,6 +96,7 @@ async def publish_dead_letter(
     await publisher.publish(
         settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
     )
+    metrics.DEAD_LETTERS.labels(reason.value).inc()
 
 
 def assembler_for(settings: Settings) -> Assembler:
@@ -204,7 +205,13 @@ class Worker:
             if applied.skipped_reason:
                 log.info("event skipped: %s", applied.skipped_reason, extra=ids)
         if applied.dead_letter_reason:
-            await self._dead_letter(record, applied.dead_letter_reason, applied.dead_letter_detail)
+            await publish_dead_letter(
+                self.publisher,
+                self.settings,
+                record,
+                applied.dead_letter_reason,
+                applied.dead_letter_detail,
+            )
         return [*applied.segments, *([applied.notice] if applied.notice else [])]
 
     def _observe(self) -> None:
@@ -298,12 +305,6 @@ class Worker:
                     "finalize_reason": segment.finalize_reason,
                 },
             )
-
-    async def _dead_letter(
-        self, record: ConsumerRecord, reason: DeadLetterReason, detail: str
-    ) -> None:
-        metrics.DEAD_LETTERS.inc()
-        await publish_dead_letter(self.publisher, self.settings, record, reason, detail)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop state of partitions another worker now owns; it re-reads them from the commit."""
