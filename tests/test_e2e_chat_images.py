@@ -44,6 +44,15 @@ pytestmark = pytest.mark.engine
 
 TOOLS: Any = [path_tool("screenshot", "a screenshot of a path")]
 
+# Screenshots of several sizes and aspects, each a new image (and run length) per turn.
+SIZES = [(64, 48), (200, 120), (256, 256)]
+# No arguments to write: a forced call is ``{}``, a few tokens, never cut by max_tokens.
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+SCREENSHOT: Any = {
+    "type": "function",
+    "function": {"name": "screenshot", "description": "the screen", "parameters": NO_ARGUMENTS},
+}
+
 
 def png(width: int, height: int, seed: int) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
@@ -153,9 +162,7 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
 async def anthropic_turns(url: str, session: str, images: list[bytes]) -> None:
     """An image block, then a screenshot in a tool_result, with Anthropic's SDK, streamed."""
     claude = AsyncAnthropic(base_url=f"{url}/sess/{session}", api_key="k", max_retries=0)
-    # No arguments to write: the constrained call is "{}", never cut by max_tokens.
-    schema = {"type": "object", "properties": {}, "additionalProperties": False}
-    tool: Any = {"name": "screenshot", "input_schema": schema}
+    tool: Any = {"name": "screenshot", "input_schema": NO_ARGUMENTS}
     source = [
         {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
         for data in images
@@ -218,16 +225,6 @@ async def assert_the_engine_expands(
         reply = await engine.post("/inference/v1/generate", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["prompt_token_ids"] == prompt
-
-
-# Screenshots of several sizes and aspects, each a new image (and run length) per turn.
-SIZES = [(64, 48), (200, 120), (256, 256)]
-# No arguments to write: a forced call is ``{}``, a few tokens, never cut by max_tokens.
-NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
-SCREENSHOT: Any = {
-    "type": "function",
-    "function": {"name": "screenshot", "description": "the screen", "parameters": NO_ARGUMENTS},
-}
 
 
 async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_segments(
