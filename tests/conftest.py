@@ -120,6 +120,18 @@ def agent_stack_settings(
     yield from witnessed(settings, agent_engine_url, agent_model_dir, witness, request)
 
 
+@pytest.fixture
+def vl_stack_settings(
+    settings: Settings,
+    vl_engine_url: str,
+    vl_model_dir: Path,
+    witness: Witness,
+    request: pytest.FixtureRequest,
+) -> Iterator[Settings]:
+    """As ``stack_settings``, with the module's vision-language engine (issue 30)."""
+    yield from witnessed(settings, vl_engine_url, vl_model_dir, witness, request)
+
+
 def witnessed(
     settings: Settings,
     engine_url: str,

@@ -13,6 +13,7 @@ import base64
 import copy
 import hashlib
 import io
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -251,6 +252,87 @@ async def test_refused_images_are_a_400_and_publish_nothing(
     assert says in refused.value.message
     assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
     assert publisher.events == [] and engine.prompts == []
+
+
+LIMITED = {
+    "count": (
+        replace(OPTIONS, max_images=1),
+        "at most 1 are taken (setting max_images_per_request)",
+    ),
+    "bytes": (
+        replace(OPTIONS, max_image_bytes=len(png(40, 40))),
+        "(setting max_image_bytes_per_request)",
+    ),
+}
+
+
+@pytest.mark.parametrize("limit", sorted(LIMITED))
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+async def test_the_image_limits_count_the_whole_conversation_and_refuse_in_each_api_s_shape(
+    api: str, limit: str
+) -> None:
+    """A first turn at the limit is taken; the next, adding an image, passes it (the limits
+    hold the conversation, history included) and is a 400 in the API's own error shape, with
+    no engine call and nothing published."""
+    options, says = LIMITED[limit]
+    app, engine, publisher = vl_app(["seen<|im_end|>", "never<|im_end|>"], options)
+    first, second = png(40, 40), png(40, 40, (200, 10, 10))
+    ask = {"chat": chat_turns, "responses": responses_turns, "anthropic": anthropic_turns}[api]
+    with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as refused:
+        await ask(app, first, second)
+    error = refused.value
+    assert isinstance(error, openai.BadRequestError | anthropic.BadRequestError)
+    assert says in error.message
+    body: Any = error.body
+    if api == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    else:
+        assert body["type"] == "invalid_request_error" and body["param"] == "messages"
+    assert len(engine.prompts) == 1 and len(steps(publisher)) == 1  # the first turn's only
+
+
+async def chat_turns(app: Any, first: bytes, second: bytes) -> None:
+    client = client_for(app)
+    messages: Any = [{"role": "user", "content": [image_part(first)]}]
+    answer = await client.chat.completions.create(model="m", messages=messages)
+    messages += [
+        {"role": "assistant", "content": answer.choices[0].message.content},
+        {"role": "user", "content": [image_part(second)]},
+    ]
+    await client.chat.completions.create(model="m", messages=messages)
+
+
+async def responses_turns(app: Any, first: bytes, second: bytes) -> None:
+    client = client_for(app)
+    url = [image_part(data)["image_url"]["url"] for data in (first, second)]
+    items: Any = [
+        {
+            "role": "user",
+            "content": [{"type": "input_image", "image_url": url[0], "detail": "auto"}],
+        }
+    ]
+    answer = await client.responses.create(model="m", input=items)
+    items += [item.model_dump(exclude_none=True) for item in answer.output]
+    items.append(
+        {
+            "role": "user",
+            "content": [{"type": "input_image", "image_url": url[1], "detail": "auto"}],
+        }
+    )
+    await client.responses.create(model="m", input=items)
+
+
+async def anthropic_turns(app: Any, first: bytes, second: bytes) -> None:
+    client = anthropic.AsyncAnthropic(
+        base_url="http://ingress/sess/s1", api_key="k", http_client=asgi_client(app), max_retries=0
+    )
+    messages: Any = [{"role": "user", "content": [anthropic_image(first)]}]
+    answer = await client.messages.create(model="m", max_tokens=8, messages=messages)
+    messages += [
+        {"role": "assistant", "content": [block.model_dump() for block in answer.content]},
+        {"role": "user", "content": [anthropic_image(second)]},
+    ]
+    await client.messages.create(model="m", max_tokens=8, messages=messages)
 
 
 @given(

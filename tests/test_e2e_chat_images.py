@@ -7,7 +7,10 @@ expanded prompt ids, and the engine, sent one placeholder per image with the ima
 them to exactly those ids (checked here on the engine directly, beside the ingress' own check on
 every call); the second step extends the first by TITO.
 
-No worker runs: the record per image and segments with images are issue 30's part 3.
+Then issue 30's proof (part 4): a screenshot tool loop of four turns with both SDKs, streamed,
+a worker assembling segments, every segment held to what the engine witnessed (tests/witness.py:
+the expanded prompt, the images' hashes, each image sent by uuid alone once the engine has it).
+Both tests share the module's VL engine (a start is ~2 minutes here).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 from PIL import Image
 
+from tests.apps import echoed_choices
 from tests.families import path_tool
-from tests.topics import recorded_steps
-from titoflow.dev.stack import start_ingress
+from tests.topics import finalized_segments, recorded_steps
+from tests.witness import Witness, Witnessed, check_segments
+from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.dev.vl_policy import IMAGE_PAD_ID
 from titoflow.engine.api import EngineImage
 from titoflow.engine.images import content_parts, engine_prompt
@@ -38,6 +43,15 @@ from titoflow.tito.image_grid import ImageProcessing
 pytestmark = pytest.mark.engine
 
 TOOLS: Any = [path_tool("screenshot", "a screenshot of a path")]
+
+# Screenshots of several sizes and aspects, each a new image (and run length) per turn.
+SIZES = [(64, 48), (200, 120), (256, 256)]
+# No arguments to write: a forced call is ``{}``, a few tokens, never cut by max_tokens.
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+SCREENSHOT: Any = {
+    "type": "function",
+    "function": {"name": "screenshot", "description": "the screen", "parameters": NO_ARGUMENTS},
+}
 
 
 def png(width: int, height: int, seed: int) -> bytes:
@@ -148,9 +162,7 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
 async def anthropic_turns(url: str, session: str, images: list[bytes]) -> None:
     """An image block, then a screenshot in a tool_result, with Anthropic's SDK, streamed."""
     claude = AsyncAnthropic(base_url=f"{url}/sess/{session}", api_key="k", max_retries=0)
-    # No arguments to write: the constrained call is "{}", never cut by max_tokens.
-    schema = {"type": "object", "properties": {}, "additionalProperties": False}
-    tool: Any = {"name": "screenshot", "input_schema": schema}
+    tool: Any = {"name": "screenshot", "input_schema": NO_ARGUMENTS}
     source = [
         {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
         for data in images
@@ -213,3 +225,129 @@ async def assert_the_engine_expands(
         reply = await engine.post("/inference/v1/generate", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["prompt_token_ids"] == prompt
+
+
+async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_segments(
+    vl_stack_settings: Settings, witness: Witness, vl_model_dir: Path, tmp_path: Path
+) -> None:
+    """Four streamed turns per SDK: three forced ``screenshot`` calls, each answered with a new
+    PNG in the tool result, then a free answer. Each session is one segment (every turn after
+    the first extends the chain by TITO, so nothing is re-tokenized and nothing splits), held
+    token for token to the engine's calls, with the earlier screenshots sent by uuid alone."""
+    stack = vl_stack_settings
+    ingress, url = start_ingress(stack, tmp_path)
+    worker = start_worker(stack, tmp_path)
+    shots = [[png(w, h, seed + 10 * api) for seed, (w, h) in enumerate(SIZES)] for api in (0, 1)]
+    sessions = [f"shots-{api}-{uuid.uuid4().hex[:8]}" for api in ("openai", "anthropic")]
+    try:
+        await openai_screenshot_loop(url, sessions[0], shots[0])
+        await anthropic_screenshot_loop(url, sessions[1], shots[1])
+        segments = [await finalized_segments(stack, url, session) for session in sessions]
+    finally:
+        ingress.stop()
+        worker.stop()
+
+    calls = witness.witnessed()
+    assert len(calls) == 8 and all(call.stream for call in calls)
+    counts = check_segments([s for found in segments for s in found], calls, complete=True)
+    assert counts["trainable_steps"] == 8 and counts["expanded_calls"] == 6
+    assert (counts["images_with_bytes"], counts["images_by_uuid"]) == (6, 6)
+    processing = ImageProcessing.of_model(vl_model_dir)
+    assert processing is not None
+    lengths = [processing.tokens(h, w) for w, h in SIZES]
+    assert len(set(lengths)) == 3, lengths
+    for found, images, session_calls in zip(segments, shots, (calls[:4], calls[4:]), strict=True):
+        [segment] = found
+        assert segment.split_reason is None and segment.build_mode == "concat"
+        assert [step.prefix for step in segment.steps] == ["rendered", "tito", "tito", "tito"]
+        assert [length for _, length in runs(segment.token_ids)] == lengths
+        assert sent_images(session_calls) == expected_images(images)
+        assert segment.loss_mask.count(1) == sum(len(call.completion) for call in session_calls)
+
+
+def sent_images(calls: list[Witnessed]) -> list[list[tuple[str, bool]]]:
+    """Per call, each image's uuid and whether it went by uuid alone (as the engine saw it)."""
+    return [[(image.uuid, image.by_uuid) for image in call.images] for call in calls]
+
+
+def expected_images(images: list[bytes]) -> list[list[tuple[str, bool]]]:
+    """No image on the first turn; then each turn the earlier screenshots by uuid alone (the
+    engine holds them) and the new one with its bytes."""
+    digests = [hashlib.sha256(data).hexdigest() for data in images]
+    return [
+        [(d, True) for d in digests[: k - 1]] + [(digests[k - 1], False)] if k else []
+        for k in range(4)
+    ]
+
+
+async def openai_screenshot_loop(url: str, session: str, images: list[bytes]) -> None:
+    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "Look at the screen, shot by shot."}]
+    forced = {"type": "function", "function": {"name": "screenshot"}}
+    for turn, image in enumerate(images):
+        [answer], _ = await echoed_choices(
+            client,
+            1,
+            True,
+            model="policy",
+            messages=messages,
+            tools=[SCREENSHOT],
+            tool_choice=forced,
+            max_tokens=48,
+            seed=turn,
+        )
+        [call] = answer["tool_calls"]
+        messages += [
+            answer,
+            {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "content": [
+                    {"type": "image_url", "image_url": {"url": data_url(image)}},
+                    {"type": "text", "text": f"screenshot {turn}"},
+                ],
+            },
+        ]
+    await echoed_choices(
+        client, 1, True, model="policy", messages=messages, tools=[SCREENSHOT], max_tokens=8, seed=9
+    )
+    await client.close()
+
+
+async def anthropic_screenshot_loop(url: str, session: str, images: list[bytes]) -> None:
+    claude = AsyncAnthropic(base_url=f"{url}/sess/{session}", api_key="k", max_retries=0)
+    tool: Any = {"name": "screenshot", "input_schema": NO_ARGUMENTS}
+    turns: list[Any] = [{"role": "user", "content": "Look at the screen, shot by shot."}]
+    for image in images:
+        async with claude.messages.stream(
+            model="policy",
+            max_tokens=48,
+            messages=turns,
+            tools=[tool],
+            tool_choice={"type": "tool", "name": "screenshot"},
+        ) as stream:
+            answer = await stream.get_final_message()
+        [use] = [block for block in answer.content if block.type == "tool_use"]
+        source = {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(image).decode(),
+        }
+        turns += [
+            {"role": "assistant", "content": [block.model_dump() for block in answer.content]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": use.id,
+                        "content": [{"type": "image", "source": source}],
+                    }
+                ],
+            },
+        ]
+    async with claude.messages.stream(
+        model="policy", max_tokens=8, messages=turns, tools=[tool]
+    ) as stream:
+        await stream.get_final_message()
+    await claude.close()

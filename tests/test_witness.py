@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import struct
+from dataclasses import dataclass, replace
 
 import pytest
 
 from schemas.events import SegmentFinalized
-from tests.test_assembler import THREE_TURNS, assemble
-from tests.witness import Witnessed, WitnessError, check_segments
+from tests.test_assembler import THREE_TURNS, assemble, step
+from tests.witness import Witnessed, WitnessedImage, WitnessError, check_segments
+from titoflow.dev.vl_policy import IMAGE_PAD_ID
 
 
 def calls_of_three_turns() -> list[Witnessed]:
     """What an engine would have witnessed for tests.test_assembler.THREE_TURNS."""
     calls: list[Witnessed] = []
     context: list[int] = []
-    for step in THREE_TURNS:
-        context = context[: step.prefix_len] + list(step.prompt_tail_ids)
+    for turn in THREE_TURNS:
+        context = context[: turn.prefix_len] + list(turn.prompt_tail_ids)
         calls.append(
             Witnessed(
                 tuple(context),
                 stream=False,
-                completion=list(step.completion_ids),
-                logprobs=list(step.completion_logprobs),
+                completion=list(turn.completion_ids),
+                logprobs=list(turn.completion_logprobs),
                 finish_reason="stop",
             )
         )
-        context += list(step.completion_ids)
+        context += list(turn.completion_ids)
     return calls
 
 
@@ -66,3 +70,113 @@ def test_an_exact_segment_passes_and_every_lie_fails() -> None:
     several = Witnessed((9,), stream=False, completion=[8], finish_reason="stop", samples=4)
     with pytest.raises(WitnessError, match="several samples"):  # 3 of them unrecorded
         check_segments([segment], [*calls, several], accounted=[(9, 8)])
+
+
+# Two turns with images: an image of 4 placeholders in the first prompt, one of 3 in the second
+# (the first image sent again by uuid alone).
+PAD = IMAGE_PAD_ID
+A, B = b"screenshot one", b"screenshot two"
+SHA_A, SHA_B = hashlib.sha256(A).hexdigest(), hashlib.sha256(B).hexdigest()
+IMAGE_TURNS = [
+    step("a", [1, *[PAD] * 4, 2], [10, 11]),
+    step("b", [3, *[PAD] * 3, 4], [12], parent="a", prefix_len=8),
+]
+
+
+def with_bytes(data: bytes, uuid: str | None = None) -> WitnessedImage:
+    """As the proxy records a ``content_parts`` entry carrying ``data`` in a ``data:`` URL."""
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return WitnessedImage.of_part({"url": url, "uuid": uuid or hashlib.sha256(data).hexdigest()})
+
+
+def image_calls() -> list[Witnessed]:
+    """What the engine witnessed for IMAGE_TURNS: one placeholder per image sent, the images
+    beside (the first one by uuid alone on the second call), each run expanded once."""
+    first = (1, *[PAD] * 4, 2)
+    second = (*first, 10, 11, 3, *[PAD] * 3, 4)
+    return [
+        Witnessed(
+            (1, PAD, 2),
+            stream=True,
+            completion=[10, 11],
+            logprobs=[-0.5, -1.0],
+            finish_reason="stop",
+            images=[with_bytes(A)],
+            expanded=first,
+            placeholders=[(1, 4)],
+        ),
+        Witnessed(
+            (1, PAD, 2, 10, 11, 3, PAD, 4),
+            stream=False,
+            completion=[12],
+            logprobs=[-0.5],
+            finish_reason="stop",
+            images=[WitnessedImage.of_part({"url": None, "uuid": SHA_A}), with_bytes(B)],
+            expanded=second,
+            placeholders=[(1, 4), (9, 3)],
+        ),
+    ]
+
+
+def test_segments_with_images_are_held_to_the_expanded_prompt_and_every_lie_fails() -> None:
+    [segment] = assemble(IMAGE_TURNS)
+    calls = image_calls()
+    counts = check_segments([segment], calls, complete=True)
+    assert counts["trainable_steps"] == 2 and counts["expanded_calls"] == 2
+    assert (counts["images_with_bytes"], counts["images_by_uuid"]) == (2, 1)
+
+    def fails(says: str, *changed: Witnessed, on: SegmentFinalized = segment) -> None:
+        with pytest.raises(WitnessError, match=says):
+            check_segments([on], list(changed), complete=True)
+
+    first, second = calls
+    # The segment holds what the engine was sent, not the prompt the model saw.
+    [collapsed] = assemble(
+        [step("a", [1, PAD, 2], [10, 11]), step("b", [3, PAD, 4], [12], parent="a", prefix_len=5)]
+    )
+    fails("not sampled", *calls, on=collapsed)
+    # An image whose uuid is not the hash of its bytes (an engine cache would answer another's).
+    fails("not the sha256", replace(first, images=[with_bytes(A, uuid=SHA_B)]), second)
+    fails("no data: URL", replace(first, images=[WitnessedImage(SHA_A, None)]), second)
+    # By uuid alone with no earlier call carrying its bytes: to no engine, or to another one.
+    fails("never with its bytes", second)
+    fails("never with its bytes", first, replace(second, engine="http://other"))
+    # The engine's runs: missing, one too many, off by one, not a placeholder run.
+    fails("no expanded prompt", replace(first, expanded=None, placeholders=None), second)
+    fails("2 placeholder runs", replace(first, placeholders=[(1, 2), (3, 2)]), second)
+    fails("cut back", replace(first, placeholders=[(1, 3)]), second)
+    fails("not one id repeated", replace(first, placeholders=[(0, 4)]), second)
+    # A double expansion: the run sent already expanded, and expanded again by the engine.
+    again = (1, *[PAD] * 7, 2)
+    sent = replace(first, prompt=(1, *[PAD] * 4, 2), expanded=again, placeholders=[(1, 7)])
+    fails("expanded twice", sent, second)
+    fails("changed a prompt without images", replace(first, images=[], placeholders=[]), second)
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """A segment's record of an image, as issue 30's part 3 adds it (branch i30-record)."""
+
+    sha256: str
+    offset: int
+    length: int
+
+
+class SegmentWithImages(SegmentFinalized):
+    images: list[ImageRecord]
+
+
+def test_a_segment_s_image_records_are_the_runs_the_engine_placed() -> None:
+    [segment] = assemble(IMAGE_TURNS)
+    calls = image_calls()
+    records = [ImageRecord("sha256:" + SHA_A, 1, 4), ImageRecord("sha256:" + SHA_B, 9, 3)]
+    recorded = SegmentWithImages(**segment.model_dump(), images=records)
+    assert check_segments([recorded], calls, complete=True)["segment_images"] == 2
+    for wrong in (
+        [records[0]],  # an image unrecorded
+        [records[0], replace(records[1], sha256=SHA_A)],  # another image's bytes
+        [records[0], replace(records[1], offset=8)],  # the run misplaced
+        [records[0], replace(records[1], length=4)],
+    ):
+        with pytest.raises(WitnessError, match="image records"):
+            check_segments([SegmentWithImages(**segment.model_dump(), images=wrong)], calls)

@@ -15,10 +15,22 @@ the recompute tests); sampled logprobs equal the engine's as float32 bits; no wi
 trainable twice; with ``complete``, every witnessed call is trainable in exactly one segment
 (a marked unused sample counts) unless the test names it as accounted for. A call is one sample:
 one that asked the engine for ``n`` > 1 fails the check rather than go partly unaccounted.
+
+Images (issue 30): a call is sent one placeholder id per image with the images as
+``content_parts``; the proxy records each image's uuid and the sha256 of the bytes sent with it
+(none for an image sent by uuid alone), and from the answer the engine's expanded prompt and its
+placeholder runs (``mm_placeholders``). What a segment is held to is that expanded prompt, what
+the model saw. :func:`check_images` holds the calls to themselves first: an image's uuid is the
+sha256 of its bytes; an image sent by uuid alone was sent with its bytes to the same engine on an
+earlier call; the engine returned one placeholder run per image, each one id repeated, and cutting
+every run to its first id gives back exactly the ids it was sent (no double expansion).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 import struct
 import threading
@@ -43,9 +55,35 @@ from titoflow.dev.procs import free_port
 GENERATE = "/inference/v1/generate"
 
 
+@dataclass(frozen=True)
+class WitnessedImage:
+    """An image of a call's ``content_parts``: its ``uuid``, and the sha256 (hex) of the bytes
+    its ``data:`` URL carried; ``by_uuid``: sent without a URL (the engine's cached copy)."""
+
+    uuid: str
+    sha256: str | None
+    by_uuid: bool = False
+
+    @classmethod
+    def of_part(cls, part: dict[str, Any]) -> WitnessedImage:
+        url = part.get("url")
+        if url is None:
+            return cls(str(part.get("uuid")), None, by_uuid=True)
+        header, _, data = str(url).partition(",")
+        digest = None
+        if header.startswith("data:") and header.endswith(";base64"):
+            try:
+                digest = hashlib.sha256(base64.b64decode(data, validate=True)).hexdigest()
+            except binascii.Error:
+                digest = "undecodable"
+        return cls(str(part.get("uuid")), digest)
+
+
 @dataclass
 class Witnessed:
-    """One generate call as the engine saw and answered it."""
+    """One generate call as the engine saw and answered it. ``prompt``: the ids it was sent;
+    with images, ``expanded`` is the prompt the engine made of them and ``placeholders`` the
+    (offset, length) of each image's run in it, as the engine answered."""
 
     prompt: tuple[int, ...]
     stream: bool
@@ -58,8 +96,22 @@ class Witnessed:
     # more would hide samples from the check, which refuses it instead.
     samples: int = 1
     sampling_params: dict[str, Any] = field(default_factory=dict)  # as the engine was sent them
+    engine: str = ""  # the engine's URL (an image cached by one engine is not in another's cache)
+    images: list[WitnessedImage] = field(default_factory=list)
+    expanded: tuple[int, ...] | None = None
+    placeholders: list[tuple[int, int]] | None = None
+
+    @property
+    def seen(self) -> tuple[int, ...]:
+        """The prompt the model saw: the engine's expansion when it returned one."""
+        return self.prompt if self.expanded is None else self.expanded
 
     def take(self, payload: dict[str, Any]) -> None:
+        if payload.get("prompt_token_ids") is not None and self.expanded is None:
+            self.expanded = tuple(int(t) for t in payload["prompt_token_ids"])
+        if payload.get("mm_placeholders") is not None and self.placeholders is None:
+            runs = payload["mm_placeholders"].get("image") or []
+            self.placeholders = [(int(run["offset"]), int(run["length"])) for run in runs]
         choice = (payload.get("choices") or [{}])[0]
         self.completion += [int(t) for t in choice.get("token_ids") or []]
         entries = (choice.get("logprobs") or {}).get("content") or []
@@ -141,6 +193,8 @@ class RecordingProxy:
                 prompt_logprobs=scoring,
                 samples=samples,
                 sampling_params=dict(sent.get("sampling_params") or {}),
+                engine=self.engine_url,
+                images=[WitnessedImage.of_part(part) for part in sent.get("content_parts") or []],
             )
             with self.witness.lock:
                 self.witness.calls.append(call)
@@ -205,11 +259,11 @@ def check_segments(
             f"{len(several)} generate calls asked for several samples (n); the witness records "
             "one sample per call (the ingress sends a call per sample)"
         )
+    counts: Counter[str] = check_images(calls)
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for index, call in enumerate(calls):
-        by_prompt.setdefault(call.prompt, []).append(index)
+        by_prompt.setdefault(call.seen, []).append(index)
     used: Counter[int] = Counter()
-    counts: Counter[str] = Counter()
     for segment in segments:
         counts["segments"] += 1
         counts["unused_samples"] += segment.unused_sample
@@ -217,6 +271,10 @@ def check_segments(
             continue
         tokens, mask = segment.token_ids, segment.loss_mask
         covered = [False] * len(tokens)
+        # The image runs the engine placed in the prompts its completions followed, and how far
+        # those prompts reach.
+        runs: set[tuple[int, int, str]] = set()
+        reach = 0
         for entry in segment.steps:
             start, end = entry.completion_start, entry.completion_end
             sources = segment.logprob_source[start:end]
@@ -247,6 +305,8 @@ def check_segments(
                     )
                 used[found] += 1
                 counts["witnessed_runs"] += 1
+                runs |= image_runs(call)
+                reach = max(reach, at)
                 at = stop
             for p in range(start, end):
                 covered[p] = True
@@ -264,6 +324,7 @@ def check_segments(
                 f"segment {segment.segment_id}: trainable positions {uncovered[:8]} lie in no "
                 "witnessed step"
             )
+        counts["segment_images"] += _check_image_records(segment, runs, reach)
     twice = [i for i, n in used.items() if n > 1]
     if twice:
         raise WitnessError(f"{len(twice)} witnessed completions are trainable more than once")
@@ -272,7 +333,7 @@ def check_segments(
         missing = [
             i
             for i, call in enumerate(calls)
-            if not used[i] and call.completion and (*call.prompt, *call.completion) not in expected
+            if not used[i] and call.completion and (*call.seen, *call.completion) not in expected
         ]
         if missing:
             raise WitnessError(
@@ -280,6 +341,97 @@ def check_segments(
             )
     counts["witnessed_calls"] = len(calls)
     return counts
+
+
+def check_images(calls: list[Witnessed]) -> Counter[str]:
+    """Hold the calls' images to themselves (see the module doc); counts what it checked."""
+    counts: Counter[str] = Counter()
+    cached: set[tuple[str, str]] = set()  # (engine, uuid) sent with bytes so far
+    for index, call in enumerate(calls):
+        where = f"witnessed call {index}"
+        for image in call.images:
+            if image.by_uuid:
+                if (call.engine, image.uuid) not in cached:
+                    raise WitnessError(
+                        f"{where}: image {image.uuid[:12]} was sent by uuid alone, but never "
+                        "with its bytes to that engine before"
+                    )
+                counts["images_by_uuid"] += 1
+                continue
+            if image.sha256 != image.uuid:
+                raise WitnessError(
+                    f"{where}: image uuid {image.uuid[:12]} is not the sha256 of the bytes sent "
+                    f"with it ({'no data: URL' if image.sha256 is None else image.sha256[:12]})"
+                )
+            cached.add((call.engine, image.uuid))
+            counts["images_with_bytes"] += 1
+        if call.images or call.placeholders:
+            _check_expansion(call, where)
+            counts["expanded_calls"] += 1
+        elif call.expanded is not None and call.expanded != call.prompt:
+            raise WitnessError(f"{where}: the engine changed a prompt without images")
+    return counts
+
+
+def _check_expansion(call: Witnessed, where: str) -> None:
+    """One run per image, in order, each one id repeated, and the ids sent are the expanded
+    prompt with every run cut to its first id: the engine expanded each placeholder once."""
+    expanded, placeholders = call.expanded, call.placeholders
+    if expanded is None or placeholders is None:
+        raise WitnessError(f"{where}: the engine returned no expanded prompt for its images")
+    if len(placeholders) != len(call.images):
+        raise WitnessError(
+            f"{where}: {len(call.images)} image(s) sent, {len(placeholders)} placeholder runs "
+            "returned"
+        )
+    collapsed: list[int] = []
+    start = 0
+    for offset, length in placeholders:
+        run = expanded[offset : offset + length]
+        if offset < start or length < 1 or len(run) != length or len(set(run)) != 1:
+            raise WitnessError(
+                f"{where}: placeholder run [{offset}, {offset + length}) is out of order, "
+                "outside the prompt or not one id repeated"
+            )
+        collapsed += expanded[start : offset + 1]
+        start = offset + length
+    collapsed += expanded[start:]
+    if tuple(collapsed) != call.prompt:
+        raise WitnessError(
+            f"{where}: the {len(expanded)} expanded ids cut back to one placeholder per image "
+            f"are not the {len(call.prompt)} ids sent (an image expanded twice?)"
+        )
+
+
+def image_runs(call: Witnessed) -> set[tuple[int, int, str]]:
+    """(offset, length, uuid) of each image run the engine placed in ``call``'s prompt."""
+    return {
+        (offset, length, image.uuid)
+        for (offset, length), image in zip(call.placeholders or [], call.images, strict=False)
+    }
+
+
+def _check_image_records(
+    segment: SegmentFinalized, runs: set[tuple[int, int, str]], reach: int
+) -> int:
+    """TO TIGHTEN after issue 30's record (branch i30-record) merges: a segment's ``images``
+    (sha256, offset, length per image) within the first ``reach`` ids are exactly the image
+    runs the engine placed in the prompts of the calls its completions came from. Until
+    segments carry ``images`` there is no record to check, and this returns 0."""
+    records = getattr(segment, "images", None)
+    if records is None:
+        return 0
+    recorded = {
+        (int(r.offset), int(r.length), str(r.sha256).removeprefix("sha256:"))
+        for r in records
+        if r.offset + r.length <= reach
+    }
+    if recorded != runs:
+        raise WitnessError(
+            f"segment {segment.segment_id}: its image records {sorted(recorded)} are not the "
+            f"image runs the engine placed {sorted(runs)}"
+        )
+    return len(recorded)
 
 
 def _check_sampled_prefix(
@@ -294,7 +446,7 @@ def _check_sampled_prefix(
     if start == end:
         return
     tokens, logprobs = segment.token_ids[start:end], _bits(segment.logprobs[start:end])
-    for index in by_prompt.get(tuple(segment.token_ids[:start]), []):
+    for index in by_prompt.get(tuple(segment.token_ids[:start]), []):  # keyed by call.seen
         call = calls[index]
         if call.completion[: end - start] == tokens and _bits(call.logprobs[: end - start]) == (
             logprobs
