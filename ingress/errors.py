@@ -111,9 +111,28 @@ def _openai_body(error: TitoflowError) -> dict[str, Any]:
     }
 
 
+def _responses_param(param: str | None) -> str | None:
+    """A parameter as the Responses API names it: the conversation the service checks (images,
+    template) is ``messages`` in chat's terms and ``input`` in this API's."""
+    if param == "messages" or (param or "").startswith("messages."):
+        return "input" + (param or "")[len("messages") :]
+    return param
+
+
+def _responses_body(error: TitoflowError) -> dict[str, Any]:
+    body = _openai_body(error)
+    body["error"]["param"] = _responses_param(error.param)
+    return body
+
+
 def _responses_event(error: TitoflowError) -> dict[str, Any]:
     # The SDK's ResponseErrorEvent: flat, unlike the body before the status line.
-    return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+    return {
+        "type": "error",
+        "code": error.code,
+        "message": error.message,
+        "param": _responses_param(error.param),
+    }
 
 
 _ANTHROPIC_TYPES = {
@@ -149,7 +168,7 @@ def _anthropic_body(error: TitoflowError) -> dict[str, Any]:
 
 
 OPENAI = ErrorShape(status_of, _openai_body, _openai_body)
-RESPONSES = ErrorShape(status_of, _openai_body, _responses_event)
+RESPONSES = ErrorShape(status_of, _responses_body, _responses_event)
 ANTHROPIC = ErrorShape(
     lambda error: _anthropic_status_and_type(error)[0], _anthropic_body, _anthropic_body
 )

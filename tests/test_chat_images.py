@@ -287,7 +287,9 @@ async def test_the_image_limits_count_the_whole_conversation_and_refuse_in_each_
     if api == "anthropic":
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     else:
-        assert body["type"] == "invalid_request_error" and body["param"] == "messages"
+        # Each API names its own field: chat's messages, Responses' input.
+        field = "input" if api == "responses" else "messages"
+        assert body["type"] == "invalid_request_error" and body["param"] == field
     assert len(engine.prompts) == 1 and len(steps(publisher)) == 1  # the first turn's only
 
 
