@@ -44,6 +44,7 @@ from ingress.generation import (
     TurnStarted,
 )
 from ingress.image_urls import ImageUrls
+from ingress.images import check_images, has_images
 from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, samples_of
 from ingress.recording import StepRecorder
 from ingress.service_options import ServiceOptions
@@ -54,7 +55,7 @@ from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import Engine
 from titoflow.engine.groups import RoutingKeys
 from titoflow.errors import InvalidRequest
-from titoflow.tito.images import IMAGE_PAD
+from titoflow.tito.images import IMAGE_PAD, expand
 from titoflow.tito.render import ChatRenderer
 
 # What other modules import from here: the service's surface.
@@ -121,11 +122,19 @@ class ChatService:
 
     async def count_prompt_tokens(self, turn: ChatTurn) -> int:
         """The conversation's prompt length, rendered in full in a worker thread (a count
-        request may carry megabytes; nothing is cached for it)."""
+        request may carry megabytes; nothing is cached for it), each image as its expanded
+        run, as a turn's prompt holds it."""
         turn = await self.image_urls.read(turn)
         render = self.renderer.full_prompt
         prompt = await asyncio.to_thread(render, turn.messages, turn.tools, turn.template_kwargs)
-        return len(prompt)
+        if not has_images(turn.messages):
+            return len(prompt)
+        processing, pad = check_images(self.options, self.image_urls.pad_id, turn.messages)
+        images = [image for message in turn.messages for image in message.images]
+        try:
+            return len(expand(prompt, images, processing, pad)[0])
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), "messages") from exc
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
         slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))

@@ -6,8 +6,9 @@ gives the prompt, the engine call and the record the same image sent inline give
 (fetching off, a host not allowed, a redirect too many or to another host, a timeout, an HTTP
 error, too many bytes, no image) is a 400 in the API's own shape naming the URL, with nothing
 published and no engine call; a request refused before the service fetches nothing, and a
-history's image is fetched once. Also here: the cache of read images keeps its bound. The real
-VL engine's check is in tests/test_e2e_chat_images.py."""
+history's image is fetched once. Also here: count_tokens counts each image's expanded run, and
+the cache of read images keeps its bound. The real VL engine's check is in
+tests/test_e2e_chat_images.py."""
 
 from __future__ import annotations
 
@@ -289,6 +290,35 @@ async def test_a_redirect_to_a_host_not_allowed_is_refused() -> None:
         refused.value.message
     )
     assert server.hits == {"/away": 1} and publisher.events == [] and engine.prompts == []
+
+
+# --- count_tokens --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("by_url", [False, True])
+async def test_count_tokens_counts_each_image_s_expanded_run(by_url: bool) -> None:
+    async with image_server() as server:
+        app, engine, _ = vl_app(["ok<|im_end|>"])
+        source = (
+            {"type": "url", "url": f"{server.url}/img/a.png"}
+            if by_url
+            else {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": data_url(A).partition(",")[2],
+            }
+        )
+        messages: Any = [
+            {
+                "role": "user",
+                "content": [{"type": "image", "source": source}, {"type": "text", "text": "hi"}],
+            }
+        ]
+        client = anthropic_client(app)
+        counted = await client.messages.count_tokens(model="m", messages=messages)
+        await client.messages.create(model="m", max_tokens=8, messages=messages)
+    assert counted.input_tokens == len(engine.prompts[0])
+    assert PROCESSING.tokens(50, 100) > 1  # so a placeholder counted as one would be short
 
 
 # --- the cache of read images -----------------------------------------------------------------
