@@ -22,6 +22,7 @@ from pydantic import Field
 
 from ingress import http, sse
 from ingress.errors import ErrorShape
+from ingress.image_cache import DATA_IMAGES
 from ingress.service import SampleEvent, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn
 from titoflow.errors import InvalidRequest, TitoflowError
@@ -151,8 +152,9 @@ def content_with_images(
 
 def image_at(url: Any, at: int, param: str) -> MessageImage:
     """The image of ``url`` standing at character ``at`` of its message's text: a ``data:``
-    URL read, an http(s) URL to be fetched before the turn is rendered (ingress/image_urls.py);
-    a 400 naming ``param`` for any other URL or a ``data:`` URL of no image."""
+    URL read (once per replica: :data:`~ingress.image_cache.DATA_IMAGES`), an http(s) URL to be
+    fetched before the turn is rendered (ingress/image_urls.py); a 400 naming ``param`` for any
+    other URL or a ``data:`` URL of no image."""
     if not isinstance(url, str):
         raise InvalidRequest(f"{param}: an image needs its url", param)
     if url[:5].lower() != "data:":
@@ -163,10 +165,15 @@ def image_at(url: Any, at: int, param: str) -> MessageImage:
                 param,
             )
         return image_to_fetch(url, at)
+    known = DATA_IMAGES.get(url)
+    if known is not None:
+        return known if known.at == at else known.model_copy(update={"at": at})
     try:
-        return read_image(url, at)
+        image = read_image(url, at)
     except ValueError as exc:
         raise InvalidRequest(f"{param}: {exc}", param) from exc
+    DATA_IMAGES.put(url, image)
+    return image
 
 
 def token_counts(result: TurnResult) -> tuple[int, int]:

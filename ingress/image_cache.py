@@ -50,3 +50,9 @@ def _weight(url: str, image: MessageImage) -> int:
     """A ``data:`` URL is the image's own (one string); an http(s) URL holds the one it was
     read into besides."""
     return len(url) if image.url is url else len(url) + len(image.url)
+
+
+# Read data: URLs, one per process, shared by the adapters (the Responses API re-sends its whole
+# input on every call and has no cache of parsed messages). The strings are mostly the ones the
+# session cache's chains hold already, for the engine to be sent again.
+DATA_IMAGES = ImageCache(max_chars=256 << 20)

@@ -6,9 +6,9 @@ gives the prompt, the engine call and the record the same image sent inline give
 (fetching off, a host not allowed, a redirect too many or to another host, a timeout, an HTTP
 error, too many bytes, no image) is a 400 in the API's own shape naming the URL, with nothing
 published and no engine call; a request refused before the service fetches nothing, and a
-history's image is fetched once. Also here: count_tokens counts each image's expanded run, and
-the cache of read images keeps its bound. The real VL engine's check is in
-tests/test_e2e_chat_images.py."""
+history's image is fetched once. Also here: count_tokens counts each image's expanded run, a
+data: URL is read once per replica, and the cache of read images keeps its bound. The real VL
+engine's check is in tests/test_e2e_chat_images.py."""
 
 from __future__ import annotations
 
@@ -29,12 +29,14 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingress import openai_responses
 from ingress.image_cache import ImageCache
 from ingress.service import ServiceOptions
 from tests.apps import asgi_client, serving
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.test_chat_images import OPTIONS, PROCESSING, client_for, png, steps, vl_app
 from titoflow.settings import Settings
+from titoflow.tito.images import read_image
 from titoflow.tito.messages import MessageImage
 
 A, B = png(100, 50), png(64, 96, (200, 10, 10))
@@ -322,6 +324,34 @@ async def test_count_tokens_counts_each_image_s_expanded_run(by_url: bool) -> No
 
 
 # --- the cache of read images -----------------------------------------------------------------
+
+
+def test_a_data_url_is_read_once_per_replica_and_placed_where_it_stands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Responses API re-sends its input, images included, on every call: the second call
+    takes the image read on the first, at its own place in the text."""
+    reads: list[str] = []
+
+    def counted(url: str, at: int) -> MessageImage:
+        reads.append(url)
+        return read_image(url, at)
+
+    monkeypatch.setattr("ingress.adapter.read_image", counted)
+    url = data_url(png(33, 17))  # no other test sends it
+
+    def parsed(text: str) -> MessageImage:
+        content = [{"type": "input_text", "text": text}, {"type": "input_image", "image_url": url}]
+        body = {"model": "m", "input": [{"role": "user", "content": content}]}
+        [message] = openai_responses.parse_request(body, "s", {})[0].messages
+        [image] = message.images
+        return image
+
+    first, second = parsed("a"), parsed("longer")
+    assert reads == [url]
+    assert (first.at, second.at) == (1, 6)
+    assert first.model_copy(update={"at": 6}) == second
+    assert second.sha256 == hashlib.sha256(png(33, 17)).hexdigest()
 
 
 @given(st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(1, 40)), max_size=30))
