@@ -22,10 +22,11 @@ from pydantic import Field
 
 from ingress import http, sse
 from ingress.errors import ErrorShape
+from ingress.image_cache import DATA_IMAGES
 from ingress.service import SampleEvent, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn
 from titoflow.errors import InvalidRequest, TitoflowError
-from titoflow.tito.images import read_image
+from titoflow.tito.images import image_to_fetch, is_http_url, read_image
 from titoflow.tito.messages import MessageImage
 
 
@@ -132,9 +133,9 @@ def content_with_images(
 ) -> tuple[str, tuple[MessageImage, ...]]:
     """A content of text and image parts (``image_type``: OpenAI chat's ``image_url``, the
     Responses API's ``input_image``): its text (``accepted`` parts joined) and its images, each
-    at the point of the text it stands (titoflow/tito/images.py reads them). A part of another
-    type, an image with no URL, or one that is no ``data:`` URL of an image is a 400 naming the
-    part."""
+    at the point of the text it stands (:func:`image_at` reads them). A part of another type, an
+    image with no URL, or one that is neither a ``data:`` URL of an image nor an http(s) URL is
+    a 400 naming the part."""
     text = ""
     images: list[MessageImage] = []
     for index, part in enumerate(content):
@@ -150,14 +151,29 @@ def content_with_images(
 
 
 def image_at(url: Any, at: int, param: str) -> MessageImage:
-    """The image of ``url`` standing at character ``at`` of its message's text; a 400 naming
-    ``param`` when it is no ``data:`` URL of an image."""
+    """The image of ``url`` standing at character ``at`` of its message's text: a ``data:``
+    URL read (once per replica: :data:`~ingress.image_cache.DATA_IMAGES`), an http(s) URL to be
+    fetched before the turn is rendered (ingress/image_urls.py); a 400 naming ``param`` for any
+    other URL or a ``data:`` URL of no image."""
     if not isinstance(url, str):
         raise InvalidRequest(f"{param}: an image needs its url", param)
+    if url[:5].lower() != "data:":
+        if not is_http_url(url):
+            raise InvalidRequest(
+                f"{param}: an image URL must be a data: URL (base64 image bytes) or an http(s) "
+                f"URL; got {url[:64]!r}",
+                param,
+            )
+        return image_to_fetch(url, at)
+    known = DATA_IMAGES.get(url)
+    if known is not None:
+        return known if known.at == at else known.model_copy(update={"at": at})
     try:
-        return read_image(url, at)
+        image = read_image(url, at)
     except ValueError as exc:
         raise InvalidRequest(f"{param}: {exc}", param) from exc
+    DATA_IMAGES.put(url, image)
+    return image
 
 
 def token_counts(result: TurnResult) -> tuple[int, int]:

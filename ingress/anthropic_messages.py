@@ -50,8 +50,8 @@ class _Unsupported(http.Lenient):
 
 
 class _Image(http.Lenient):
-    """An image: ``source`` is ``{"type": "base64", "media_type", "data"}`` (or a URL, which
-    the ingress does not fetch: a 400)."""
+    """An image: ``source`` is ``{"type": "base64", "media_type", "data"}`` or ``{"type":
+    "url", "url"}`` (fetched by the ingress: ingress/image_urls.py)."""
 
     type: Literal["image"]
     source: dict[str, Any]

@@ -22,6 +22,7 @@ from ingress.chains import Chain
 from ingress.service_options import ServiceOptions
 from titoflow.engine.api import EngineImage
 from titoflow.errors import ContextOverflow, InvalidRequest
+from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.images import expand
 from titoflow.tito.messages import Message
 
@@ -30,16 +31,12 @@ def has_images(messages: Sequence[Message]) -> bool:
     return any(message.images for message in messages)
 
 
-def with_images(
-    options: ServiceOptions,
-    pad_id: int | None,
-    messages: Sequence[Message],
-    parent: Chain | None,
-    covered: int,
-    tail: array[int],
-) -> tuple[array[int], tuple[EngineImage, ...]]:
-    """``tail`` (the prompt past ``parent``'s tokens, rendered from ``messages[covered:]``) with
-    its images expanded, and every image of the prompt as the engine takes it."""
+def check_images(
+    options: ServiceOptions, pad_id: int | None, messages: Sequence[Message]
+) -> tuple[ImageProcessing, int]:
+    """How the policy reads the images of ``messages`` (its processing, its placeholder id), or
+    the 400 refusing them: the policy reads none, or they are more or larger than the settings
+    allow (an image not fetched yet counts no bytes)."""
     processing = options.image_processing
     if processing is None or pad_id is None:
         raise InvalidRequest("the policy reads no images: send text only", "messages")
@@ -57,11 +54,25 @@ def with_images(
             "taken (setting max_image_bytes_per_request)",
             "messages",
         )
+    return processing, pad_id
+
+
+def with_images(
+    options: ServiceOptions,
+    pad_id: int | None,
+    messages: Sequence[Message],
+    parent: Chain | None,
+    covered: int,
+    tail: array[int],
+) -> tuple[array[int], tuple[EngineImage, ...]]:
+    """``tail`` (the prompt past ``parent``'s tokens, rendered from ``messages[covered:]``) with
+    its images expanded, and every image of the prompt as the engine takes it."""
+    processing, pad = check_images(options, pad_id, messages)
     held = parent.images if parent else ()
     base = len(parent.tokens) if parent else 0
     new = [image for message in messages[covered:] for image in message.images]
     try:
-        expanded, runs = expand(tail, new, processing, pad_id, base)
+        expanded, runs = expand(tail, new, processing, pad, base)
     except ValueError as exc:
         raise InvalidRequest(str(exc), "messages") from exc
     limit = options.max_model_len

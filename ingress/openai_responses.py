@@ -90,7 +90,8 @@ class _FunctionTool(http.Lenient):
 
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
-_IMAGE = "input_image"  # its image_url a data: URL (a file_id names a stored file: refused)
+# An image part: its image_url a data: or http(s) URL (a file_id names a stored file: refused).
+_IMAGE = "input_image"
 
 
 def _text_and_images(

@@ -3,6 +3,7 @@
 :class:`ChatService` is the surface the adapters, the session routes and ``app.py`` use; it
 wires the pieces, each with its own invariant: :mod:`ingress.admission` (refusals, the pause
 gate), :mod:`ingress.prompts` (the prompt from cached chains, the step id),
+:mod:`ingress.image_urls` (images given by URL, fetched before the prompt is built),
 :mod:`ingress.generation` (the engine call, decoding and parsing), :mod:`ingress.steps` and
 :mod:`ingress.recording` (the step event, published, then the chain advanced) and
 :mod:`ingress.session_lifecycle` (opening and ending sessions). Chat turns and white-box calls
@@ -42,6 +43,8 @@ from ingress.generation import (
     TurnResult,
     TurnStarted,
 )
+from ingress.image_urls import ImageUrls
+from ingress.images import check_images, has_images
 from ingress.prompts import AnyCall, PreparedCall, PromptBuilder, samples_of
 from ingress.recording import StepRecorder
 from ingress.service_options import ServiceOptions
@@ -52,6 +55,7 @@ from ingress.turn import ChatTurn, TokenCall
 from titoflow.engine.api import Engine
 from titoflow.engine.groups import RoutingKeys
 from titoflow.errors import InvalidRequest
+from titoflow.tito.images import IMAGE_PAD, expand
 from titoflow.tito.render import ChatRenderer
 
 # What other modules import from here: the service's surface.
@@ -100,6 +104,7 @@ class ChatService:
         in_flight = InFlight(options.max_in_flight, options.retry_after_s)
         self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
+        self.image_urls = ImageUrls(options, renderer.token_id(IMAGE_PAD))
         recorder = StepRecorder(
             publish, chains, renderer.end_ids, options.logprobs_mode, publish_together
         )
@@ -117,16 +122,25 @@ class ChatService:
 
     async def count_prompt_tokens(self, turn: ChatTurn) -> int:
         """The conversation's prompt length, rendered in full in a worker thread (a count
-        request may carry megabytes; nothing is cached for it)."""
+        request may carry megabytes; nothing is cached for it), each image as its expanded
+        run, as a turn's prompt holds it."""
+        turn = await self.image_urls.read(turn)
         render = self.renderer.full_prompt
         prompt = await asyncio.to_thread(render, turn.messages, turn.tools, turn.template_kwargs)
-        return len(prompt)
+        if not has_images(turn.messages):
+            return len(prompt)
+        processing, pad = check_images(self.options, self.image_urls.pad_id, turn.messages)
+        images = [image for message in turn.messages for image in message.images]
+        try:
+            return len(expand(prompt, images, processing, pad)[0])
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), "messages") from exc
 
     async def complete(self, turn: ChatTurn) -> TurnResult:
         slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn))
         try:
             with self.tracer.call(turn.api, turn.session.session_id) as span:
-                call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+                call = self.admission.fit_budget(await self._prompt(turn))
                 return await self.runner.complete(call, await self._admit(call), span)
         finally:
             slot.release()
@@ -139,7 +153,7 @@ class ChatService:
         slot = self.admission.enter(session_id, lambda: turn_number(turn), turn.n)
         try:
             with self.tracer.call(turn.api, session_id) as span:
-                call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+                call = self.admission.fit_budget(await self._prompt(turn))
                 version = await self._admit(call)
                 return await self.runner.complete_samples(samples_of(call, turn.n), version, span)
         finally:
@@ -180,7 +194,7 @@ class ChatService:
         whatever refuses it releases its slot."""
         slot = self.admission.enter(turn.session.session_id, lambda: turn_number(turn), turn.n)
         try:
-            call = self.admission.fit_budget(await self.prompts.for_turn(turn))
+            call = self.admission.fit_budget(await self._prompt(turn))
             return slot, call, await self._admit(call)
         except BaseException:
             slot.release()
@@ -198,6 +212,10 @@ class ChatService:
                 return await self.runner.tokens(prepared, await self._admit(prepared), span)
             finally:
                 slot.release()
+
+    async def _prompt(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
+        """An admitted turn's prompt, its images given by URL fetched first."""
+        return await self.prompts.for_turn(await self.image_urls.read(turn))
 
     async def _admit(self, call: AnyCall) -> str | None:
         return await self.admission.admit(call.request.session.session_id, call.parent)

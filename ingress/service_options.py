@@ -32,3 +32,7 @@ class ServiceOptions:
     image_processing: ImageProcessing | None = None  # None: the policy reads no images
     max_images: int = 16  # images one request's conversation may hold
     max_image_bytes: int = 16 << 20  # their decoded bytes, all together
+    image_url_fetch: bool = True  # False: an image given by http(s) URL is a 400
+    image_url_timeout_s: float = 5.0  # one image's fetch, its body included
+    image_url_allowed_domains: frozenset[str] = frozenset()  # hosts fetched from; empty: any
+    image_url_max_redirects: int = 3  # followed per image URL

@@ -212,11 +212,11 @@ NO_VL = ServiceOptions(max_model_len=4096, default_max_tokens=64)
             [
                 {
                     "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}],
+                    "content": [{"type": "image_url", "image_url": {"url": "ftp://x/a.png"}}],
                 }
             ],
             OPTIONS,
-            "only data: URLs",
+            "or an http(s) URL",
         ),
         (
             [
@@ -435,10 +435,10 @@ async def test_anthropic_image_blocks_in_a_user_turn_and_a_tool_result() -> None
             [
                 {
                     "role": "user",
-                    "content": [{"type": "image", "source": {"type": "url", "url": "https://x"}}],
+                    "content": [{"type": "image", "source": {"type": "url", "url": "file:///x"}}],
                 }
             ],
-            "only data: URLs",
+            "or an http(s) URL",
         ),
         ([{"role": "user", "content": [anthropic_image(b"not a png")]}], "not an image"),
         (

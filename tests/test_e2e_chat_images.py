@@ -5,7 +5,8 @@ result holding a screenshot; with the OpenAI SDK (the first turn whole, the seco
 with Anthropic's (both streamed). The steps on the topic hold the
 expanded prompt ids, and the engine, sent one placeholder per image with the images, expands
 them to exactly those ids (checked here on the engine directly, beside the ingress' own check on
-every call); the second step extends the first by TITO.
+every call); the second step extends the first by TITO. An image the ingress fetches from an
+http URL gives the step the same image sent as a data: URL gives.
 
 Then issue 30's proof (part 4): a screenshot tool loop of four turns with both SDKs, streamed,
 a worker assembling segments, every segment held to what the engine witnessed (tests/witness.py:
@@ -26,10 +27,12 @@ import httpx
 import numpy as np
 import pytest
 from anthropic import AsyncAnthropic
+from fastapi import FastAPI
+from fastapi.responses import Response
 from openai import AsyncOpenAI
 from PIL import Image
 
-from tests.apps import echoed_choices
+from tests.apps import echoed_choices, serving
 from tests.families import path_tool
 from tests.topics import finalized_segments, recorded_steps
 from tests.witness import Witness, Witnessed, check_segments
@@ -351,3 +354,45 @@ async def anthropic_screenshot_loop(url: str, session: str, images: list[bytes])
     ) as stream:
         await stream.get_final_message()
     await claude.close()
+
+
+async def test_an_image_url_gives_the_step_its_data_url_gives(
+    settings: Settings, vl_engine_url: str, vl_model_dir: Path, tmp_path: Path
+) -> None:
+    """The ingress fetches the image (served over HTTP from this process) and sends the engine
+    its bytes: the recorded prompt and messages are the inline image's, and the engine's
+    expansion matched them (the ingress checks it on every call)."""
+    stack = settings.model_copy(update={"engine_url": vl_engine_url, "model_path": vl_model_dir})
+    data = png(96, 64, 5)
+    images = FastAPI()
+
+    @images.get("/shot.png")
+    async def shot() -> Response:
+        return Response(data, media_type="image/png")
+
+    recorded = []
+    async with serving(images) as images_url:
+        ingress, url = start_ingress(stack, tmp_path)
+        try:
+            for image_url in (data_url(data), f"{images_url}/shot.png"):
+                session = f"vl-u-{uuid.uuid4().hex[:8]}"
+                client = AsyncOpenAI(
+                    base_url=f"{url}/sess/{session}/v1", api_key="k", max_retries=0
+                )
+                content = [
+                    {"type": "text", "text": "What is on the screen? "},
+                    {"type": "image_url", "image_url": {"url": image_url}},
+                ]
+                messages: Any = [{"role": "user", "content": content}]
+                await client.chat.completions.create(
+                    model="policy", messages=messages, max_tokens=4, temperature=0.0
+                )
+                recorded += await recorded_steps(stack, session, 1)
+        finally:
+            ingress.stop()
+    inline, fetched = recorded
+    assert fetched.prompt_tail_ids == inline.prompt_tail_ids
+    assert fetched.new_messages == inline.new_messages
+    processing = ImageProcessing.of_model(vl_model_dir)
+    assert processing is not None
+    assert [n for _, n in runs(fetched.prompt_tail_ids)] == [processing.tokens(64, 96)]

@@ -210,6 +210,27 @@ class Settings(BaseSettings):
         description="Decoded bytes of all images of one chat request's conversation; more is a "
         "400.",
     )
+    image_url_fetch: bool = Field(
+        True,
+        description="Fetch images chat requests give by http(s) URL (OpenAI image_url parts, "
+        "Anthropic url sources), as vLLM does: the ingress needs their bytes, and fetches them "
+        "from its own network position (docs/operations.md, Image URLs). False: such an image "
+        "is a 400; data: URLs and base64 blocks are always taken.",
+    )
+    image_url_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds one image URL's fetch may take, its body included (vLLM's "
+        "VLLM_IMAGE_FETCH_TIMEOUT); slower is a 400.",
+    )
+    image_url_allowed_domains: str = Field(
+        "",
+        description="Comma-separated host names image URLs may be fetched from, each redirect's "
+        "too (vLLM's --allowed-media-domains); empty: any host.",
+    )
+    image_url_max_redirects: int = Field(
+        3, ge=0, description="Redirects followed for one image URL; more is a 400."
+    )
     max_json_depth: int = Field(
         128,
         ge=1,
@@ -415,6 +436,12 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def image_url_domains(self) -> frozenset[str]:
+        """The hosts of ``image_url_allowed_domains``, as URLs name them (lower case)."""
+        names = self.image_url_allowed_domains.split(",")
+        return frozenset(name.strip().lower() for name in names if name.strip())
+
+    @property
     def recompute_enabled(self) -> bool:
         return self.divergence_policy == "recompute" and not self.recompute_disabled
 
@@ -471,6 +498,10 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "max_request_bytes": _INGRESS,
     "max_images_per_request": _INGRESS,
     "max_image_bytes_per_request": _INGRESS,
+    "image_url_fetch": _INGRESS,
+    "image_url_timeout_s": _INGRESS,
+    "image_url_allowed_domains": _INGRESS,
+    "image_url_max_redirects": _INGRESS,
     "max_json_depth": _INGRESS,
     "accepted_models": _INGRESS,
     "model_family": (*_INGRESS, "worker", "replay", "inspect"),
@@ -512,6 +543,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 _PLACEHOLDERS = {
     "bootstrap_servers": "<host:port,...>",
     "accepted_models": "<name,...>",
+    "image_url_allowed_domains": "<host,...>",
     "model_family": "<family>",
     "topic_prefix": "<prefix>",
 }
