@@ -5,12 +5,13 @@ The engine's own counts for the same images are checked in tests/test_engine_vl.
 from __future__ import annotations
 
 import io
+import zlib
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, ImageOps
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from titoflow.dev.vl_policy import MAX_PIXELS, MIN_PIXELS, PREPROCESSOR_CONFIG, write_processor
@@ -59,6 +60,47 @@ def encoded(width: int, height: int, fmt: str, orientation: int | None = None) -
         exif[0x0112] = orientation
     image.save(out, format=fmt, exif=exif.tobytes())
     return out.getvalue()
+
+
+def png_with_late_metadata(width: int, height: int, orientation: int, where: str) -> bytes:
+    """A PNG whose orientation is in an eXIf chunk, an XMP text chunk or none, placed before or
+    after the pixel data (PIL reads chunks after it only by decoding the image)."""
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(out, format="PNG")
+    data = out.getvalue()
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    payload = {
+        "exif": (b"eXIf", exif.tobytes()[6:]),
+        "xmp": (
+            b"iTXt",
+            b"XML:com.adobe.xmp\x00\x00\x00\x00\x00"
+            + f'<rdf:Description tiff:Orientation="{orientation}"/>'.encode(),
+        ),
+    }
+    kind, body = payload[where.split("-")[0]]
+    chunk = len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+    first_pixels = data.index(b"IDAT") - 4
+    end = data.index(b"IEND") - 4
+    at = first_pixels if where.endswith("before") else end
+    return data[:at] + chunk + data[at:]
+
+
+@given(
+    st.integers(1, 64),
+    st.integers(1, 64),
+    st.integers(1, 8),
+    st.sampled_from(["exif-before", "exif-after", "xmp-before", "xmp-after"]),
+)
+def test_a_png_s_orientation_is_pil_s_wherever_its_metadata_stands(
+    width: int, height: int, orientation: int, where: str
+) -> None:
+    data = png_with_late_metadata(width, height, orientation, where)
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()  # the engine's reading: every chunk
+        upright = ImageOps.exif_transpose(image)
+        expected = (upright.height, upright.width)
+    assert upright_size(data) == expected
 
 
 def test_the_size_is_the_upright_one() -> None:
