@@ -41,13 +41,15 @@ from ingress.pool_control import apply_to_pool
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from schemas.events import SessionBudgeted, SessionEnded, StepRecorded
+from schemas.images import ImageProcessorFingerprint
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine.groups import RoutingKeys
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
+from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
 from titoflow.shutdown import Deadline, close_budget
-from titoflow.tito.image_grid import ImageProcessing
+from titoflow.tito.image_grid import ImageProcessing, installed_version
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -63,6 +65,25 @@ def _unrecorded(
     if isinstance(exc, EventTooLarge):
         return PayloadTooLarge(f"{what_is} too large to record: {exc}")
     return PublishFailed(f"{what} could not be recorded: {exc}")
+
+
+def _image_options(
+    settings: Settings,
+) -> tuple[ImageProcessing | None, ImageProcessorFingerprint | None, ImageStore | None]:
+    """The policy's image processing, its fingerprint (once, at start) and the image store;
+    none of them for a text-only policy."""
+    processing = ImageProcessing.of_model(settings.model_path)
+    if processing is None:
+        return None, None, None
+    version = settings.engine_transformers_version or installed_version(
+        settings.engine_python, "transformers"
+    )
+    if not version:
+        log.warning(
+            "the engines' transformers version is not known: images are recorded without it "
+            "(set TITOFLOW_ENGINE_TRANSFORMERS_VERSION to the engines' version)"
+        )
+    return processing, processing.fingerprint(version), ImageStore(settings.image_store_dir)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -114,6 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = load_tokenizer(settings.model_path)
+        processing, fingerprint, store = _image_options(settings)
         app.state.settings = settings
         app.state.engines = pool
         app.state.publisher = publisher
@@ -137,9 +159,11 @@ def create_app(settings: Settings) -> FastAPI:
                 max_in_flight=settings.max_in_flight,
                 retry_after_s=settings.overload_retry_after_s,
                 logprobs_mode=settings.engine_logprobs_mode,
-                image_processing=ImageProcessing.of_model(settings.model_path),
                 max_images=settings.max_images_per_request,
                 max_image_bytes=settings.max_image_bytes_per_request,
+                image_processing=processing,
+                image_fingerprint=fingerprint,
+                image_store=store,
             ),
             tracer=CallTracer(settings.otel_traces),
             control=gate,

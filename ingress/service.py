@@ -101,7 +101,13 @@ class ChatService:
         self.admission = Admission(options, control, self.ended, self.budgets, in_flight, capacity)
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
         recorder = StepRecorder(
-            publish, chains, renderer.end_ids, options.logprobs_mode, publish_together
+            publish,
+            chains,
+            renderer.end_ids,
+            options.logprobs_mode,
+            publish_together,
+            options.image_fingerprint,
+            options.image_store,
         )
         self.records_samples = publish_together is not None
         # None: every call routes by its session id.

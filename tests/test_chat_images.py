@@ -13,7 +13,9 @@ import base64
 import copy
 import hashlib
 import io
+import tempfile
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -32,18 +34,31 @@ from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
 from titoflow.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
 from titoflow.errors import TemplateError
+from titoflow.image_store import ImageStore
 from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.messages import Message, MessageImage
 from titoflow.tito.render import ChatRenderer
 from workers.rebuild import Rebuilder
 
-PROCESSING = ImageProcessing(
-    patch_size=PREPROCESSOR_CONFIG["patch_size"],
-    merge_size=PREPROCESSOR_CONFIG["merge_size"],
-    min_pixels=PREPROCESSOR_CONFIG["size"]["shortest_edge"],
-    max_pixels=PREPROCESSOR_CONFIG["size"]["longest_edge"],
-)
-OPTIONS = ServiceOptions(max_model_len=4096, default_max_tokens=64, image_processing=PROCESSING)
+PROCESSING = ImageProcessing.of_config(PREPROCESSOR_CONFIG)
+# Content-addressed, so one store serves every test of the module (tests/test_image_record.py
+# checks what goes into a store of its own).
+STORE = ImageStore(Path(tempfile.mkdtemp(prefix="titoflow-test-images-")))
+
+
+def vl_options(**limits: Any) -> ServiceOptions:
+    """The VL policy's service options, images stored in ``STORE`` unless ``limits`` say."""
+    given: dict[str, Any] = {"image_store": STORE} | limits
+    return ServiceOptions(
+        max_model_len=4096,
+        default_max_tokens=64,
+        image_processing=PROCESSING,
+        image_fingerprint=PROCESSING.fingerprint("5.19.0"),
+        **given,
+    )
+
+
+OPTIONS = vl_options()
 TOOLS: Any = [path_tool("screenshot", "a screenshot of a path")]
 CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
 
@@ -192,19 +207,12 @@ NO_VL = ServiceOptions(max_model_len=4096, default_max_tokens=64)
         ([{"role": "user", "content": [IMAGE]}], NO_VL, "reads no images"),
         (
             [{"role": "user", "content": [IMAGE] * 3}],
-            ServiceOptions(
-                max_model_len=4096, default_max_tokens=64, image_processing=PROCESSING, max_images=2
-            ),
+            vl_options(max_images=2),
             "at most 2",
         ),
         (
             [{"role": "user", "content": [IMAGE]}],
-            ServiceOptions(
-                max_model_len=4096,
-                default_max_tokens=64,
-                image_processing=PROCESSING,
-                max_image_bytes=10,
-            ),
+            vl_options(max_image_bytes=10),
             "max_image_bytes_per_request",
         ),
         (

@@ -210,6 +210,20 @@ class Settings(BaseSettings):
         description="Decoded bytes of all images of one chat request's conversation; more is a "
         "400.",
     )
+    image_store_dir: Path = Field(
+        PROJECT_ROOT / ".run" / "images",
+        description="The content-addressed image store: the ingress writes every image's bytes "
+        "to <dir>/<sha256[:2]>/<sha256> before publishing a step that names it, and trainers "
+        "read them there (events carry only the hash). Every ingress replica and every trainer "
+        "must see the same directory (a shared volume); it grows with every distinct image "
+        "recorded and nothing here deletes from it.",
+    )
+    engine_transformers_version: str = Field(
+        "",
+        description="The transformers version of the engines' image processor, recorded in every "
+        "image's processor fingerprint. Empty: the one installed beside engine_python (the "
+        "local engine); set it for an engine titoflow does not start.",
+    )
     max_json_depth: int = Field(
         128,
         ge=1,
@@ -453,7 +467,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "engine_group_routing": _INGRESS,
     "engine_health_interval_s": _INGRESS,
     "engine_timeout_s": (*_INGRESS, "recompute", "replay", "inspect"),
-    "engine_python": ("up",),
+    "engine_python": _INGRESS,  # the ingress reads its environment's transformers version
     "engine_startup_timeout_s": ("up",),
     "engine_max_model_len": _INGRESS,
     "engine_kv_cache_bytes": ("up",),
@@ -471,6 +485,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "max_request_bytes": _INGRESS,
     "max_images_per_request": _INGRESS,
     "max_image_bytes_per_request": _INGRESS,
+    "image_store_dir": _INGRESS,
+    "engine_transformers_version": _INGRESS,
     "max_json_depth": _INGRESS,
     "accepted_models": _INGRESS,
     "model_family": (*_INGRESS, "worker", "replay", "inspect"),
@@ -524,6 +540,7 @@ _BY_ENDING = {
     "_bytes": "<bytes>",
     "_s": "<seconds>",
     "_path": "<path>",
+    "_dir": "<path>",
     "_python": "<path>",
     "_group": "<group>",
     "_name": "<name>",

@@ -26,15 +26,7 @@ IMAGE_PAD = "<|image_pad|>"  # Qwen-VL's placeholder: the one id per image the e
 def read_image(url: str, at: int) -> MessageImage:
     """The image of a ``data:`` URL standing at character ``at`` of its message. ValueError
     for any other URL (the ingress fetches nothing) or bytes no image library opens."""
-    if not url.startswith("data:"):
-        raise ValueError("only data: URLs are taken (base64 image bytes); the ingress fetches none")
-    header, comma, payload = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise ValueError("a data: URL must be base64: data:image/<type>;base64,<bytes>")
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"the data: URL is not valid base64: {exc}") from exc
+    data = data_url_bytes(url)
     height, width = upright_size(data)
     return MessageImage(
         at=at,
@@ -44,6 +36,19 @@ def read_image(url: str, at: int) -> MessageImage:
         size=len(data),
         url=url,
     )
+
+
+def data_url_bytes(url: str) -> bytes:
+    """The bytes of a base64 ``data:`` URL; ValueError for any other URL."""
+    if not url.startswith("data:"):
+        raise ValueError("only data: URLs are taken (base64 image bytes); the ingress fetches none")
+    header, comma, payload = url.partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise ValueError("a data: URL must be base64: data:image/<type>;base64,<bytes>")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"the data: URL is not valid base64: {exc}") from exc
 
 
 @dataclass(frozen=True)
