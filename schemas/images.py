@@ -42,8 +42,12 @@ class ImageProcessorFingerprint(BaseModel):
     temporal_patch_size: int = Field(description="Frames per temporal patch (an image is one).")
     min_pixels: int = Field(description="Fewest pixels an image is resized to (shortest_edge).")
     max_pixels: int = Field(description="Most pixels an image is resized to (longest_edge).")
-    image_mean: list[float] = Field(description="Per-channel mean the pixels are normalized by.")
-    image_std: list[float] = Field(description="Per-channel std the pixels are normalized by.")
+    image_mean: tuple[float, ...] = Field(
+        description="Per-channel mean the pixels are normalized by."
+    )
+    image_std: tuple[float, ...] = Field(
+        description="Per-channel std the pixels are normalized by."
+    )
     rescale_factor: float = Field(description="Factor the 0-255 pixel values are scaled by.")
     resample: int = Field(
         description="The resize filter, as PIL.Image.Resampling numbers it (3: bicubic)."

@@ -289,8 +289,8 @@ def test_a_message_with_images_reads_back_from_its_record(
 
 async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uuid() -> None:
     """The caller's ids hold the chain's expanded runs: without the images the engine would
-    read the placeholders as plain tokens."""
-    app, engine, _ = vl_app(["seen<|im_end|>", "more"])
+    read the placeholders as plain tokens; its step records them, as a chat step does."""
+    app, engine, publisher = vl_app(["seen<|im_end|>", "more"])
     data = png(64, 64)
     messages: Any = [{"role": "user", "content": [image_part(data)]}]
     await client_for(app).chat.completions.create(model="m", messages=messages)
@@ -302,6 +302,11 @@ async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uui
     assert engine.prompts[1] == [*chain, 198]
     assert (image.uuid, image.by_uuid) == (hashlib.sha256(data).hexdigest(), True)
     assert engine.prompts[1][image.offset : image.offset + image.length] == [IMAGE_PAD_ID] * 4
+    chat, white_box = steps(publisher)
+    assert white_box.api == "generate" and white_box.images == chat.images
+    assert [(i.offset, i.length, i.grid_thw) for i in white_box.images] == [
+        (image.offset, image.length, (1, 4, 4))
+    ]
 
 
 def anthropic_image(data: bytes) -> dict[str, Any]:
