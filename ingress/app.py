@@ -49,7 +49,7 @@ from titoflow.errors import PayloadTooLarge, PublishFailed
 from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
 from titoflow.shutdown import Deadline, close_budget
-from titoflow.tito.image_grid import ImageProcessing, installed_version
+from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -75,9 +75,7 @@ def _image_options(
     processing = ImageProcessing.of_model(settings.model_path)
     if processing is None:
         return None, None, None
-    version = settings.engine_transformers_version or installed_version(
-        settings.engine_python, "transformers"
-    )
+    version = settings.engine_transformers_version
     if not version:
         log.warning(
             "the engines' transformers version is not known: images are recorded without it "

@@ -53,8 +53,8 @@ class ImageProcessorFingerprint(BaseModel):
         description="The resize filter, as PIL.Image.Resampling numbers it (3: bicubic)."
     )
     transformers_version: str = Field(
-        description="The engine's transformers version (TITOFLOW_ENGINE_TRANSFORMERS_VERSION, "
-        "else the local engine environment's installed one; empty: not known)."
+        description="The engines' transformers version (TITOFLOW_ENGINE_TRANSFORMERS_VERSION; "
+        "`titoflow up` sets it from the engine it starts; empty: not known)."
     )
     sha256: str = Field(
         "",

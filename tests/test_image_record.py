@@ -37,6 +37,7 @@ from tests.test_chat_images import (
     vl_options,
     vl_tokenizer,
 )
+from titoflow.client.export import read_segments, write_parquet
 from titoflow.client.image_check import check_image
 from titoflow.dev.vl_policy import write_processor
 from titoflow.errors import ImageStoreUnavailable
@@ -374,6 +375,19 @@ async def test_a_last_step_segment_places_its_images_on_the_re_rendered_runs(
         for image in segment.images:
             assert not any(segment.loss_mask[image.offset : image.offset + image.length])
     assert engine.prompts[1] == ids[: len(engine.prompts[1])]
+
+
+async def test_an_export_keeps_each_segment_s_images(tmp_path: Path) -> None:
+    _, publisher, _ = await two_image_turns(ImageStore(tmp_path / "images"))
+    assembler = Assembler()
+    for offset, event in enumerate(publisher.events):
+        assembler.apply(event.model_dump_json().encode(), 0, offset)
+    end = SessionFinalized(session_id="s1", event_time=9.0, reward=1.0)
+    [segment] = assembler.apply(end.model_dump_json().encode(), 0, 99).segments
+    assert len(segment.images) == 2
+    write_parquet([segment], tmp_path / "out.parquet")
+    [back] = read_segments(tmp_path / "out.parquet")
+    assert back.images == segment.images
 
 
 # --- the trainer's check ----------------------------------------------------------------------

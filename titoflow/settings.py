@@ -221,8 +221,8 @@ class Settings(BaseSettings):
     engine_transformers_version: str = Field(
         "",
         description="The transformers version of the engines' image processor, recorded in every "
-        "image's processor fingerprint. Empty: the one installed beside engine_python (the "
-        "local engine); set it for an engine titoflow does not start.",
+        "image's processor fingerprint (empty: not recorded). `up` sets it to the version "
+        "installed beside engine_python when it starts the engine; set it for any other engine.",
     )
     max_json_depth: int = Field(
         128,
@@ -467,7 +467,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "engine_group_routing": _INGRESS,
     "engine_health_interval_s": _INGRESS,
     "engine_timeout_s": (*_INGRESS, "recompute", "replay", "inspect"),
-    "engine_python": _INGRESS,  # the ingress reads its environment's transformers version
+    "engine_python": ("up",),
     "engine_startup_timeout_s": ("up",),
     "engine_max_model_len": _INGRESS,
     "engine_kv_cache_bytes": ("up",),

@@ -11,8 +11,8 @@ EXIF orientation (``normalize_image``), so a photo stored sideways is measured u
 Invariant: the numbers depend only on the model directory's ``preprocessor_config.json`` and the
 image's upright size; the engine's expansion is still checked against them on every call
 (titoflow/engine/images.py). The processor's fingerprint (:meth:`ImageProcessing.fingerprint`,
-recorded with every image) is read from the same file, plus the engine's transformers version,
-which no model directory holds (:func:`installed_version`, or a setting for an external engine).
+recorded with every image) is read from the same file, plus the engines' transformers version,
+which no model directory holds (a setting; ``up`` reads it with :func:`installed_version`).
 """
 
 from __future__ import annotations
