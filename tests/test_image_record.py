@@ -39,7 +39,7 @@ from tests.test_chat_images import (
 )
 from titoflow.client.export import read_segments, write_parquet
 from titoflow.client.image_check import check_image
-from titoflow.dev.vl_policy import write_processor
+from titoflow.dev.vl_policy import IMAGE_PAD_ID, write_processor
 from titoflow.errors import ImageStoreUnavailable
 from titoflow.image_store import ImageStore
 from titoflow.tito.image_grid import ImageProcessing, installed_version, upright_size
@@ -244,7 +244,7 @@ def test_the_engine_s_transformers_version_is_read_from_its_environment(tmp_path
 
 # --- segments ---------------------------------------------------------------------------------
 
-PAD, OPEN, CLOSE = 9, 7, 8  # an image's placeholder and the template's markers around its run
+PAD, OPEN, CLOSE = IMAGE_PAD_ID, 7, 8  # an image's placeholder, the markers around its run
 
 
 @st.composite
@@ -274,7 +274,7 @@ def image_sessions(draw: st.DrawFn) -> list[StepRecorded]:
             if kind == "miss":
                 tail, parent, base = full + tail, None, []
         prompt = base + tail
-        runs_at = [(at, length) for at, length in pad_runs(prompt)]
+        runs_at = runs(prompt)
         sha_at = {r: hashlib.sha256(f"{prompt[: r[0]]}".encode()).hexdigest() for r in runs_at}
         completion = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
         step = StepRecorded(
@@ -312,17 +312,6 @@ def image_sessions(draw: st.DrawFn) -> list[StepRecorded]:
     return [step for _, step in made]
 
 
-def pad_runs(ids: list[int]) -> list[tuple[int, int]]:
-    found: list[tuple[int, int]] = []
-    for at, token in enumerate(ids):
-        if token == PAD:
-            if found and sum(found[-1]) == at:
-                found[-1] = (found[-1][0], found[-1][1] + 1)
-            else:
-                found.append((at, 1))
-    return found
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(image_sessions(), st.sampled_from([0, 5, 9, 16]))
 def test_segments_carry_their_images_whole_at_their_runs_with_loss_mask_0(
@@ -343,7 +332,7 @@ def test_segments_carry_their_images_whole_at_their_runs_with_loss_mask_0(
     for segment in segments:
         ids = list(segment.token_ids)
         held = [(image.offset, image.length) for image in segment.images]
-        assert held == pad_runs(ids)
+        assert held == runs(ids)
         for image in segment.images:
             assert image.offset + image.length <= len(ids)
             assert ids[image.offset - 1] == OPEN and ids[image.offset + image.length] == CLOSE
