@@ -41,10 +41,12 @@ from ingress.pool_control import apply_to_pool
 from ingress.service import ChatService, ServiceOptions, SessionEvent
 from ingress.tracing import CallTracer
 from schemas.events import SessionBudgeted, SessionEnded, StepRecorded
+from schemas.images import ImageProcessorFingerprint
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics
 from titoflow.engine.groups import RoutingKeys
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
+from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
 from titoflow.shutdown import Deadline, close_budget
 from titoflow.tito.image_grid import ImageProcessing
@@ -63,6 +65,23 @@ def _unrecorded(
     if isinstance(exc, EventTooLarge):
         return PayloadTooLarge(f"{what_is} too large to record: {exc}")
     return PublishFailed(f"{what} could not be recorded: {exc}")
+
+
+def _image_options(
+    settings: Settings,
+) -> tuple[ImageProcessing | None, ImageProcessorFingerprint | None, ImageStore | None]:
+    """The policy's image processing, its fingerprint (once, at start) and the image store;
+    none of them for a text-only policy."""
+    processing = ImageProcessing.of_model(settings.model_path)
+    if processing is None:
+        return None, None, None
+    version = settings.engine_transformers_version
+    if not version:
+        log.warning(
+            "the engines' transformers version is not known: images are recorded without it "
+            "(set TITOFLOW_ENGINE_TRANSFORMERS_VERSION to the engines' version)"
+        )
+    return processing, processing.fingerprint(version), ImageStore(settings.image_store_dir)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -114,6 +133,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = load_tokenizer(settings.model_path)
+        processing, fingerprint, store = _image_options(settings)
         app.state.settings = settings
         app.state.engines = pool
         app.state.publisher = publisher
@@ -137,13 +157,15 @@ def create_app(settings: Settings) -> FastAPI:
                 max_in_flight=settings.max_in_flight,
                 retry_after_s=settings.overload_retry_after_s,
                 logprobs_mode=settings.engine_logprobs_mode,
-                image_processing=ImageProcessing.of_model(settings.model_path),
                 max_images=settings.max_images_per_request,
                 max_image_bytes=settings.max_image_bytes_per_request,
                 image_url_fetch=settings.image_url_fetch,
                 image_url_timeout_s=settings.image_url_timeout_s,
                 image_url_allowed_domains=settings.image_url_domains,
                 image_url_max_redirects=settings.image_url_max_redirects,
+                image_processing=processing,
+                image_fingerprint=fingerprint,
+                image_store=store,
             ),
             tracer=CallTracer(settings.otel_traces),
             control=gate,

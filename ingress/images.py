@@ -84,7 +84,14 @@ def with_images(
             limit=limit,
         )
     sent = tuple(
-        EngineImage(run.offset, run.length, run.image.sha256, run.image.url) for run in runs
+        EngineImage(
+            run.offset,
+            run.length,
+            run.image.sha256,
+            run.image.url,
+            grid_thw=processing.grid_thw(run.image.height, run.image.width),
+        )
+        for run in runs
     )
     return array("i", expanded), (*held, *sent)
 

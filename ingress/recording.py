@@ -4,8 +4,11 @@ Invariant: a chain advances only after its step was published (the broker acknow
 a call that fails anywhere before leaves the cache as it was, and a retry extends the same chain
 as a new sample. The ``n`` samples of one request are published together, as one batch the
 broker appends whole or not at all, so they are all recorded or none is; only then do their
-chains advance, each a tip beside the others. Metrics and the log line wait
-for nothing: they are counted on the loop's next turn, once the answer is on its way.
+chains advance, each a tip beside the others. A step is published only once the bytes of every
+image it names are in the image store (written in a worker thread; the images a chain sends by
+uuid alone were stored with the step that brought them), so a trainer can read what a step
+names. Metrics and the log line wait for nothing: they are counted on the loop's next turn, once
+the answer is on its way.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from ingress.session_log import Publish, PublishTogether
 from ingress.steps import advance_chain, answer_message, step_event
 from ingress.tracing import CallSpan
 from schemas.events import LogprobsMode, StepRecorded
-from titoflow.engine.api import Generation
+from schemas.images import ImageProcessorFingerprint
+from titoflow.engine.api import EngineImage, Generation
+from titoflow.image_store import ImageStore
+from titoflow.tito.images import data_url_bytes
 from titoflow.tito.output import ParsedOutput
 
 log = logging.getLogger("titoflow.ingress")
@@ -37,6 +43,9 @@ class StepRecorder:
     logprobs_mode: LogprobsMode = "raw_logprobs"  # what the engines' logprobs are
     # None: a service without a broker's batches (tests, benchmarks): one sample per request.
     publish_together: PublishTogether | None = None
+    # Both set where the policy reads images (ServiceOptions checks it).
+    image_processor: ImageProcessorFingerprint | None = None
+    image_store: ImageStore | None = None
 
     async def record(
         self,
@@ -51,7 +60,18 @@ class StepRecorder:
         """The step of ``call``, durable; ``parsed`` is a chat turn's output (None: white-box),
         ``version`` the weight version the call was admitted under."""
         answer = answer_message(parsed) if parsed is not None else None
-        step = step_event(call, generation, engine_ms, stream, parsed, answer, self.logprobs_mode)
+        step = step_event(
+            call,
+            generation,
+            engine_ms,
+            stream,
+            parsed,
+            answer,
+            self.logprobs_mode,
+            self.image_processor,
+        )
+        if call.params.images:
+            await self._store(call.params.images)
         await self.publish(step)
         span.recorded(step, len(call.prompt))
         # Counted on the next loop iteration: the answer leaves 0.1 ms sooner.
@@ -72,9 +92,21 @@ class StepRecorder:
         assert self.publish_together is not None, "ChatService refuses n > 1 without it"
         answers = [answer_message(parsed) for *_, parsed in samples]
         steps = [
-            step_event(call, generation, engine_ms, stream, parsed, answer)
+            step_event(
+                call,
+                generation,
+                engine_ms,
+                stream,
+                parsed,
+                answer,
+                self.logprobs_mode,
+                self.image_processor,
+            )
             for (call, generation, engine_ms, parsed), answer in zip(samples, answers, strict=True)
         ]
+        images = samples[0][0].params.images  # the samples share one prompt
+        if images:
+            await self._store(images)
         await self.publish_together(steps)
         loop = asyncio.get_running_loop()
         for (call, *_), step, answer in zip(samples, steps, answers, strict=True):
@@ -82,6 +114,19 @@ class StepRecorder:
             loop.call_soon(_count, step, len(call.prompt), call.started)
             advance_chain(self.chains, call, step, answer, self.end_ids, version)
         return steps
+
+    async def _store(self, images: Sequence[EngineImage]) -> None:
+        """The bytes of the images the engine was sent with them, in the image store."""
+        new = [image for image in images if not image.by_uuid]
+        if new:
+            await asyncio.to_thread(_write, self.image_store, new)
+
+
+def _write(store: ImageStore | None, images: Sequence[EngineImage]) -> None:
+    assert store is not None, "ServiceOptions holds a store wherever images are read"
+    for image in images:
+        if not store.has(image.uuid):  # stored by an earlier step: not decoded again
+            store.put(data_url_bytes(image.url), image.uuid)
 
 
 def _count(step: StepRecorded, prompt_len: int, started: float) -> None:

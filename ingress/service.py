@@ -106,7 +106,13 @@ class ChatService:
         self.prompts = PromptBuilder(renderer, chains, self.admission, options)
         self.image_urls = ImageUrls(options, renderer.token_id(IMAGE_PAD))
         recorder = StepRecorder(
-            publish, chains, renderer.end_ids, options.logprobs_mode, publish_together
+            publish,
+            chains,
+            renderer.end_ids,
+            options.logprobs_mode,
+            publish_together,
+            options.image_fingerprint,
+            options.image_store,
         )
         self.records_samples = publish_together is not None
         # None: every call routes by its session id.

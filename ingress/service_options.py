@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schemas.events import LogprobsMode
+from schemas.images import ImageProcessorFingerprint
+from titoflow.image_store import ImageStore
 from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.messages import Matcher
 
@@ -30,9 +32,19 @@ class ServiceOptions:
     retry_after_s: int = 1  # what a call refused for overload is told to wait
     logprobs_mode: LogprobsMode = "raw_logprobs"  # the engines' --logprobs-mode, recorded
     image_processing: ImageProcessing | None = None  # None: the policy reads no images
+    # With image_processing: what each recorded image names its processing by (made once, at
+    # start), and where its bytes go before its step is published.
+    image_fingerprint: ImageProcessorFingerprint | None = None
+    image_store: ImageStore | None = None
     max_images: int = 16  # images one request's conversation may hold
     max_image_bytes: int = 16 << 20  # their decoded bytes, all together
     image_url_fetch: bool = True  # False: an image given by http(s) URL is a 400
     image_url_timeout_s: float = 5.0  # one image's fetch, its body included
     image_url_allowed_domains: frozenset[str] = frozenset()  # hosts fetched from; empty: any
     image_url_max_redirects: int = 3  # followed per image URL
+
+    def __post_init__(self) -> None:
+        if self.image_processing is not None and (
+            self.image_fingerprint is None or self.image_store is None
+        ):
+            raise ValueError("a policy that reads images needs an image fingerprint and store")

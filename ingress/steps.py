@@ -12,6 +12,8 @@ Invariants:
   with ``ChainStore.advance_tokens``, which keeps the parent's messages so no chat request
   matches it.
 - A chain's tools and template switches are on its rendered step only; its TITO steps share them.
+- Every image of the prompt is on the step (:func:`image_records`), at its offset in the full
+  prompt, named by its bytes' hash; the bytes never are (the recorder stores them first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ingress.images import held_images
 from ingress.prompts import AnyCall
 from ingress.turn import ChatTurn
 from schemas.events import LogprobsMode, StepRecorded
+from schemas.images import ImageProcessorFingerprint, ImageRecord
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import Generation
 from titoflow.tito.messages import Message
@@ -50,9 +53,11 @@ def step_event(
     parsed: ParsedOutput | None,
     answer: Message | None,
     logprobs_mode: LogprobsMode = "raw_logprobs",
+    image_processor: ImageProcessorFingerprint | None = None,
 ) -> StepRecorded:
     """The step of ``call``; ``parsed`` and ``answer`` are a chat turn's (None: white-box);
-    ``logprobs_mode``: what the engine's logprobs are."""
+    ``logprobs_mode``: what the engine's logprobs are; ``image_processor``: what processed the
+    prompt's images (None: the policy reads none)."""
     parent, request = call.parent, call.request
     turn = request if isinstance(request, ChatTurn) else None
     return StepRecorded(
@@ -87,9 +92,25 @@ def step_event(
         routed_experts=_new_rows(generation, call.params.routed_experts_start),
         sampling=sampling.used(call.params, logprobs_mode),
         sampling_asked=sampling.asked(request),
+        images=image_records(call, image_processor) if call.params.images else [],
         render_ms=call.render_ms,
         engine_ms=engine_ms,
     )
+
+
+def image_records(call: AnyCall, processor: ImageProcessorFingerprint | None) -> list[ImageRecord]:
+    """Every image of ``call``'s prompt as its step records it."""
+    assert processor is not None, "ServiceOptions holds a fingerprint wherever images are read"
+    return [
+        ImageRecord(
+            sha256=image.uuid,
+            offset=image.offset,
+            length=image.length,
+            grid_thw=image.grid_thw,
+            processor=processor,
+        )
+        for image in call.params.images
+    ]
 
 
 def advance_chain(

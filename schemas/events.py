@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from schemas.arrays import Float32Array, Int32Array, UInt8Array
+from schemas.images import ImageRecord
 from schemas.reasons import DeadLetterReason, DiscardReason, SplitReason
 from schemas.routed_experts import RoutedExperts
 
@@ -294,6 +295,13 @@ class StepRecorded(_Event):
     sampling_asked: SamplingAsked | None = Field(
         None, description="The sampling the call asked for, before the driver's overrides."
     )
+    images: list[ImageRecord] = Field(
+        default_factory=list,
+        description="Every image of the step's full prompt, in prompt order, at its offset in "
+        "the full prompt (tokens(parent)[:prefix_len] + prompt_tail_ids); empty for a text "
+        "step. Its bytes are in the image store (TITOFLOW_IMAGE_STORE_DIR) before the step is "
+        "published, never in an event; new_messages name images by their sha256 alone.",
+    )
     render_ms: float
     engine_ms: float
 
@@ -476,6 +484,12 @@ class SegmentFinalized(_Event):
         False,
         description="The last segment of its session: every other one precedes it in the same "
         "partition (same key), so a reader that sees it has the whole session.",
+    )
+    images: list[ImageRecord] = Field(
+        default_factory=list,
+        description="Every image of token_ids, in order, at its offset in token_ids: its run "
+        "of placeholder ids is context (loss mask 0) and lies whole in the segment (segments "
+        "are cut after a step's completion, never inside a prompt). Bytes: the image store.",
     )
     unused_sample: bool = Field(
         False,

@@ -104,11 +104,15 @@ class RecordingPublisher:
     def __init__(self) -> None:
         self.events: list[SessionEvent] = []
         self.fail_next = False
+        # Called with each event as it is published (a test's check of what must precede it).
+        self.on_publish: Callable[[SessionEvent], None] | None = None
 
     async def __call__(self, event: SessionEvent) -> None:
         if self.fail_next:
             self.fail_next = False
             raise PublishFailed("broker down (scripted)")
+        if self.on_publish is not None:
+            self.on_publish(event)
         self.events.append(event)
 
     async def together(self, events: Sequence[SessionEvent]) -> None:
@@ -117,6 +121,9 @@ class RecordingPublisher:
         if self.fail_next:
             self.fail_next = False
             raise PublishFailed("broker down (scripted)")
+        for event in events:
+            if self.on_publish is not None:
+                self.on_publish(event)
         self.events.extend(events)
 
 

@@ -13,8 +13,10 @@ import base64
 import copy
 import hashlib
 import io
+import tempfile
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -33,18 +35,31 @@ from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
 from titoflow.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
 from titoflow.errors import TemplateError
+from titoflow.image_store import ImageStore
 from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.messages import Message, MessageImage
 from titoflow.tito.render import ChatRenderer
 from workers.rebuild import Rebuilder
 
-PROCESSING = ImageProcessing(
-    patch_size=PREPROCESSOR_CONFIG["patch_size"],
-    merge_size=PREPROCESSOR_CONFIG["merge_size"],
-    min_pixels=PREPROCESSOR_CONFIG["size"]["shortest_edge"],
-    max_pixels=PREPROCESSOR_CONFIG["size"]["longest_edge"],
-)
-OPTIONS = ServiceOptions(max_model_len=4096, default_max_tokens=64, image_processing=PROCESSING)
+PROCESSING = ImageProcessing.of_config(PREPROCESSOR_CONFIG)
+# Content-addressed, so one store serves every test of the module (tests/test_image_record.py
+# checks what goes into a store of its own).
+STORE = ImageStore(Path(tempfile.mkdtemp(prefix="titoflow-test-images-")))
+
+
+def vl_options(**limits: Any) -> ServiceOptions:
+    """The VL policy's service options, images stored in ``STORE`` unless ``limits`` say."""
+    given: dict[str, Any] = {"image_store": STORE} | limits
+    return ServiceOptions(
+        max_model_len=4096,
+        default_max_tokens=64,
+        image_processing=PROCESSING,
+        image_fingerprint=PROCESSING.fingerprint("5.19.0"),
+        **given,
+    )
+
+
+OPTIONS = vl_options()
 TOOLS: Any = [path_tool("screenshot", "a screenshot of a path")]
 CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
 
@@ -193,19 +208,12 @@ NO_VL = ServiceOptions(max_model_len=4096, default_max_tokens=64)
         ([{"role": "user", "content": [IMAGE]}], NO_VL, "reads no images"),
         (
             [{"role": "user", "content": [IMAGE] * 3}],
-            ServiceOptions(
-                max_model_len=4096, default_max_tokens=64, image_processing=PROCESSING, max_images=2
-            ),
+            vl_options(max_images=2),
             "at most 2",
         ),
         (
             [{"role": "user", "content": [IMAGE]}],
-            ServiceOptions(
-                max_model_len=4096,
-                default_max_tokens=64,
-                image_processing=PROCESSING,
-                max_image_bytes=10,
-            ),
+            vl_options(max_image_bytes=10),
             "max_image_bytes_per_request",
         ),
         (
@@ -365,8 +373,8 @@ def test_a_message_with_images_reads_back_from_its_record(
 
 async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uuid() -> None:
     """The caller's ids hold the chain's expanded runs: without the images the engine would
-    read the placeholders as plain tokens."""
-    app, engine, _ = vl_app(["seen<|im_end|>", "more"])
+    read the placeholders as plain tokens; its step records them, as a chat step does."""
+    app, engine, publisher = vl_app(["seen<|im_end|>", "more"])
     data = png(64, 64)
     messages: Any = [{"role": "user", "content": [image_part(data)]}]
     await client_for(app).chat.completions.create(model="m", messages=messages)
@@ -378,6 +386,11 @@ async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uui
     assert engine.prompts[1] == [*chain, 198]
     assert (image.uuid, image.by_uuid) == (hashlib.sha256(data).hexdigest(), True)
     assert engine.prompts[1][image.offset : image.offset + image.length] == [IMAGE_PAD_ID] * 4
+    chat, white_box = steps(publisher)
+    assert white_box.api == "generate" and white_box.images == chat.images
+    assert [(i.offset, i.length, i.grid_thw) for i in white_box.images] == [
+        (image.offset, image.length, (1, 4, 4))
+    ]
 
 
 def anthropic_image(data: bytes) -> dict[str, Any]:

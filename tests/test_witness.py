@@ -5,14 +5,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
 from schemas.events import SegmentFinalized
+from schemas.images import ImageRecord
 from tests.test_assembler import THREE_TURNS, assemble, step
 from tests.witness import Witnessed, WitnessedImage, WitnessError, check_segments
 from titoflow.dev.vl_policy import IMAGE_PAD_ID
+from titoflow.tito.image_grid import ImageProcessing
 
 
 def calls_of_three_turns() -> list[Witnessed]:
@@ -153,30 +155,29 @@ def test_segments_with_images_are_held_to_the_expanded_prompt_and_every_lie_fail
     fails("changed a prompt without images", replace(first, images=[], placeholders=[]), second)
 
 
-@dataclass(frozen=True)
-class ImageRecord:
-    """A segment's record of an image, as issue 30's part 3 adds it (branch i30-record)."""
-
-    sha256: str
-    offset: int
-    length: int
-
-
-class SegmentWithImages(SegmentFinalized):
-    images: list[ImageRecord]
+def record(sha256: str, offset: int, length: int) -> ImageRecord:
+    """An image record; its grid and processor are not what the witness holds it to."""
+    processing = ImageProcessing(patch_size=16, merge_size=2, min_pixels=1024, max_pixels=65536)
+    return ImageRecord(
+        sha256=sha256,
+        offset=offset,
+        length=length,
+        grid_thw=(1, 2, 2 * length),
+        processor=processing.fingerprint("5.19.0"),
+    )
 
 
 def test_a_segment_s_image_records_are_the_runs_the_engine_placed() -> None:
     [segment] = assemble(IMAGE_TURNS)
     calls = image_calls()
-    records = [ImageRecord("sha256:" + SHA_A, 1, 4), ImageRecord("sha256:" + SHA_B, 9, 3)]
-    recorded = SegmentWithImages(**segment.model_dump(), images=records)
+    records = [record(SHA_A, 1, 4), record(SHA_B, 9, 3)]
+    recorded = segment.model_copy(update={"images": records})
     assert check_segments([recorded], calls, complete=True)["segment_images"] == 2
     for wrong in (
         [records[0]],  # an image unrecorded
-        [records[0], replace(records[1], sha256=SHA_A)],  # another image's bytes
-        [records[0], replace(records[1], offset=8)],  # the run misplaced
-        [records[0], replace(records[1], length=4)],
+        [records[0], record(SHA_A, 9, 3)],  # another image's bytes
+        [records[0], record(SHA_B, 8, 3)],  # the run misplaced
+        [records[0], record(SHA_B, 9, 4)],
     ):
         with pytest.raises(WitnessError, match="image records"):
-            check_segments([SegmentWithImages(**segment.model_dump(), images=wrong)], calls)
+            check_segments([segment.model_copy(update={"images": wrong})], calls)

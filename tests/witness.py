@@ -414,17 +414,11 @@ def image_runs(call: Witnessed) -> set[tuple[int, int, str]]:
 def _check_image_records(
     segment: SegmentFinalized, runs: set[tuple[int, int, str]], reach: int
 ) -> int:
-    """TO TIGHTEN after issue 30's record (branch i30-record) merges: a segment's ``images``
-    (sha256, offset, length per image) within the first ``reach`` ids are exactly the image
-    runs the engine placed in the prompts of the calls its completions came from. Until
-    segments carry ``images`` there is no record to check, and this returns 0."""
-    records = getattr(segment, "images", None)
-    if records is None:
-        return 0
+    """A segment's ``images`` (sha256, offset, length per image) within its first ``reach``
+    ids are exactly the image runs the engine placed in the prompts of the calls its
+    completions came from."""
     recorded = {
-        (int(r.offset), int(r.length), str(r.sha256).removeprefix("sha256:"))
-        for r in records
-        if r.offset + r.length <= reach
+        (r.offset, r.length, r.sha256) for r in segment.images if r.offset + r.length <= reach
     }
     if recorded != runs:
         raise WitnessError(

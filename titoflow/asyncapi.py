@@ -145,7 +145,11 @@ Topic names use the default prefix `{_DEFAULTS.topic_prefix}`; a deployment sets
 TITOFLOW_TOPIC_PREFIX. Events are UTF-8 JSON with `schema_version` (the version of this \
 document) and `type`; readers ignore fields they do not know and must not guess at a \
 `schema_version` they do not know. Token ids, logprobs and masks are base64 strings of packed \
-little-endian arrays (docs/events.md)."""
+little-endian arrays (docs/events.md). Images are never in an event: steps and segments name \
+each image of their token ids by the sha256 of its bytes (ImageRecord: its placeholder run, \
+grid_thw and the image processor's fingerprint; the run has loss mask 0 and a segment never \
+cuts one), and the bytes are in the image store, TITOFLOW_IMAGE_STORE_DIR/<sha256[:2]>/<sha256>, \
+written before the step that names them is published."""
 
 
 def _broker() -> KafkaBroker:

@@ -97,6 +97,12 @@ class PublishFailed(Unavailable):
     code = "broker_unavailable"
 
 
+class ImageStoreUnavailable(Unavailable):
+    """An image's bytes could not be written to the image store: its step is not published."""
+
+    code = "image_store_unavailable"
+
+
 class TrajectoryVersionChanged(TitoflowError):
     """Partial rollout is off and the weights changed since the session's first step: its next
     step would mix versions in one trajectory. Not retryable: start a new session."""

@@ -231,6 +231,20 @@ class Settings(BaseSettings):
     image_url_max_redirects: int = Field(
         3, ge=0, description="Redirects followed for one image URL; more is a 400."
     )
+    image_store_dir: Path = Field(
+        PROJECT_ROOT / ".run" / "images",
+        description="The content-addressed image store: the ingress writes every image's bytes "
+        "to <dir>/<sha256[:2]>/<sha256> before publishing a step that names it, and trainers "
+        "read them there (events carry only the hash). Every ingress replica and every trainer "
+        "must see the same directory (a shared volume); it grows with every distinct image "
+        "recorded and nothing here deletes from it.",
+    )
+    engine_transformers_version: str = Field(
+        "",
+        description="The transformers version of the engines' image processor, recorded in every "
+        "image's processor fingerprint (empty: not recorded). `up` sets it to the version "
+        "installed beside engine_python when it starts the engine; set it for any other engine.",
+    )
     max_json_depth: int = Field(
         128,
         ge=1,
@@ -502,6 +516,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "image_url_timeout_s": _INGRESS,
     "image_url_allowed_domains": _INGRESS,
     "image_url_max_redirects": _INGRESS,
+    "image_store_dir": _INGRESS,
+    "engine_transformers_version": _INGRESS,
     "max_json_depth": _INGRESS,
     "accepted_models": _INGRESS,
     "model_family": (*_INGRESS, "worker", "replay", "inspect"),
@@ -556,6 +572,7 @@ _BY_ENDING = {
     "_bytes": "<bytes>",
     "_s": "<seconds>",
     "_path": "<path>",
+    "_dir": "<path>",
     "_python": "<path>",
     "_group": "<group>",
     "_name": "<name>",

@@ -67,6 +67,20 @@ class Rebuilder:
         except ValueError as exc:  # placeholders and images do not pair: not this template's
             raise TemplateError(str(exc)) from exc
 
+    def image_runs(self, tokens: Sequence[int]) -> list[tuple[int, int]]:
+        """``(offset, length)`` of every run of the image placeholder in ``tokens`` (a template
+        encloses each image's run in its own vision markers, so runs never touch)."""
+        pad_id = self.renderer.token_id(IMAGE_PAD)
+        runs: list[tuple[int, int]] = []
+        for at, token in enumerate(tokens):
+            if token != pad_id:
+                continue
+            if runs and sum(runs[-1]) == at:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((at, 1))
+        return runs
+
     def assistant_spans(self, tokens: Sequence[int]) -> list[Span]:
         """``[start, end)`` of every closed assistant turn: its content through the end token
         (what the model generates after the last opener before that end token). An opener with

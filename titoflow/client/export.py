@@ -5,7 +5,7 @@ Invariant: a segment read back equals the segment written, every field, logprobs
 The aligned token arrays are typed Arrow lists of the width they have on the wire (int32 ids,
 float32 logprobs, uint8 loss mask and logprob source: no value is widened or rounded); the scalar
 fields are typed columns; the nested fields a trainer seldom filters on (steps, metadata,
-diagnostics, reward components, routed experts) are their event JSON in string columns.
+diagnostics, reward components, routed experts, images) are their event JSON in string columns.
 docs/trainer.md ("Exporting segments") documents every column; :data:`COLUMNS` is that list.
 
 pyarrow and datasets are the optional extra ``titoflow[export]``: imported only when a function
@@ -57,6 +57,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("diagnostics", "json", "divergence and repair counters"),
     ("metadata", "json", "session metadata (open, then finalize)"),
     ("routed_experts", "json?", "MoE routing replay block, as in the event (data base64)"),
+    ("images", "json", "ImageRecord list: each image's sha256, run, grid and processor"),
 )
 _JSON = frozenset(name for name, kind, _ in COLUMNS if kind.startswith("json"))
 # The aligned arrays and their numpy dtype: the packed encoding's on the wire (schemas/arrays.py).

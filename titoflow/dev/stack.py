@@ -21,6 +21,7 @@ from titoflow.dev.model_build import build_default_model
 from titoflow.dev.procs import ManagedProcess, free_port, stop_all
 from titoflow.dev.supervisor import DEFAULT_POLICY, RestartPolicy, Supervisor
 from titoflow.settings import Settings
+from titoflow.tito.image_grid import installed_version
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -154,7 +155,13 @@ class LocalStack:
                     engine,
                     functools.partial(launch_vllm, self.settings, port, self.log_dir),
                 )
-                self.settings = self.settings.model_copy(update={"engine_url": engine_url})
+                # The engine's processor, as each image's fingerprint records it.
+                version = self.settings.engine_transformers_version or installed_version(
+                    self.settings.engine_python, "transformers"
+                )
+                self.settings = self.settings.model_copy(
+                    update={"engine_url": engine_url, "engine_transformers_version": version}
+                )
             ingress, self.ingress_url = start_ingress(self.settings, self.log_dir)
             # A restarted ingress serves the same address.
             port = int(self.ingress_url.rsplit(":", 1)[1])

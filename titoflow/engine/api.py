@@ -28,6 +28,7 @@ class EngineImage:
     uuid: str
     url: str
     by_uuid: bool = False
+    grid_thw: tuple[int, int, int] = (1, 0, 0)  # the processor's patch grid: recorded, not sent
 
 
 @dataclass(frozen=True)

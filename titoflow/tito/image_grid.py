@@ -10,7 +10,9 @@ EXIF orientation (``normalize_image``), so a photo stored sideways is measured u
 
 Invariant: the numbers depend only on the model directory's ``preprocessor_config.json`` and the
 image's upright size; the engine's expansion is still checked against them on every call
-(titoflow/engine/images.py).
+(titoflow/engine/images.py). The processor's fingerprint (:meth:`ImageProcessing.fingerprint`,
+recorded with every image) is read from the same file, plus the engines' transformers version,
+which no model directory holds (a setting; ``up`` reads it with :func:`installed_version`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
+
+from schemas.images import ImageProcessorFingerprint
 
 # EXIF orientations that turn the image a quarter (PIL's ImageOps.exif_transpose: transpose,
 # rotate 270, transverse, rotate 90), so the upright image has width and height swapped.
@@ -31,12 +37,19 @@ _ORIENTATION_TAG = 0x0112
 
 @dataclass(frozen=True)
 class ImageProcessing:
-    """The part of a Qwen-VL processor config that fixes an image's grid."""
+    """A Qwen-VL processor config: the part that fixes an image's grid, and the rest of what
+    its fingerprint names (defaults: transformers' Qwen2VLImageProcessor's)."""
 
     patch_size: int
     merge_size: int
     min_pixels: int
     max_pixels: int
+    processor_class: str = "Qwen2VLImageProcessor"
+    temporal_patch_size: int = 2
+    image_mean: tuple[float, ...] = (0.48145466, 0.4578275, 0.40821073)  # OPENAI_CLIP_MEAN
+    image_std: tuple[float, ...] = (0.26862954, 0.26130258, 0.27577711)  # OPENAI_CLIP_STD
+    rescale_factor: float = 1 / 255
+    resample: int = 3  # PIL's BICUBIC
 
     @classmethod
     def of_model(cls, model_dir: Path) -> ImageProcessing | None:
@@ -45,12 +58,43 @@ class ImageProcessing:
             config = json.loads((model_dir / "preprocessor_config.json").read_text("utf-8"))
         except FileNotFoundError:
             return None
+        return cls.of_config(config)
+
+    @classmethod
+    def of_config(cls, config: dict[str, Any]) -> ImageProcessing:
+        """The image processing a ``preprocessor_config.json``'s content describes."""
         size = config.get("size") or {}
         return cls(
             patch_size=int(config["patch_size"]),
             merge_size=int(config["merge_size"]),
             min_pixels=int(size.get("shortest_edge", config.get("min_pixels", 0))),
             max_pixels=int(size.get("longest_edge", config.get("max_pixels", 0))),
+            **{
+                field: read(config[key])
+                for key, (field, read) in _FINGERPRINTED.items()
+                if config.get(key) is not None
+            },
+        )
+
+    def fingerprint(self, transformers_version: str) -> ImageProcessorFingerprint:
+        """What a trainer needs to re-run this processing as the engine ran it: these values,
+        the backend the engine's transformers runs the class on, and that version."""
+        major = transformers_version.split(".", 1)[0]
+        return ImageProcessorFingerprint(
+            processor_class=self.processor_class,
+            # transformers 5 names the torchvision class plainly (the PIL one <class>Pil);
+            # transformers 4 names the PIL one plainly (the torchvision one <class>Fast).
+            backend="pil" if major.isdigit() and int(major) < 5 else "torchvision",
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            image_mean=self.image_mean,
+            image_std=self.image_std,
+            rescale_factor=self.rescale_factor,
+            resample=self.resample,
+            transformers_version=transformers_version,
         )
 
     def resized(self, height: int, width: int) -> tuple[int, int]:
@@ -79,6 +123,33 @@ class ImageProcessing:
         """How many placeholder ids the image expands to."""
         t, h, w = self.grid_thw(height, width)
         return t * h * w // self.merge_size**2
+
+
+def _floats(value: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in value)
+
+
+# preprocessor_config.json keys a fingerprint names beside the grid's: the field each sets, and
+# how its value is read.
+_FINGERPRINTED: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "image_processor_type": ("processor_class", str),
+    "temporal_patch_size": ("temporal_patch_size", int),
+    "image_mean": ("image_mean", _floats),
+    "image_std": ("image_std", _floats),
+    "rescale_factor": ("rescale_factor", float),
+    "resample": ("resample", int),
+}
+
+
+def installed_version(python: Path, distribution: str) -> str:
+    """The version of ``distribution`` installed in the virtual environment of ``python``
+    (``<venv>/bin/python``), read from its metadata directory without running it; empty when
+    it is not there."""
+    prefix = distribution.replace("-", "_") + "-"
+    for lib in sorted((python.parent.parent / "lib").glob("python*/site-packages")):
+        for info in sorted(lib.glob(f"{prefix}*.dist-info")):
+            return info.name.removeprefix(prefix).removesuffix(".dist-info")
+    return ""
 
 
 def upright_size(data: bytes) -> tuple[int, int]:

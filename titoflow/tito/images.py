@@ -28,16 +28,7 @@ IMAGE_PAD = "<|image_pad|>"  # Qwen-VL's placeholder: the one id per image the e
 def read_image(url: str, at: int) -> MessageImage:
     """The image of a ``data:`` URL standing at character ``at`` of its message. ValueError
     for any other URL or bytes no image library opens."""
-    if url[:5].lower() != "data:":
-        raise ValueError("not a data: URL")
-    header, comma, payload = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise ValueError("a data: URL must be base64: data:image/<type>;base64,<bytes>")
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"the data: URL is not valid base64: {exc}") from exc
-    return image_of(data, url, at)
+    return image_of(data_url_bytes(url), url, at)
 
 
 def image_of(data: bytes, url: str, at: int) -> MessageImage:
@@ -76,6 +67,19 @@ def is_http_url(url: str) -> bool:
 def is_read(image: MessageImage) -> bool:
     """Whether an image's bytes were read (every image but one of :func:`image_to_fetch`)."""
     return bool(image.sha256)
+
+
+def data_url_bytes(url: str) -> bytes:
+    """The bytes of a base64 ``data:`` URL; ValueError for any other URL."""
+    if url[:5].lower() != "data:":
+        raise ValueError("not a data: URL")
+    header, comma, payload = url.partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise ValueError("a data: URL must be base64: data:image/<type>;base64,<bytes>")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"the data: URL is not valid base64: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ class SegmentEmitter:
             logprob_source=PackedList(built.source[:]),
             weight_versions=list(built.versions),
             routed_experts=built.routing.block(),
+            images=list(built.images),
             steps=list(built.steps),
             finalize_reason=reason,
             split_reason=built.split_reason,

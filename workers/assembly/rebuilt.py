@@ -9,6 +9,9 @@ Invariants:
   masked, as :func:`workers.rebuild.relabel` labels it.
 - A segment holding tokens carried over from one emitted at size is never rebuilt (those were
   emitted already), nor is one whose generated turns the new prompt dropped (compaction).
+- A rebuilt segment's images are at their runs in its new tokens: on a step's prompt, the step's
+  own (set when the step extends it); re-rendered, the segment's images in order, each on the
+  next placeholder run, which must be as long as its record says, else nothing is rebuilt.
 """
 
 from __future__ import annotations
@@ -59,7 +62,17 @@ class SegmentRebuilder:
             tokens = self.rebuilder.render(messages, segment.tools, segment.template_kwargs)
         except TemplateError:
             return None
-        return self._relabelled(segment, segment.messages, tokens)
+        rebuilt = self._relabelled(segment, segment.messages, tokens)
+        if rebuilt is None or not segment.images:
+            return rebuilt
+        runs = self.rebuilder.image_runs(tokens)
+        if [length for _, length in runs] != [image.length for image in segment.images]:
+            return None
+        rebuilt.images = [
+            image.model_copy(update={"offset": offset})
+            for image, (offset, _) in zip(segment.images, runs, strict=True)
+        ]
+        return rebuilt
 
     def _relabelled(
         self, segment: OpenSegment, turns: list[Turn], tokens: list[int]

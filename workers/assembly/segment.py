@@ -10,6 +10,10 @@ Invariants:
   versions that sampled it. A 0.0 logprob is never passed off as a value.
 - Tokens made context (``fork_at``, ``as_context``) stay trainable only in the segment they
   came from, so no token is trainable in two segments.
+- ``images`` are the images of the segment's tokens at their offsets there: a step's images
+  (every image of its full prompt) re-based to where that prompt sits in the segment. Images are
+  prompt, so their runs are context, and a segment is only ever cut after a step's completion
+  (``truncate``), so a run is never cut: it is in a segment whole or not at all.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from schemas.events import (
     StepRecorded,
     VersionSpan,
 )
+from schemas.images import ImageRecord
 from schemas.reasons import SplitReason
 from workers.assembly.conversation import Turn
 from workers.assembly.step_tokens import StepTokens
@@ -50,6 +55,7 @@ class OpenSegment:
     last_event_time: float = 0.0
     carried: int = 0  # leading tokens carried over as context from a segment emitted at size
     routing: SegmentRouting = field(default_factory=SegmentRouting)
+    images: list[ImageRecord] = field(default_factory=list)
 
     def extend(self, step: StepRecorded, context: array[int], sampled: StepTokens) -> None:
         # After a rebuild the segment's tokens already hold this step's prompt (context == []).
@@ -61,6 +67,12 @@ class OpenSegment:
         self.logprobs.frombytes(bytes(4 * len(context)))
         self.source.frombytes(bytes([LOGPROB_SOURCE_NONE]) * len(context))
         completion_start = len(self.tokens)
+        if step.images or self.images:  # the step's full prompt ends where its completion starts
+            shift = completion_start - step.prefix_len - len(sampled.tail)
+            self.images = [
+                image.model_copy(update={"offset": image.offset + shift}) if shift else image
+                for image in step.images
+            ]
         generated = len(sampled.completion)
         self.tokens.extend(sampled.completion)
         self.loss_mask.frombytes(b"\x01" * generated)
@@ -105,6 +117,7 @@ class OpenSegment:
             del values[cut:]
         self.versions = [span for span in self.versions if span.end <= cut]
         self.routing.truncate(cut)
+        self.images = [image for image in self.images if image.offset + image.length <= cut]
         del self.steps[steps:]
         del self.messages[self.messages_after[steps - 1] if steps else 0 :]
         del self.messages_after[steps:]
@@ -128,6 +141,7 @@ class OpenSegment:
             last_event_time=self.last_event_time,
             carried=self.carried,
             routing=self.routing.copy(),
+            images=self.images[:],
         )
 
     def index_of(self, step_id: str) -> int | None:
