@@ -34,7 +34,7 @@ from ingress.image_cache import ImageCache
 from ingress.service import ServiceOptions
 from tests.apps import asgi_client, serving
 from tests.doubles import RecordingPublisher, ScriptedEngine
-from tests.test_chat_images import OPTIONS, PROCESSING, client_for, png, steps, vl_app
+from tests.test_chat_images import OPTIONS, PROCESSING, client_for, png, steps, vl_app, vl_options
 from titoflow.settings import Settings
 from titoflow.tito.images import read_image
 from titoflow.tito.messages import MessageImage
@@ -228,14 +228,7 @@ async def test_a_request_refused_before_the_service_fetches_nothing() -> None:
     assert server.hits == {} and publisher.events == [] and engine.prompts == []
 
 
-REFUSING = ServiceOptions(
-    max_model_len=4096,
-    default_max_tokens=64,
-    image_processing=PROCESSING,
-    max_image_bytes=3000,
-    image_url_timeout_s=0.3,
-    image_url_max_redirects=2,
-)
+REFUSING = vl_options(max_image_bytes=3000, image_url_timeout_s=0.3, image_url_max_redirects=2)
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,12 @@ the real VL engine is tests/test_e2e_chat_images.py."""
 
 from __future__ import annotations
 
+import atexit
 import base64
 import copy
 import hashlib
 import io
+import shutil
 import tempfile
 from dataclasses import replace
 from functools import cache
@@ -45,6 +47,7 @@ PROCESSING = ImageProcessing.of_config(PREPROCESSOR_CONFIG)
 # Content-addressed, so one store serves every test of the module (tests/test_image_record.py
 # checks what goes into a store of its own).
 STORE = ImageStore(Path(tempfile.mkdtemp(prefix="titoflow-test-images-")))
+atexit.register(shutil.rmtree, STORE.root, ignore_errors=True)
 
 
 def vl_options(**limits: Any) -> ServiceOptions:

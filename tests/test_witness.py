@@ -79,9 +79,30 @@ def test_an_exact_segment_passes_and_every_lie_fails() -> None:
 PAD = IMAGE_PAD_ID
 A, B = b"screenshot one", b"screenshot two"
 SHA_A, SHA_B = hashlib.sha256(A).hexdigest(), hashlib.sha256(B).hexdigest()
+
+
+def record(sha256: str, offset: int, length: int) -> ImageRecord:
+    """An image record; its grid and processor are not what the witness holds it to."""
+    processing = ImageProcessing(patch_size=16, merge_size=2, min_pixels=1024, max_pixels=65536)
+    return ImageRecord(
+        sha256=sha256,
+        offset=offset,
+        length=length,
+        grid_thw=(1, 2, 2 * length),
+        processor=processing.fingerprint("5.19.0"),
+    )
+
+
 IMAGE_TURNS = [
-    step("a", [1, *[PAD] * 4, 2], [10, 11]),
-    step("b", [3, *[PAD] * 3, 4], [12], parent="a", prefix_len=8),
+    step("a", [1, *[PAD] * 4, 2], [10, 11], images=[record(SHA_A, 1, 4)]),
+    step(
+        "b",
+        [3, *[PAD] * 3, 4],
+        [12],
+        parent="a",
+        prefix_len=8,
+        images=[record(SHA_A, 1, 4), record(SHA_B, 9, 3)],
+    ),
 ]
 
 
@@ -155,24 +176,12 @@ def test_segments_with_images_are_held_to_the_expanded_prompt_and_every_lie_fail
     fails("changed a prompt without images", replace(first, images=[], placeholders=[]), second)
 
 
-def record(sha256: str, offset: int, length: int) -> ImageRecord:
-    """An image record; its grid and processor are not what the witness holds it to."""
-    processing = ImageProcessing(patch_size=16, merge_size=2, min_pixels=1024, max_pixels=65536)
-    return ImageRecord(
-        sha256=sha256,
-        offset=offset,
-        length=length,
-        grid_thw=(1, 2, 2 * length),
-        processor=processing.fingerprint("5.19.0"),
-    )
-
-
 def test_a_segment_s_image_records_are_the_runs_the_engine_placed() -> None:
     [segment] = assemble(IMAGE_TURNS)
     calls = image_calls()
     records = [record(SHA_A, 1, 4), record(SHA_B, 9, 3)]
-    recorded = segment.model_copy(update={"images": records})
-    assert check_segments([recorded], calls, complete=True)["segment_images"] == 2
+    assert segment.images == records  # the steps' records, carried by the assembler
+    assert check_segments([segment], calls, complete=True)["segment_images"] == 2
     for wrong in (
         [records[0]],  # an image unrecorded
         [records[0], record(SHA_A, 9, 3)],  # another image's bytes
