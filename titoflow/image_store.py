@@ -5,7 +5,8 @@ trainer reads from it (:meth:`ImageStore.get`, ``titoflow.client``); events carr
 Invariants:
 - A file of the store holds exactly the bytes its name hashes to: it is written to a temporary
   file in the same directory, flushed to disk, then renamed into place (atomic on one file
-  system), so a reader sees all of it or nothing; :meth:`ImageStore.get` checks the hash again.
+  system; the directory flushed too, so the name survives a crash), so a reader sees all of it
+  or nothing; :meth:`ImageStore.get` checks the hash again.
 - Writing is idempotent: an image already stored is not written again (same name, same bytes).
 - Nothing here knows a request or an event: plain bytes and names, blocking file I/O (the
   ingress calls it from a worker thread).
@@ -53,6 +54,7 @@ class ImageStore:
                     out.flush()
                     os.fsync(out.fileno())  # durable before the step naming it is published
                 os.replace(temporary, final)
+                _sync_directory(final.parent)  # the rename too, before the step is published
             except BaseException:
                 Path(temporary).unlink(missing_ok=True)
                 raise
@@ -72,3 +74,11 @@ class ImageStore:
         if found != sha256:
             raise ValueError(f"the image store's {sha256} holds bytes hashing to {found}")
         return data
+
+
+def _sync_directory(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
