@@ -162,7 +162,7 @@ class PromptBuilder:
     def _find(self, turn: ChatTurn) -> tuple[Chain, int] | None:
         session_id = turn.session.session_id
         self.admission.check_open(session_id)
-        found = self.chains.find(session_id, turn.messages, turn.tools_key, self.options.matcher)
+        found = self.chains.find(session_id, turn.messages, turn.tools_digest, self.options.matcher)
         if found:
             self.admission.check_step_limit(session_id, found[0])
         return found
@@ -186,7 +186,6 @@ class PromptBuilder:
                         turn.tools,
                         turn.template_kwargs,
                         budget=limit - len(parent.tokens) - 1,
-                        key=turn.render_key,
                     )
                 except NotAppendOnly:  # e.g. a later system message the template moves up front
                     metrics.NOT_APPEND_ONLY.inc()
