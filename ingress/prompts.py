@@ -61,7 +61,8 @@ AnyCall = PreparedCall[ChatTurn] | PreparedCall[TokenCall]
 # Past this many characters of text to tokenize, a turn is rendered in a worker thread (with the
 # tokenizer's GIL-releasing call), so a megabyte tool result does not hold the event loop, and
 # every other session on the replica, for seconds; below it the work takes less than the thread
-# hop is worth. The tools are rendered each turn but not tokenized: they count for a 64th.
+# hop is worth. The tools are rendered but not tokenized (a continuation of a family with
+# ``tools_stand_in`` renders a stand-in instead): they count for a 64th, whatever the path.
 # Figures: docs/benchmarks.md §3c.
 OFF_LOOP_CHARS = 8_192
 TOOLS_WEIGHT = 64
