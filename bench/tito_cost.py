@@ -172,7 +172,7 @@ async def play(turns: list[int], family: str | None, tool_list: str) -> Session:
             # timed at the end, interleaved: the machine's drift over the run is not growth.
             own = SessionRef(session_id=f"tito-cost-{turn}")
             found = service.chains.find(
-                session.session_id, request.messages, request.tools_key, "strict"
+                session.session_id, request.messages, request.tools_digest, "strict"
             )
             if found is not None:
                 service.chains.advance(own.session_id, None, found[0])

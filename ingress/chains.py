@@ -45,7 +45,7 @@ class Prior:
 @dataclass(frozen=True, eq=False)  # identity: comparing token arrays would be O(length)
 class Chain:
     chain_id: str
-    tools_key: str
+    tools_digest: str  # ChatTurn.tools_digest of the calls it continues
     messages: tuple[Message, ...]  # the conversation the tokens hold, the answer without reasoning
     tokens: array[
         int
@@ -121,7 +121,7 @@ class ChainStore:
         self._recorded = 0
 
     def find(
-        self, session_id: str, messages: Sequence[Message], tools_key: str, matcher: Matcher
+        self, session_id: str, messages: Sequence[Message], tools_digest: str, matcher: Matcher
     ) -> tuple[Chain, int] | None:
         """The longest chain whose messages the request extends, and how many it covers: a
         cached tip, or the step before one (a new sample of that tip's prompt)."""
@@ -133,7 +133,7 @@ class ChainStore:
         best_rank = (-1, 0)  # (messages covered, -seq): the longest, then the earliest recorded
         before_head = False  # best is the step before its chain's head
         for chain in chains:
-            if chain.tools_key != tools_key or chain.white_box:
+            if chain.tools_digest != tools_digest or chain.white_box:
                 continue
             covered = len(chain.messages)
             if (

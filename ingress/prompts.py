@@ -61,7 +61,8 @@ AnyCall = PreparedCall[ChatTurn] | PreparedCall[TokenCall]
 # Past this many characters of text to tokenize, a turn is rendered in a worker thread (with the
 # tokenizer's GIL-releasing call), so a megabyte tool result does not hold the event loop, and
 # every other session on the replica, for seconds; below it the work takes less than the thread
-# hop is worth. The tools are rendered each turn but not tokenized: they count for a 64th.
+# hop is worth. The tools are rendered but not tokenized (a continuation of a family with
+# ``tools_stand_in`` renders a stand-in instead): they count for a 64th, whatever the path.
 # Figures: docs/benchmarks.md §3c.
 OFF_LOOP_CHARS = 8_192
 TOOLS_WEIGHT = 64
@@ -162,7 +163,7 @@ class PromptBuilder:
     def _find(self, turn: ChatTurn) -> tuple[Chain, int] | None:
         session_id = turn.session.session_id
         self.admission.check_open(session_id)
-        found = self.chains.find(session_id, turn.messages, turn.tools_key, self.options.matcher)
+        found = self.chains.find(session_id, turn.messages, turn.tools_digest, self.options.matcher)
         if found:
             self.admission.check_step_limit(session_id, found[0])
         return found
@@ -186,7 +187,6 @@ class PromptBuilder:
                         turn.tools,
                         turn.template_kwargs,
                         budget=limit - len(parent.tokens) - 1,
-                        key=turn.render_key,
                     )
                 except NotAppendOnly:  # e.g. a later system message the template moves up front
                     metrics.NOT_APPEND_ONLY.inc()

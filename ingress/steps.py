@@ -84,7 +84,7 @@ def step_event(
         new_messages=[m.template_dict() for m in turn.messages[call.covered :]] if turn else [],
         response_message=answer.template_dict() if answer else {},
         tool_parse_error=parsed.parse_error if parsed else None,
-        tools_hash=_tools_hash(_tools_key(turn, parent)),
+        tools_hash=_tools_hash(_tools_digest(turn, parent)),
         # What a worker needs to re-render the chain; its TITO steps share them.
         tools=list(turn.tools) if turn and parent is None else [],
         template_kwargs=dict(turn.template_kwargs) if turn and parent is None else {},
@@ -134,7 +134,7 @@ def advance_chain(
     )
     head = Chain(
         chain_id=step.chain_id,
-        tools_key=_tools_key(turn, parent) or "",
+        tools_digest=_tools_digest(turn, parent) or _EMPTY_KEY_DIGEST,
         messages=messages,
         tokens=call.prompt + completion,
         head_step_id=step.step_id,
@@ -150,14 +150,19 @@ def advance_chain(
         chains.advance_tokens(request.session.session_id, parent, head)
 
 
-def _tools_key(turn: ChatTurn | None, parent: Chain | None) -> str | None:
-    """The tools and template switches the prompt was made under: the turn's, else (white-box)
-    its chain's; None for a white-box prompt no chain holds."""
-    return turn.tools_key if turn else parent.tools_key if parent else None
+def _tools_digest(turn: ChatTurn | None, parent: Chain | None) -> str | None:
+    """The digest of the tools and template switches the prompt was made under: the turn's,
+    else (white-box) its chain's; None for a white-box prompt no chain holds."""
+    return turn.tools_digest if turn else parent.tools_digest if parent else None
 
 
-def _tools_hash(tools_key: str | None) -> str:
-    return hashlib.sha256(tools_key.encode()).hexdigest()[:16] if tools_key is not None else ""
+# What a chain no tools key was made for (a white-box prompt no chain held) carries: the empty
+# key's digest, so its white-box steps record the tools_hash they recorded before digests.
+_EMPTY_KEY_DIGEST = hashlib.sha256(b"").hexdigest()
+
+
+def _tools_hash(tools_digest: str | None) -> str:
+    return tools_digest[:16] if tools_digest is not None else ""
 
 
 def _new_rows(generation: Generation, first: int) -> RoutedExperts | None:

@@ -3,6 +3,7 @@ white-box token call. Messages themselves are :mod:`titoflow.tito.messages`."""
 
 from __future__ import annotations
 
+import hashlib
 from functools import cached_property
 from typing import Any, Literal
 
@@ -60,6 +61,13 @@ class ChatTurn(BaseModel):
         """Chains continue only under the same tools and template switches: they shape prompts.
         Cached: a turn reads it three times (find, step record, chain advance)."""
         return tools_key(self.tools, self.template_kwargs)
+
+    @cached_property
+    def tools_digest(self) -> str:
+        """SHA-256 of :attr:`tools_key`, hex: what chains compare (a 64 KB tool list's key was
+        compared byte for byte with every chain of the session on every turn) and what a step
+        records of it (``tools_hash``, its first 16 digits)."""
+        return hashlib.sha256(self.tools_key.encode()).hexdigest()
 
     @cached_property
     def render_key(self) -> str:

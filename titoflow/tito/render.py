@@ -9,7 +9,12 @@ When they differ (the model sampled a non-canonical tokenization, the template s
 
 The continuation is rendered on a reduced conversation (system message, an anchor user turn,
 the assistant turn, the new messages) so its cost depends on the new messages only, never on
-the length of the history.
+the length of the history. Nor on the tool list's, where the family declares that what its
+template writes after an assistant turn (wherever that turn is append-only) is the same under
+any non-empty list (``Family.tools_stand_in``): the reduced conversation is then rendered under a
+one-tool stand-in, so the template neither writes a long list nor is the key of the real one
+needed (tests/tito/test_tools_stand_in.py proves the declaration for every family on tool calls
+and results, and that a template reading the tools after the turn needs the real list).
 """
 
 from __future__ import annotations
@@ -27,6 +32,22 @@ from titoflow.tito.tokenizer import TextEncoder
 # Stands in for the assistant's content so sampled text never enters the terminator search.
 _SENTINEL = "TITO_SENTINEL_4b1d"
 _ANCHOR_USER = Message(role="user", content="TITO_ANCHOR")
+# Stands in for a non-empty tool list in a continuation (``Family.tools_stand_in``): a well-formed
+# tool, so every template writes it as it would any, and takes the branches of a non-empty list.
+_STAND_IN_TOOLS: tuple[dict[str, Any], ...] = (
+    {
+        "type": "function",
+        "function": {
+            "name": "tito_stand_in",
+            "description": "Stands in for the tool list.",
+            "parameters": {
+                "type": "object",
+                "properties": {"value": {"type": "string", "description": "A value."}},
+                "required": ["value"],
+            },
+        },
+    },
+)
 # Distinct (system prompt, tools, template switches) openings kept; a fleet runs a handful.
 _OPENINGS_KEPT = 256
 
@@ -192,7 +213,6 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]],
         template_kwargs: dict[str, Any],
         budget: int | None = None,
-        key: str | None = None,
     ) -> list[int]:
         """Tokens to append to a chain covering ``messages[:covered]`` (ending with an assistant
         turn) so the result is the prompt for all of ``messages`` (``TooLong`` instead
@@ -212,7 +232,11 @@ class ChatRenderer:
         content = "" if assistant.tool_calls else _SENTINEL
         stand_in = assistant.model_copy(update={"content": content, "reasoning": None})
         reduced = [*head, _ANCHOR_USER, stand_in, *messages[covered:]]
-        key = render_key(tools, template_kwargs) if key is None else key
+        if tools and self.family.tools_stand_in:
+            # What is kept, the text after the assistant turn, is the same under any non-empty
+            # list; the real one (Claude Code's: 64 KB) would be written and keyed every turn.
+            tools = _STAND_IN_TOOLS
+        key = render_key(tools, template_kwargs)
         text = self.render_text(reduced, tools, template_kwargs, True, key)
         opening = self._opening(head, tools, template_kwargs, False, key)
         if not text.startswith(opening):  # a template that writes e.g. today's date: re-render

@@ -103,6 +103,14 @@ class Family:
       for it, documented in docs/models.md. A class ending in ``_moved`` means the template
       re-renders the history once some message follows (a later system message, the tool list
       moved to the last user turn): there the ingress renders the turn in full, a new chain.
+    - ``tools_stand_in``: a continuation may render under a one-tool stand-in for the tool list,
+      since what the template writes after an assistant turn, wherever the turn is append-only,
+      is the same under any non-empty list: it writes the tools before the first assistant turn
+      (the system block, gpt-oss's developer message, Llama's first user message) and reads no
+      more of them afterwards than whether there are any; Mistral's, before the last user
+      message, moves them with every new user turn, which is then not append-only whatever the
+      list. tests/tito/test_tools_stand_in.py proves it per family on tool calls and results,
+      and that a template reading the tools after the turn needs the real list.
     """
 
     name: str
@@ -123,6 +131,7 @@ class Family:
     assistant_starts: tuple[str, ...] = ()
     history: str = ""
     divergences: tuple[str, ...] = field(default_factory=tuple)
+    tools_stand_in: bool = False
 
     def reasoning_open(self, prompt_end: str) -> bool:
         """Whether a prompt ending with ``prompt_end`` (decoded, special tokens kept) leaves the

@@ -152,4 +152,5 @@ DEEPSEEK_V3 = Family(
     ),
     assistant_starts=("<｜Assistant｜>", "<｜tool▁output▁end｜>"),
     divergences=("reasoning_dropped", "system_moved"),
+    tools_stand_in=True,
 )

@@ -205,4 +205,5 @@ GLM45 = Family(
         "tojson; with enable_thinking=false appends /nothink to every user message"
     ),
     divergences=("reasoning_dropped", "turn_end_mismatch"),
+    tools_stand_in=True,
 )

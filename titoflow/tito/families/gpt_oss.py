@@ -287,4 +287,5 @@ GPT_OSS = Family(
         "analysis, and only the first call of a turn"
     ),
     divergences=("call_header_rewritten", "analysis_dropped", "return_as_end"),
+    tools_stand_in=True,
 )

@@ -279,4 +279,5 @@ KIMI_K2 = Family(
         "append-only until the turn that answers without calling a tool"
     ),
     divergences=("reasoning_dropped",),
+    tools_stand_in=True,
 )

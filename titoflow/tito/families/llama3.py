@@ -215,4 +215,5 @@ LLAMA3 = Family(
         "turn and rejects a turn with several. Tool results are written as JSON strings"
     ),
     divergences=("call_content_dropped", "python_tag_dropped"),
+    tools_stand_in=True,
 )

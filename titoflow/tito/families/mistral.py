@@ -201,4 +201,5 @@ MISTRAL = Family(
     ),
     assistant_starts=("[/INST]", "[/TOOL_RESULTS]", "[/SYSTEM_PROMPT]"),
     divergences=("tools_moved", "tool_call_id_added"),
+    tools_stand_in=True,
 )

@@ -192,6 +192,7 @@ QWEN3 = Family(
     reasoning_tags=(TAGS.think_open, TAGS.think_close),
     history=_HISTORY,
     divergences=("reasoning_dropped",),
+    tools_stand_in=True,
 )
 
 QWEN3_CODER = Family(
@@ -204,4 +205,5 @@ QWEN3_CODER = Family(
     reasoning_tags=(TAGS.think_open, TAGS.think_close),
     history=_HISTORY,
     divergences=("reasoning_dropped",),
+    tools_stand_in=True,
 )
