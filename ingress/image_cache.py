@@ -5,8 +5,8 @@ bytes; fetching an http(s) URL) would cost in proportion to the history on every
 Invariant: bounded by the characters of the URLs it holds (a URL's, plus the ``data:`` URL an
 http(s) URL was read into); least recently used images go first. What it gives back is exactly
 what reading the URL gave (the image's ``at`` is the caller's to set): reading is a pure
-function of a ``data:`` URL; for an http(s) URL it is the bytes fetched first, which is what the
-conversation's earlier turns were rendered with.
+function of a ``data:`` URL; for an http(s) URL it is the bytes fetched last, which is what the
+conversation's latest turn naming it was rendered with.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ class ImageCache:
         return image
 
     def put(self, url: str, image: MessageImage) -> None:
-        if url in self._images:
-            return
+        """Hold ``image`` as what ``url`` reads to, in place of what it read to before."""
+        previous = self._images.pop(url, None)
+        if previous is not None:
+            self._chars -= _weight(url, previous)
         weight = _weight(url, image)
         if weight > self.max_chars:
             return

@@ -13,8 +13,12 @@ naming the URL and the reason, before anything is rendered, sent to the engine o
 only http and https are fetched, every hop of a redirect is checked against the allowed
 domains, at most ``image_url_max_redirects`` redirects are followed, a fetch (body included)
 ends within ``image_url_timeout_s``, and no body is read past what the request's image bytes
-(``max_image_bytes_per_request``) leave. A URL is fetched once per replica while its image is
-cached: the history re-sent on every call keeps the image its first turn was rendered with.
+(``max_image_bytes_per_request``) leave. An image of a turn's new messages (after its last
+assistant turn) is fetched on that call, as the API would fetch it, so a URL whose content
+changed (a screenshot written to one path every turn) gives the new content; the history re-sent
+on every call takes the cached image, the content its turn was rendered with, so it is not
+fetched again. (A URL whose content changed after two turns named it gives the history the
+newer one: its older turn no longer matches the chain, and the call is rendered in full.)
 """
 
 from __future__ import annotations
@@ -50,30 +54,48 @@ class ImageUrls:
         self.cache = ImageCache(CACHED_CHARS)
 
     async def read(self, turn: ChatTurn) -> ChatTurn:
-        """``turn`` with each image still to fetch replaced by the image read from its URL."""
-        # Each URL once, in order.
-        pending = dict.fromkeys(image.url for image in _images(turn.messages) if not is_read(image))
-        if not pending:
+        """``turn`` with each image still to fetch replaced by the image read from its URL:
+        fetched now in the turn's new messages (those after its last assistant turn), as the
+        API fetches what it is sent; taken from the cache in the history where held, which
+        is what the history was rendered with."""
+        fresh_from = next(
+            (
+                i + 1
+                for i in range(len(turn.messages) - 1, -1, -1)
+                if turn.messages[i].role == "assistant"
+            ),
+            0,
+        )
+        history = dict.fromkeys(_unread(turn.messages[:fresh_from]))  # each URL once, in order
+        new = dict.fromkeys(_unread(turn.messages[fresh_from:]))
+        if not history and not new:
             return turn
         param = "input" if turn.api == "openai.responses" else "messages"
         if not self.options.image_url_fetch:
             raise _refused(
-                next(iter(pending)),
+                next(iter(history or new)),
                 "this ingress fetches no image URLs (setting image_url_fetch); send the image as "
                 "a data: URL",
                 param,
             )
         check_images(self.options, self.pad_id, turn.messages)  # before any fetch
-        found = {url: image for url in pending if (image := self.cache.get(url)) is not None}
-        missing = [url for url in pending if url not in found]
+        held = {url: image for url in history if (image := self.cache.get(url)) is not None}
+        missing = list(dict.fromkeys([*new, *(url for url in history if url not in held)]))
+        fetched: dict[str, MessageImage] = {}
         if missing:
-            held = sum(found.get(image.url, image).size for image in _images(turn.messages))
-            budget = _Budget(self.options.max_image_bytes, held)
-            fetched = await self._fetch_all(missing, budget, param)
-            for url, image in zip(missing, fetched, strict=True):
-                self.cache.put(url, image)
-                found[url] = image
-        messages = tuple(_with_read(message, found) for message in turn.messages)
+            taken = sum(image.size for image in _images(turn.messages))  # those read already
+            budget = _Budget(
+                self.options.max_image_bytes, taken + sum(i.size for i in held.values())
+            )
+            images = await self._fetch_all(missing, budget, param)
+            for url, image in zip(missing, images, strict=True):
+                self.cache.put(url, image)  # the newest content: what later turns' history holds
+                fetched[url] = image
+        earlier = held | {url: fetched[url] for url in history if url not in held}
+        messages = tuple(
+            _with_read(message, earlier if index < fresh_from else fetched)
+            for index, message in enumerate(turn.messages)
+        )
         return turn.model_copy(update={"messages": messages})
 
     async def _fetch_all(self, urls: list[str], budget: _Budget, param: str) -> list[MessageImage]:
@@ -176,6 +198,11 @@ class _Budget:
 
 def _images(messages: Iterable[Message]) -> Iterable[MessageImage]:
     return (image for message in messages for image in message.images)
+
+
+def _unread(messages: Iterable[Message]) -> Iterable[str]:
+    """The URLs of the images of ``messages`` still to fetch."""
+    return (image.url for image in _images(messages) if not is_read(image))
 
 
 def _with_read(message: Message, found: dict[str, MessageImage]) -> Message:

@@ -40,6 +40,7 @@ from titoflow.tito.images import read_image
 from titoflow.tito.messages import MessageImage
 
 A, B = png(100, 50), png(64, 96, (200, 10, 10))
+SCREENS = (png(80, 40, (10, 200, 10)), png(40, 80, (10, 10, 200)))
 
 
 class ImageServer:
@@ -64,6 +65,10 @@ class ImageServer:
         @app.get("/to/{name}")
         async def redirect(name: str) -> Response:
             return RedirectResponse(f"/img/{name}", status_code=302)
+
+        @app.get("/screen")
+        async def screen() -> Response:  # one path, new content on every fetch
+            return Response(SCREENS[(self.hits["/screen"] - 1) % 2], media_type="image/png")
 
         @app.get("/loop")
         async def loop() -> Response:
@@ -207,6 +212,32 @@ async def test_a_history_image_is_fetched_once_and_the_next_turn_extends_its_cha
         (False, True),
     ]
     assert server.hits == {"/img/a.png": 1, "/img/b.png": 1}
+
+
+async def test_a_new_turn_fetches_its_url_again_and_the_history_keeps_what_it_was_shown() -> None:
+    """A screenshot written to one path every turn: the new turn's image is the path's new
+    content (fetched on that call, as the API would), while the history's image stays the one
+    its turn was rendered with, so the call still extends its chain."""
+    async with image_server() as server:
+        app, engine, publisher = vl_app(["seen<|im_end|>", "and more<|im_end|>"])
+        client = client_for(app)
+        shot = {"type": "image_url", "image_url": {"url": f"{server.url}/screen"}}
+        messages: Any = [{"role": "user", "content": [shot]}]
+        answer = await client.chat.completions.create(model="m", messages=messages)
+        messages += [
+            answer.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": [{"type": "text", "text": "now "}, shot]},
+        ]
+        await client.chat.completions.create(model="m", messages=messages)
+    one, two = steps(publisher)
+    assert (one.prefix, two.prefix) == ("rendered", "tito")
+    first, second = (hashlib.sha256(shot).hexdigest() for shot in SCREENS)
+    assert [(i.uuid, i.by_uuid) for i in engine.params[1].images] == [
+        (first, True),
+        (second, False),
+    ]
+    assert [i.sha256 for i in two.images] == [first, second]
+    assert server.hits == {"/screen": 2}
 
 
 async def test_a_request_refused_before_the_service_fetches_nothing() -> None:
