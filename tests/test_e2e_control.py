@@ -38,7 +38,7 @@ pytestmark = pytest.mark.engine
 LONG = 1500
 PAUSE_AFTER = 10
 # The long generation each pause of the concurrent-sessions test strikes, once its first tokens
-# reached the client (~20 s among them): 600 tokens once ended before the abort-mode pause landed.
+# reached the client (~20 s among them).
 STRUCK = 1500
 
 
@@ -452,7 +452,10 @@ async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_ses
 
     longs: dict[str, asyncio.Task[None]] = {}
     try:
-        async with httpx.AsyncClient(timeout=300) as http:
+        # Pooled connections are dropped after 1 s idle, well before uvicorn closes its end
+        # (5 s): a request sent on one it was closing failed with ReadError (an admin call, once).
+        limits = httpx.Limits(keepalive_expiry=1.0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
             load = asyncio.gather(*(session(i, http) for i in range(sessions)))
             for mode, version in (("keep", "v2"), ("abort", "v3")):
                 await asyncio.sleep(1.0)
@@ -466,6 +469,12 @@ async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_ses
 
                 await until(under_way, f"the {mode}-mode pause's long generation")
                 await admin(http, url, type="pause", mode=mode)
+                # The ingress drives the engine to the log's latest state: a pause it has not
+                # reached by the resume is never applied (once, none was cut), so each pause
+                # is held until the engine is paused, and must have caught the generation.
+                await engine_is(http, engine_url, paused=True)
+                cut_at = await settled(tokens)
+                assert cut_at < STRUCK, f"the {mode}-mode pause came after its generation ended"
                 await asyncio.sleep(1.0)
                 await admin(http, url, type="set_weight_version", version=version)
                 await admin(http, url, type="resume")
