@@ -58,18 +58,14 @@ class ImageUrls:
         fetched now in the turn's new messages (those after its last assistant turn), as the
         API fetches what it is sent; taken from the cache in the history where held, which
         is what the history was rendered with."""
-        fresh_from = next(
-            (
-                i + 1
-                for i in range(len(turn.messages) - 1, -1, -1)
-                if turn.messages[i].role == "assistant"
-            ),
-            0,
+        if next(iter(_unread(turn.messages)), None) is None:  # the usual turn: one scan
+            return turn
+        fresh_from = max(
+            (i + 1 for i, message in enumerate(turn.messages) if message.role == "assistant"),
+            default=0,
         )
         history = dict.fromkeys(_unread(turn.messages[:fresh_from]))  # each URL once, in order
         new = dict.fromkeys(_unread(turn.messages[fresh_from:]))
-        if not history and not new:
-            return turn
         param = "input" if turn.api == "openai.responses" else "messages"
         if not self.options.image_url_fetch:
             raise _refused(

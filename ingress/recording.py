@@ -30,6 +30,7 @@ from schemas.images import ImageProcessorFingerprint
 from titoflow.engine.api import EngineImage, Generation
 from titoflow.image_store import ImageStore
 from titoflow.tito.images import data_url_bytes
+from titoflow.tito.messages import Message
 from titoflow.tito.output import ParsedOutput
 
 log = logging.getLogger("titoflow.ingress")
@@ -60,17 +61,8 @@ class StepRecorder:
         """The step of ``call``, durable; ``parsed`` is a chat turn's output (None: white-box),
         ``version`` the weight version the call was admitted under."""
         answer = answer_message(parsed) if parsed is not None else None
-        step = step_event(
-            call,
-            generation,
-            engine_ms,
-            stream,
-            parsed,
-            answer,
-            self.logprobs_mode,
-            self.image_processor,
-        )
-        if call.params.images:
+        step = self._step(call, generation, engine_ms, stream, parsed, answer)
+        if call.params.images:  # a text-only call awaits nothing more
             await self._store(call.params.images)
         await self.publish(step)
         span.recorded(step, len(call.prompt))
@@ -92,16 +84,7 @@ class StepRecorder:
         assert self.publish_together is not None, "ChatService refuses n > 1 without it"
         answers = [answer_message(parsed) for *_, parsed in samples]
         steps = [
-            step_event(
-                call,
-                generation,
-                engine_ms,
-                stream,
-                parsed,
-                answer,
-                self.logprobs_mode,
-                self.image_processor,
-            )
+            self._step(call, generation, engine_ms, stream, parsed, answer)
             for (call, generation, engine_ms, parsed), answer in zip(samples, answers, strict=True)
         ]
         images = samples[0][0].params.images  # the samples share one prompt
@@ -114,6 +97,26 @@ class StepRecorder:
             loop.call_soon(_count, step, len(call.prompt), call.started)
             advance_chain(self.chains, call, step, answer, self.end_ids, version)
         return steps
+
+    def _step(
+        self,
+        call: AnyCall,
+        generation: Generation,
+        engine_ms: float,
+        stream: bool,
+        parsed: ParsedOutput | None,
+        answer: Message | None,
+    ) -> StepRecorded:
+        return step_event(
+            call,
+            generation,
+            engine_ms,
+            stream,
+            parsed,
+            answer,
+            self.logprobs_mode,
+            self.image_processor,
+        )
 
     async def _store(self, images: Sequence[EngineImage]) -> None:
         """The bytes of the images the engine was sent with them, in the image store."""

@@ -192,19 +192,24 @@ async def test_an_image_url_gives_what_the_same_image_inline_gives(api: str, str
     assert server.hits == {"/to/a.png": 1, "/img/a.png": 1}
 
 
+async def two_turns(app: Any, first: str, second: str) -> None:
+    """A chat turn showing the image at URL ``first``, then one extending it with ``second``."""
+    client = client_for(app)
+    shown = {"type": "image_url", "image_url": {"url": first}}
+    messages: Any = [{"role": "user", "content": [shown]}]
+    answer = await client.chat.completions.create(model="m", messages=messages)
+    then = {"type": "image_url", "image_url": {"url": second}}
+    messages += [
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": [{"type": "text", "text": "and "}, then]},
+    ]
+    await client.chat.completions.create(model="m", messages=messages)
+
+
 async def test_a_history_image_is_fetched_once_and_the_next_turn_extends_its_chain() -> None:
     async with image_server() as server:
         app, engine, publisher = vl_app(["seen<|im_end|>", "and more<|im_end|>"])
-        client = client_for(app)
-        first = {"type": "image_url", "image_url": {"url": f"{server.url}/img/a.png"}}
-        messages: Any = [{"role": "user", "content": [first]}]
-        answer = await client.chat.completions.create(model="m", messages=messages)
-        second = {"type": "image_url", "image_url": {"url": f"{server.url}/img/b.png"}}
-        messages += [
-            answer.choices[0].message.model_dump(exclude_none=True),
-            {"role": "user", "content": [{"type": "text", "text": "and "}, second]},
-        ]
-        await client.chat.completions.create(model="m", messages=messages)
+        await two_turns(app, f"{server.url}/img/a.png", f"{server.url}/img/b.png")
     one, two = steps(publisher)
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     assert [(i.by_uuid, i.url.startswith("data:")) for i in engine.params[1].images] == [
@@ -220,15 +225,7 @@ async def test_a_new_turn_fetches_its_url_again_and_the_history_keeps_what_it_wa
     its turn was rendered with, so the call still extends its chain."""
     async with image_server() as server:
         app, engine, publisher = vl_app(["seen<|im_end|>", "and more<|im_end|>"])
-        client = client_for(app)
-        shot = {"type": "image_url", "image_url": {"url": f"{server.url}/screen"}}
-        messages: Any = [{"role": "user", "content": [shot]}]
-        answer = await client.chat.completions.create(model="m", messages=messages)
-        messages += [
-            answer.choices[0].message.model_dump(exclude_none=True),
-            {"role": "user", "content": [{"type": "text", "text": "now "}, shot]},
-        ]
-        await client.chat.completions.create(model="m", messages=messages)
+        await two_turns(app, f"{server.url}/screen", f"{server.url}/screen")
     one, two = steps(publisher)
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     first, second = (hashlib.sha256(shot).hexdigest() for shot in SCREENS)
