@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import cache
+from operator import attrgetter
 from urllib.parse import urlsplit
 
 import certifi
@@ -58,7 +59,9 @@ class ImageUrls:
         fetched now in the turn's new messages (those after its last assistant turn), as the
         API fetches what it is sent; taken from the cache in the history where held, which
         is what the history was rendered with."""
-        if next(iter(_unread(turn.messages)), None) is None:  # the usual turn: one scan
+        # The usual turn, text only, is told by one C-level pass; a turn with images, read
+        # or not, by one scan of them.
+        if not any(map(_IMAGES_OF, turn.messages)) or next(_unread(turn.messages), None) is None:
             return turn
         fresh_from = max(
             (i + 1 for i, message in enumerate(turn.messages) if message.role == "assistant"),
@@ -192,11 +195,14 @@ class _Budget:
         return _refused(url, why, param)
 
 
-def _images(messages: Iterable[Message]) -> Iterable[MessageImage]:
+_IMAGES_OF = attrgetter("images")
+
+
+def _images(messages: Iterable[Message]) -> Iterator[MessageImage]:
     return (image for message in messages for image in message.images)
 
 
-def _unread(messages: Iterable[Message]) -> Iterable[str]:
+def _unread(messages: Iterable[Message]) -> Iterator[str]:
     """The URLs of the images of ``messages`` still to fetch."""
     return (image.url for image in _images(messages) if not is_read(image))
 
