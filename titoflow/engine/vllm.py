@@ -116,10 +116,10 @@ class VLLMEngine:
             body["return_token_ids"] = True  # the expanded prompt, to check against ours
         return body
 
-    async def _post_generate(self, body: dict[str, Any]) -> Any:
+    async def _post_generate(self, body: bytes) -> Any:
         try:
             response = await self._http.request(
-                "POST", "/inference/v1/generate", _dumps(body), timeout_s=self._timeout_s
+                "POST", "/inference/v1/generate", body, timeout_s=self._timeout_s
             )
         except _TRANSPORT_ERRORS as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
@@ -134,13 +134,15 @@ class VLLMEngine:
         request_id: str,
         session_id: str = "",
     ) -> Generation:
-        body = self._body(prompt_ids, params, request_id, stream=False)
+        # Serialized at once: the body's numpy view of a chain's ids is not held over the call
+        # (a store appends in place only while no view of it is out).
+        body = _dumps(self._body(prompt_ids, params, request_id, stream=False))
         try:
             payload = await self._post_generate(body)
         except EngineError as exc:
             if not _lost_cached_image(exc, params):
                 raise
-            body = self._body(prompt_ids, params, request_id, stream=False, resend=True)
+            body = _dumps(self._body(prompt_ids, params, request_id, stream=False, resend=True))
             payload = await self._post_generate(body)
         if params.images:
             expanded = payload.get("prompt_token_ids")
@@ -169,12 +171,12 @@ class VLLMEngine:
     async def _stream(
         self, prompt_ids: Sequence[int], params: GenerateParams, request_id: str, resend: bool
     ) -> AsyncIterator[GenerationChunk]:
-        body = self._body(prompt_ids, params, request_id, stream=True, resend=resend)
+        body = _dumps(self._body(prompt_ids, params, request_id, stream=True, resend=resend))
         sampled = 0
         unchecked = bool(params.images)  # the first event carries the expanded prompt
         try:
             async with self._http.stream(
-                "POST", "/inference/v1/generate", _dumps(body), read_timeout_s=self._timeout_s
+                "POST", "/inference/v1/generate", body, read_timeout_s=self._timeout_s
             ) as (status, chunks):
                 if status != 200:
                     text = b"".join([chunk async for chunk in chunks]).decode(errors="replace")
@@ -245,7 +247,7 @@ class VLLMEngine:
                 "skip_reading_prefix_cache": True,
             },
         }
-        payload = await self._post_generate(body)
+        payload = await self._post_generate(_dumps(body))
         try:
             entries = payload["prompt_logprobs"]
             logprobs = [

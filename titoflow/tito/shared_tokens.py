@@ -7,23 +7,24 @@ faults); sharing makes a turn's extension cost its own tail's length.
 
 Invariants:
 - A :class:`SharedTokens` is immutable: its ids are the first ``len`` ids of its store, and a
-  store never writes an id below its ``end`` again (append-only). Any number of sequences, of
-  any lengths, share one store.
+  store never writes an id it holds again (append-only). Any number of sequences, of any
+  lengths, share one store.
 - Extending a sequence writes into its store only past the store's end, and only where the
   store's ids past the sequence are a prefix of the tail or the tail a prefix of them (the
   sequence's first extension; a retry with the same tail, which reuses the ids written). Any
   other extension (a fork: the store went on with other ids) copies the sequence into a new
   store. So every sequence reads exactly the ids a plain copy would hold.
-- A store never resizes its array: growing writes a larger array and swaps it in. A view handed
-  out earlier (memoryview, numpy) stays valid and keeps its ids (an ``array`` cannot be resized
-  while it exports its buffer, and the old one is simply left to its views).
+- A store appends to its ``array`` in place (the array's own growth: realloc, about a 16th of
+  room). An ``array`` cannot be resized while it exports its buffer (a memoryview, a numpy view
+  of a prompt being sent): then the store swaps in a longer copy instead, and the view keeps the
+  old array, whose ids are the same.
 - One lock per store makes check-and-write atomic: prompts are built in worker threads too
   (``PromptBuilder.for_turn``), and two requests may extend one parent at once. Reads take no
-  lock: the ids they read are below the end, never written again, identical in every array the
-  store ever held.
+  lock: the ids they read are never written again, the same in every array the store held.
 
-A store keeps up to an eighth of its length (plus a little) as room to grow in, so a chain's
-tokens hold at most about 4.5 bytes a token, against 4 packed.
+Memory: a chain's tokens are packed int32, as a plain array's (4 bytes a token and the array's
+room to grow); the ids of a store no sequence reaches any more (a failed call's prompt) stay
+until the store goes.
 """
 
 from __future__ import annotations
@@ -33,33 +34,28 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-_MIN_ROOM = 64  # ids of room a store keeps beyond its end when it (re)allocates
-
 
 class _Store:
-    __slots__ = ("end", "ids", "lock")
+    __slots__ = ("ids", "lock")
 
-    def __init__(self, ids: array[int], room: int) -> None:
-        self.ids = array("i", bytes(4 * (len(ids) + room)))
-        self.ids[: len(ids)] = ids
-        self.end = len(ids)
+    def __init__(self, ids: array[int]) -> None:
+        self.ids = ids
         self.lock = threading.Lock()
 
     def write(self, at: int, tail: array[int]) -> bool:
         """Make ``tail`` the ids from ``at`` on, if the ids already there allow it; under the
         lock. False: they are other ids (a fork)."""
-        end = at + len(tail)
         with self.lock:
-            known = min(self.end, end) - at
-            if known < 0 or (known and self.ids[at : at + known] != tail[:known]):
+            ids = self.ids
+            known = min(len(ids), at + len(tail)) - at
+            if known < 0 or (known and ids[at : at + known] != tail[:known]):
                 return False
-            if end > self.end:
-                if end > len(self.ids):
-                    grown = array("i", bytes(4 * (end + end // 8 + _MIN_ROOM)))
-                    grown[: self.end] = self.ids[: self.end]
-                    self.ids = grown  # views of the old array keep it, with the same ids
-                self.ids[self.end : end] = tail[known:]
-                self.end = end
+            rest = tail[known:] if known else tail
+            if rest:
+                try:
+                    ids.extend(rest)
+                except BufferError:  # a view of the array is out: it keeps the old one
+                    self.ids = ids + rest
             return True
 
 
@@ -77,8 +73,8 @@ class SharedTokens(Sequence[int]):
     @classmethod
     def of(cls, ids: Iterable[int]) -> SharedTokens:
         """``ids`` in a store of their own."""
-        packed = ids if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
-        return cls(_Store(packed, len(packed) // 8 + _MIN_ROOM), len(packed))
+        own = ids[:] if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
+        return cls(_Store(own), len(own))
 
     def __add__(self, tail: Iterable[int]) -> SharedTokens:
         """This sequence followed by ``tail``: written in place where this sequence ends its
@@ -88,7 +84,7 @@ class SharedTokens(Sequence[int]):
             return SharedTokens(self._store, self._len + len(packed))
         own = self._store.ids[: self._len]
         own.extend(packed)
-        return SharedTokens.of(own)
+        return SharedTokens(_Store(own), len(own))
 
     def prefix(self, length: int) -> SharedTokens:
         """The first ``length`` ids, sharing this sequence's store."""
