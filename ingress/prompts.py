@@ -194,7 +194,6 @@ class PromptBuilder:
                     metrics.NOT_APPEND_ONLY.inc()
             if parent is not None and continuation is not None:
                 tail = array("i", continuation)
-                prompt = parent.tokens + tail
             else:
                 parent, covered = None, 0
                 tail = array(
@@ -207,7 +206,6 @@ class PromptBuilder:
                         key=turn.render_key,
                     ),
                 )
-                prompt = SharedTokens.of(tail)
         except TooLong as exc:
             at_least = exc.at_least + (len(parent.tokens) if parent else 0)
             if not exc.counted:
@@ -222,10 +220,13 @@ class PromptBuilder:
         if (parent is not None and parent.images) or has_images(turn.messages[covered:]):
             pad_id = self.renderer.token_id(IMAGE_PAD)
             tail, images = with_images(self.options, pad_id, turn.messages, parent, covered, tail)
-            prompt = parent.tokens + tail if parent else SharedTokens.of(tail)
-        params = self._turn_params(turn, len(prompt), len(parent.tokens) if parent else 0)
+        prefix_len = len(parent.tokens) if parent else 0
+        params = self._turn_params(turn, prefix_len + len(tail), prefix_len)
         if images:
             params = replace(params, images=images)
+        # Last, once the call is not refused: its tail is written into the parent's store (a
+        # refused call's would stay there, and the chain's next call would copy to fork).
+        prompt = parent.tokens + tail if parent else SharedTokens.of(tail)
         render_ms = (time.perf_counter() - started) * 1000
         matcher = self.options.matcher
         return _ready(turn, parent, covered, tail, prompt, params, matcher, started, render_ms)
@@ -242,10 +243,9 @@ class PromptBuilder:
             self.admission.check_step_limit(call.session.session_id, parent)
         prefix_len = len(parent.tokens) if parent else 0
         tail = ids[prefix_len:]
-        prompt = parent.tokens + tail if parent else SharedTokens.of(ids)
         params = GenerateParams(
             max_tokens=self.admission.max_tokens(
-                call.max_tokens, len(prompt), call.session.session_id
+                call.max_tokens, len(ids), call.session.session_id
             ),
             routed_experts_start=_first_new_row(prefix_len),
             temperature=call.temperature,
@@ -257,6 +257,7 @@ class PromptBuilder:
             # The chain's images, by uuid: its expanded runs are in the caller's prompt too.
             images=parent.images if parent else (),
         )
+        prompt = parent.tokens + tail if parent else SharedTokens.of(ids)  # once not refused
         # No messages (none covered), matched token for token, nothing rendered.
         return _ready(call, parent, 0, tail, prompt, params, "strict", started, 0.0)
 
