@@ -1,8 +1,8 @@
 """The ingress' per-session cache of token chains: what it already sent, so it never re-renders.
 
 A cache only: losing it (restart, another replica) costs a full render and a ``rendered`` step,
-never correctness. Chains hold token ids as packed int32 (about 4.5 bytes a token with a store's
-room to grow) because a replica keeps thousands of long sessions, and a chain shares its
+never correctness. Chains hold token ids as packed int32 (4 bytes a token, and an array's room
+to grow) because a replica keeps thousands of long sessions, and a chain shares its
 parent's ids (titoflow/tito/shared_tokens.py): the prompt that extends it and the head that
 prompt leaves are made without copying them, so a turn's cost does not grow with the chain.
 
