@@ -1,8 +1,10 @@
 """The ingress' per-session cache of token chains: what it already sent, so it never re-renders.
 
 A cache only: losing it (restart, another replica) costs a full render and a ``rendered`` step,
-never correctness. Chains hold token ids as packed int32 (4 bytes a token) because a replica
-keeps thousands of long sessions.
+never correctness. Chains hold token ids as packed int32 (4 bytes a token, and an array's room
+to grow) because a replica keeps thousands of long sessions, and a chain shares its
+parent's ids (titoflow/tito/shared_tokens.py): the prompt that extends it and the head that
+prompt leaves are made without copying them, so a turn's cost does not grow with the chain.
 
 Matching a request to a chain compares its whole history (an edited history must not reuse the
 tokens), so it is the one part of a TITO turn whose cost grows with the conversation. A message
@@ -27,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from titoflow.engine.api import EngineImage
 from titoflow.tito.messages import Matcher, Message
+from titoflow.tito.shared_tokens import SharedTokens
 
 MAX_CHAINS_PER_SESSION = 16
 
@@ -47,9 +50,7 @@ class Chain:
     chain_id: str
     tools_digest: str  # ChatTurn.tools_digest of the calls it continues
     messages: tuple[Message, ...]  # the conversation the tokens hold, the answer without reasoning
-    tokens: array[
-        int
-    ]  # prompt + completion of the head step, exactly as the engine saw/produced them
+    tokens: SharedTokens  # prompt + completion of the head step, as the engine saw/made them
     head_step_id: str
     # The head's last token if the engine stopped on it (one of the renderer's end_ids): the
     # continuation needs which one (GLM stops on the next turn's opener), not only whether.
@@ -75,13 +76,14 @@ class Chain:
         )
 
     def before_head(self) -> Chain | None:
-        """The chain as it was before its head step (a copy of that prefix), if known."""
+        """The chain as it was before its head step (its tokens a prefix of the head's,
+        shared), if known."""
         if self.prior is None:
             return None
         return replace(
             self,
             messages=self.messages[: self.prior.messages],
-            tokens=self.tokens[: self.prior.tokens],
+            tokens=self.tokens.prefix(self.prior.tokens),
             head_step_id=self.prior.step_id,
             end_token=self.prior.end_token,
             depth=self.depth - 1,
@@ -180,11 +182,8 @@ class ChainStore:
         self._sessions.move_to_end(session_id)
         best: Chain | None = None
         for chain in chains:
-            n = len(chain.tokens)
-            if (
-                n <= len(prompt)
-                and (best is None or n > len(best.tokens))
-                and prompt[:n] == chain.tokens
+            if (best is None or len(chain.tokens) > len(best.tokens)) and chain.tokens.starts(
+                prompt
             ):
                 best = chain
         return best

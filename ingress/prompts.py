@@ -5,7 +5,8 @@ Invariants:
   tokens, untouched, plus a tail (TITO): for a chat turn the template's continuation of the
   messages the chain does not hold, for a white-box call the caller's ids past the chain.
   Otherwise the tail is the whole prompt: the conversation rendered in full, or the caller's
-  ids as sent.
+  ids as sent. The prompt shares the chain's storage (``SharedTokens``): building it costs the
+  tail, not the conversation.
 - One step id per engine call: drawn here for every prepared call, so two calls never share one,
   even for the same prompt (a client retry, best-of-n, the ``n`` samples of one request).
 """
@@ -33,6 +34,7 @@ from titoflow.tito.families.grammar import tool_call_constraint
 from titoflow.tito.images import IMAGE_PAD
 from titoflow.tito.messages import Matcher, Message
 from titoflow.tito.render import ChatRenderer
+from titoflow.tito.shared_tokens import SharedTokens
 from titoflow.tito.tokenizer import TooLong
 
 Request = TypeVar("Request", ChatTurn, TokenCall)
@@ -46,7 +48,7 @@ class PreparedCall(Generic[Request]):
     parent: Chain | None  # the cached chain the prompt extends; None: the tail is the prompt
     covered: int  # the chat turn's messages the parent holds (0 for a white-box call)
     tail: array[int]
-    prompt: array[int]
+    prompt: SharedTokens
     step_id: str
     request_id: str  # unique per engine call (vLLM aborts by request id); starts with step_id
     params: GenerateParams
@@ -89,7 +91,7 @@ def _ready(
     parent: Chain | None,
     covered: int,
     tail: array[int],
-    prompt: array[int],
+    prompt: SharedTokens,
     params: GenerateParams,
     matcher: Matcher,
     started: float,
@@ -192,7 +194,6 @@ class PromptBuilder:
                     metrics.NOT_APPEND_ONLY.inc()
             if parent is not None and continuation is not None:
                 tail = array("i", continuation)
-                prompt = parent.tokens + tail
             else:
                 parent, covered = None, 0
                 tail = array(
@@ -205,7 +206,6 @@ class PromptBuilder:
                         key=turn.render_key,
                     ),
                 )
-                prompt = tail
         except TooLong as exc:
             at_least = exc.at_least + (len(parent.tokens) if parent else 0)
             if not exc.counted:
@@ -220,10 +220,13 @@ class PromptBuilder:
         if (parent is not None and parent.images) or has_images(turn.messages[covered:]):
             pad_id = self.renderer.token_id(IMAGE_PAD)
             tail, images = with_images(self.options, pad_id, turn.messages, parent, covered, tail)
-            prompt = parent.tokens + tail if parent else tail
-        params = self._turn_params(turn, len(prompt), len(parent.tokens) if parent else 0)
+        prefix_len = len(parent.tokens) if parent else 0
+        params = self._turn_params(turn, prefix_len + len(tail), prefix_len)
         if images:
             params = replace(params, images=images)
+        # Last, once the call is not refused: its tail is written into the parent's store (a
+        # refused call's would stay there, and the chain's next call would copy to fork).
+        prompt = parent.tokens + tail if parent else SharedTokens.of(tail)
         render_ms = (time.perf_counter() - started) * 1000
         matcher = self.options.matcher
         return _ready(turn, parent, covered, tail, prompt, params, matcher, started, render_ms)
@@ -234,14 +237,15 @@ class PromptBuilder:
         new chain, which workers place as they place any cache miss."""
         started = time.perf_counter()
         self.admission.check_open(call.session.session_id)
-        prompt = array("i", call.prompt_ids)
-        parent = self.chains.find_tokens(call.session.session_id, prompt)
+        ids = array("i", call.prompt_ids)
+        parent = self.chains.find_tokens(call.session.session_id, ids)
         if parent is not None:
             self.admission.check_step_limit(call.session.session_id, parent)
         prefix_len = len(parent.tokens) if parent else 0
+        tail = ids[prefix_len:]
         params = GenerateParams(
             max_tokens=self.admission.max_tokens(
-                call.max_tokens, len(prompt), call.session.session_id
+                call.max_tokens, len(ids), call.session.session_id
             ),
             routed_experts_start=_first_new_row(prefix_len),
             temperature=call.temperature,
@@ -253,7 +257,7 @@ class PromptBuilder:
             # The chain's images, by uuid: its expanded runs are in the caller's prompt too.
             images=parent.images if parent else (),
         )
-        tail = prompt[prefix_len:]
+        prompt = parent.tokens + tail if parent else SharedTokens.of(ids)  # once not refused
         # No messages (none covered), matched token for token, nothing rendered.
         return _ready(call, parent, 0, tail, prompt, params, "strict", started, 0.0)
 

@@ -97,8 +97,9 @@ class _Connection(asyncio.Protocol):
         self._body = []
 
     # ---
-    def start(self, request: bytes, streamed: bool) -> asyncio.Future[Any]:
-        """Send ``request``; the future of the status (streamed) or of the whole body."""
+    def start(self, request: tuple[bytes, bytes], streamed: bool) -> asyncio.Future[Any]:
+        """Send ``request`` (head, body); the future of the status (streamed) or of the whole
+        body."""
         loop = asyncio.get_running_loop()
         self.got_bytes = False
         # Only what the caller awaits: a failed future nobody awaits is logged at exit.
@@ -106,7 +107,9 @@ class _Connection(asyncio.Protocol):
         self.finished = None if streamed else loop.create_future()
         self.chunks = asyncio.Queue() if streamed else None
         assert self.transport is not None
-        self.transport.write(request)
+        # Not joined: a long prompt's body is hundreds of KB, copied once more by a join
+        # (uvloop writes both with one writev).
+        self.transport.writelines(request)
         answer = self.headers_done or self.finished
         assert answer is not None
         return answer
@@ -189,7 +192,7 @@ class Http1Client:
                 connection.close()
 
     async def _exchange(
-        self, message: bytes, streamed: bool, wait_s: float | None
+        self, message: tuple[bytes, bytes], streamed: bool, wait_s: float | None
     ) -> tuple[_Connection, Any]:
         """Send ``message`` on a kept connection, or a new one if the kept one turns out closed;
         the connection and the first of its answer (the status when streamed, else the body),
@@ -265,15 +268,16 @@ class Http1Client:
 
     def _message(
         self, method: str, path: str, body: bytes | None, query: dict[str, str] | None
-    ) -> bytes:
+    ) -> tuple[bytes, bytes]:
+        """The request's head and body."""
         target = self.prefix + path + (f"?{urlencode(query)}" if query else "")
         head = f"{method} {target} HTTP/1.1\r\nhost: ".encode() + self._host_header
         if body is None:
-            return head + b"\r\ncontent-length: 0\r\n\r\n"
+            return head + b"\r\ncontent-length: 0\r\n\r\n", b""
         return (
             head
             + b"\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(body)).encode()
-            + b"\r\n\r\n"
-            + body
+            + b"\r\n\r\n",
+            body,
         )

@@ -37,15 +37,18 @@ from titoflow.engine.api import (
 from titoflow.engine.http1 import Http1Client
 from titoflow.engine.images import check_expansion, content_parts, engine_prompt
 from titoflow.errors import ContextOverflow, EngineError, EngineUnavailable
+from titoflow.tito.shared_tokens import SharedTokens
 
 # What an unreachable, reset or silent engine raises (titoflow/engine/http1.py; timeouts included).
 _TRANSPORT_ERRORS = (OSError, TimeoutError)
 
 
 def _json_ids(ids: Sequence[int]) -> Any:
-    """Token ids as orjson writes them fastest: a chain's int32 array as a numpy view, written
+    """Token ids as orjson writes them fastest: a chain's int32 ids as a numpy view, written
     from memory. As a list, the 7,000 ids of a turn-50 prompt became Python ints first: 76 µs
     of the 105 it took to serialize them, a cost growing with the history TITO never re-renders."""
+    if isinstance(ids, SharedTokens):
+        return np.frombuffer(ids.view(), dtype=np.int32)
     if isinstance(ids, array) and ids.itemsize == 4 and ids.typecode in "il":
         return np.frombuffer(ids, dtype=np.int32)
     return list(ids)
@@ -113,10 +116,10 @@ class VLLMEngine:
             body["return_token_ids"] = True  # the expanded prompt, to check against ours
         return body
 
-    async def _post_generate(self, body: dict[str, Any]) -> Any:
+    async def _post_generate(self, body: bytes) -> Any:
         try:
             response = await self._http.request(
-                "POST", "/inference/v1/generate", _dumps(body), timeout_s=self._timeout_s
+                "POST", "/inference/v1/generate", body, timeout_s=self._timeout_s
             )
         except _TRANSPORT_ERRORS as exc:
             raise EngineUnavailable(f"engine {self.url} unreachable: {exc!r}") from exc
@@ -131,13 +134,15 @@ class VLLMEngine:
         request_id: str,
         session_id: str = "",
     ) -> Generation:
-        body = self._body(prompt_ids, params, request_id, stream=False)
+        # Serialized at once: the body's numpy view of a chain's ids is not held over the call
+        # (a store appends in place only while no view of it is out).
+        body = _dumps(self._body(prompt_ids, params, request_id, stream=False))
         try:
             payload = await self._post_generate(body)
         except EngineError as exc:
             if not _lost_cached_image(exc, params):
                 raise
-            body = self._body(prompt_ids, params, request_id, stream=False, resend=True)
+            body = _dumps(self._body(prompt_ids, params, request_id, stream=False, resend=True))
             payload = await self._post_generate(body)
         if params.images:
             expanded = payload.get("prompt_token_ids")
@@ -166,12 +171,12 @@ class VLLMEngine:
     async def _stream(
         self, prompt_ids: Sequence[int], params: GenerateParams, request_id: str, resend: bool
     ) -> AsyncIterator[GenerationChunk]:
-        body = self._body(prompt_ids, params, request_id, stream=True, resend=resend)
+        body = _dumps(self._body(prompt_ids, params, request_id, stream=True, resend=resend))
         sampled = 0
         unchecked = bool(params.images)  # the first event carries the expanded prompt
         try:
             async with self._http.stream(
-                "POST", "/inference/v1/generate", _dumps(body), read_timeout_s=self._timeout_s
+                "POST", "/inference/v1/generate", body, read_timeout_s=self._timeout_s
             ) as (status, chunks):
                 if status != 200:
                     text = b"".join([chunk async for chunk in chunks]).decode(errors="replace")
@@ -242,7 +247,7 @@ class VLLMEngine:
                 "skip_reading_prefix_cache": True,
             },
         }
-        payload = await self._post_generate(body)
+        payload = await self._post_generate(_dumps(body))
         try:
             entries = payload["prompt_logprobs"]
             logprobs = [
