@@ -34,6 +34,7 @@ from ingress.control_state import ControlState, PauseGate
 from ingress.ended_sessions import EndedSessions
 from ingress.engine_driver import EngineDriver
 from ingress.errors import unexpected_error_response, unknown_route_response
+from ingress.hot_routes import HotRoutes
 from ingress.log_follower import LogFollower, control_log, ended_log
 from ingress.pausable_engine import PausableEngine
 from ingress.planes import PlaneSplit
@@ -199,11 +200,15 @@ def create_app(settings: Settings) -> FastAPI:
         await closing.run("closing the engine clients", engine.close())
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
-    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes, token_api):
-        app.include_router(adapter.router())
+    turns = [api.router() for api in (openai_chat, anthropic_messages, openai_responses, token_api)]
+    for routes in (*turns, session_routes.router()):
+        app.include_router(routes)
     driver_routers = (session_routes.driver_router(), admin_routes.router())
     for routes in driver_routers:
         app.include_router(routes)
+    # Added before the plane split, so inside it (the split decides first), and inside the
+    # server-error handler (a bug answers as unexpected_error_response).
+    app.add_middleware(HotRoutes, routes=[route for routes in turns for route in routes.routes])
     if settings.driver_port:
         app.add_middleware(
             PlaneSplit,
