@@ -38,6 +38,7 @@ from titoflow.bus import (
     existing_partitions,
     make_consumer,
     service_broker,
+    wait_for_records,
 )
 from titoflow.settings import Settings
 
@@ -147,6 +148,7 @@ class LogFollower:
             self.settings,
             partitions=[Assigned(tp.topic, tp.partition, declare=False) for tp in partitions],
         )
+        wait_for_records(self._subscriber)
         self._subscriber(self._apply)
         return broker
 
