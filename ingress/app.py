@@ -34,7 +34,8 @@ from ingress.control_state import ControlState, PauseGate
 from ingress.ended_sessions import EndedSessions
 from ingress.engine_driver import EngineDriver
 from ingress.errors import unexpected_error_response, unknown_route_response
-from ingress.log_follower import control_follower, ended_follower
+from ingress.hot_routes import HotRoutes
+from ingress.log_follower import LogFollower, control_log, ended_log
 from ingress.pausable_engine import PausableEngine
 from ingress.planes import PlaneSplit
 from ingress.pool_control import apply_to_pool
@@ -89,11 +90,12 @@ def create_app(settings: Settings) -> FastAPI:
     pool = EnginePool.from_settings(settings)
     gate = PauseGate(ControlState(), settings.pause_hold_s)
     engine = PausableEngine(pool, gate)
-    follower = control_follower(settings)
+    logs = LogFollower(settings)  # one consumer for both broadcast logs
+    control = control_log(logs)
     ended = EndedSessions(settings.ended_sessions_kept)
     budgets = SessionBudgets(settings.ended_sessions_kept)
     routing = RoutingKeys(settings.engine_group_routing, settings.session_cache_size)
-    ends = ended_follower(settings)
+    ends = ended_log(logs)
 
     def follow_ended(event: SessionEnded | SessionBudgeted, offset: int) -> None:
         if isinstance(event, SessionBudgeted):
@@ -103,12 +105,12 @@ def create_app(settings: Settings) -> FastAPI:
             ended.record(event, offset)
 
     ends.subscribe(follow_ended)
-    follower.subscribe(gate.apply)
+    control.subscribe(gate.apply)
     # Before the driver hears of an event: an engine just added is driven with the others.
-    follower.subscribe(lambda event, _offset: apply_to_pool(pool, event))
+    control.subscribe(lambda event, _offset: apply_to_pool(pool, event))
     driver = EngineDriver(gate.state, pool.engines)
     if settings.drive_engine:
-        follower.subscribe(lambda event, _offset: driver.notify(event))
+        control.subscribe(lambda event, _offset: driver.notify(event))
     steps_topic, ended_topic = settings.topic("steps"), settings.topic("ended")
 
     async def publish(event: SessionEvent) -> None:
@@ -180,10 +182,10 @@ def create_app(settings: Settings) -> FastAPI:
         except BrokerUnavailable as exc:  # stateless: serve anyway, publishes retry the broker
             log.warning("broker not reachable at startup: %s", exc)
         pool.start()
-        # Paused or not, and the weight version, before the first request is admitted.
-        await follower.start(settings.publish_timeout_s)
-        await ends.start(settings.publish_timeout_s)  # which sessions may no longer end
-        tasks = [asyncio.create_task(follower.run()), asyncio.create_task(ends.run())]
+        # Paused or not, the weight version, and which sessions may no longer end, before the
+        # first request is admitted.
+        await logs.start(settings.publish_timeout_s)
+        tasks = [asyncio.create_task(logs.run())]
         if settings.drive_engine:
             tasks.append(asyncio.create_task(driver.run()))
         yield
@@ -193,17 +195,20 @@ def create_app(settings: Settings) -> FastAPI:
         # Each close bounded (aiokafka waits on a dead broker): an unflushed record was never
         # acknowledged, so no client got a 200 for it.
         closing = Deadline(close_budget(settings.shutdown_grace_s), log)
-        await closing.run("stopping the control log reader", follower.stop())
-        await closing.run("stopping the ended-sessions reader", ends.stop())
+        await closing.run("stopping the control and ended-sessions log reader", logs.stop())
         await closing.run("flushing and closing the producer", publisher.stop())
         await closing.run("closing the engine clients", engine.close())
 
     app = FastAPI(title="titoflow ingress", lifespan=lifespan)
-    for adapter in (openai_chat, anthropic_messages, openai_responses, session_routes, token_api):
-        app.include_router(adapter.router())
+    turns = [api.router() for api in (openai_chat, anthropic_messages, openai_responses, token_api)]
+    for routes in (*turns, session_routes.router()):
+        app.include_router(routes)
     driver_routers = (session_routes.driver_router(), admin_routes.router())
     for routes in driver_routers:
         app.include_router(routes)
+    # Added before the plane split, so inside it (the split decides first), and inside the
+    # server-error handler (a bug answers as unexpected_error_response).
+    app.add_middleware(HotRoutes, routes=[route for routes in turns for route in routes.routes])
     if settings.driver_port:
         app.add_middleware(
             PlaneSplit,

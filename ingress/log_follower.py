@@ -1,12 +1,16 @@
-"""Follows a broadcast log on every ingress replica: the whole topic, no consumer group, as a
-FastStream batch subscriber assigned every partition and never committing.
+"""Follows the broadcast logs on every ingress replica (``<prefix>.control`` and
+``<prefix>.ended``): each whole topic, no consumer group, through one FastStream batch subscriber
+(one consumer, one fetch loop for every topic) assigned every partition and never committing.
 
 At start it applies every partition from the beginning up to the end offsets it finds (so a
 replica started during a pause is paused, and knows which sessions ended, before it serves),
 then follows; FastStream's consume loop waits out broker outages. Each event goes to every
-subscriber in log order (per partition); a subscriber is a plain callable that must not block
-(start a task for slow work). Records it cannot decode (an unknown type or schema version) are
-logged and skipped: events from newer titoflows must not stop older replicas.
+subscriber of its topic in log order (per partition); a subscriber is a plain callable that must
+not block (start a task for slow work). Records it cannot decode (an unknown type or schema
+version) are logged and skipped: events from newer titoflows must not stop older replicas.
+One consumer for all the topics, because an idle follower's cost is its fetches (tansu holds
+each for the whole ``FETCH_MAX_WAIT_MS``): a consumer per topic fetched twice as often for the
+same propagation delay (docs/benchmarks.md §4h).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from schemas.control import AnyControl, control_adapter
 from schemas.events import SessionBudgeted, SessionEnded, ended_adapter
 from titoflow.bus import (
     Consumer,
+    ConsumerRecord,
     KafkaError,
     TopicPartition,
     batch_records,
@@ -33,6 +38,7 @@ from titoflow.bus import (
     existing_partitions,
     make_consumer,
     service_broker,
+    wait_for_records,
 )
 from titoflow.settings import Settings
 
@@ -43,41 +49,64 @@ APPLIED_POLL_S = 0.01
 RETRY_S = 1.0
 
 
-class LogFollower(Generic[E]):
-    def __init__(self, settings: Settings, topic: str, adapter: TypeAdapter[E]) -> None:
-        self.settings = settings
+class FollowedTopic(Generic[E]):
+    """One followed topic: how its records decode, and who hears of its events."""
+
+    def __init__(self, topic: str, adapter: TypeAdapter[E]) -> None:
         self.topic = topic
         self._adapter = adapter
         self._subscribers: list[Callable[[E, int], None]] = []  # (event, offset)
-        self._broker: KafkaBroker | None = None  # made in the event loop, on start
-        self._partitions: list[TopicPartition] = []
-        self._applied: dict[int, int] = {}  # partition -> offset after the last record applied
-        self._subscriber: LogicSubscriber[Any] | None = None
 
     def subscribe(self, subscriber: Callable[[E, int], None]) -> None:
         self._subscribers.append(subscriber)
 
+    def apply(self, record: ConsumerRecord) -> None:
+        try:
+            event = self._adapter.validate_json(record.value or b"")
+        except ValidationError as exc:
+            log.warning("skipping %s record @%d: %s", self.topic, record.offset, exc)
+            return
+        for subscriber in self._subscribers:
+            subscriber(event, record.offset)
+
+
+class LogFollower:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._topics: dict[str, FollowedTopic[Any]] = {}
+        self._broker: KafkaBroker | None = None  # made in the event loop, on start
+        self._partitions: list[TopicPartition] = []
+        self._applied: dict[TopicPartition, int] = {}  # offset after the last record applied
+        self._subscriber: LogicSubscriber[Any] | None = None
+
+    def follow(self, topic: str, adapter: TypeAdapter[E]) -> FollowedTopic[E]:
+        """Follow ``topic`` too (before :meth:`start`); its events are decoded by ``adapter``."""
+        followed = FollowedTopic(topic, adapter)
+        self._topics[topic] = followed
+        return followed
+
     async def start(self, timeout_s: float) -> bool:
-        """Apply the log up to its current end; whether that worked within ``timeout_s`` (if
-        not, :meth:`run` keeps trying and the replica serves meanwhile, as without a broker)."""
+        """Apply every followed log up to its current end; whether that worked within
+        ``timeout_s`` (if not, :meth:`run` keeps trying and the replica serves meanwhile, as
+        without a broker)."""
         try:
             async with asyncio.timeout(timeout_s):
                 ends = await self._connect()
-                while any(self._applied.get(tp.partition, 0) < end for tp, end in ends.items()):
+                while any(self._applied.get(tp, 0) < end for tp, end in ends.items()):
                     await asyncio.sleep(APPLIED_POLL_S)
         except (TimeoutError, KafkaError, OSError) as exc:
-            log.warning("%s not read at start: %r", self.topic, exc)
+            log.warning("%s not read at start: %r", ", ".join(self._topics), exc)
             return False
         return True
 
     async def run(self) -> None:
-        """Follow the log until cancelled: connect (retrying while the broker is away), then
+        """Follow the logs until cancelled: connect (retrying while the broker is away), then
         FastStream's subscriber follows."""
         while self._broker is None:
             try:
                 await self._connect()
             except (KafkaError, OSError) as exc:
-                log.warning("%s unreadable, retrying: %r", self.topic, exc)
+                log.warning("%s unreadable, retrying: %r", ", ".join(self._topics), exc)
                 await asyncio.sleep(RETRY_S)
         await asyncio.Event().wait()
 
@@ -85,14 +114,18 @@ class LogFollower(Generic[E]):
         """Start following (once); the partitions' end offsets now."""
         if self._broker is None:
             # Every replica reads everything: no group, nothing committed, always from offset 0
-            # of each partition the topic has now.
+            # of each partition the topics have now.
             probe = make_consumer(self.settings, group_id=None)
+            partitions: list[TopicPartition] = []
             try:
                 await probe.start()
-                partitions = await existing_partitions(probe, self.topic)
+                for topic in self._topics:
+                    partitions += await existing_partitions(probe, topic) or [
+                        TopicPartition(topic, 0)
+                    ]
             finally:
                 await probe.stop()
-            broker = self.declare(partitions or [TopicPartition(self.topic, 0)])
+            broker = self.declare(partitions)
             try:
                 await broker.start()
             except BaseException:
@@ -109,38 +142,33 @@ class LogFollower(Generic[E]):
         drives it with FastStream's in-memory ``TestKafkaBroker``)."""
         self._partitions = partitions
         broker = service_broker(self.settings, log, publishes=False)
-        # No group: nothing to commit, and each record is validated once, by the adapter.
+        # No group: nothing to commit, and each record is validated once, by its topic's adapter.
         self._subscriber = batch_subscriber(
             broker,
             self.settings,
             partitions=[Assigned(tp.topic, tp.partition, declare=False) for tp in partitions],
         )
+        wait_for_records(self._subscriber)
         self._subscriber(self._apply)
         return broker
 
     async def _apply(self, message: KafkaMessage) -> None:
         for record in batch_records(message):
-            self._applied[record.partition] = record.offset + 1
-            try:
-                event = self._adapter.validate_json(record.value or b"")
-            except ValidationError as exc:
-                log.warning("skipping %s record @%d: %s", self.topic, record.offset, exc)
-                continue
-            for subscriber in self._subscribers:
-                subscriber(event, record.offset)
+            self._applied[TopicPartition(record.topic, record.partition)] = record.offset + 1
+            self._topics[record.topic].apply(record)
 
     async def stop(self) -> None:
         if self._broker is not None:
             await self._broker.stop()
 
 
-def control_follower(settings: Settings) -> LogFollower[AnyControl]:
+def control_log(follower: LogFollower) -> FollowedTopic[AnyControl]:
     """``<prefix>.control``: pause, resume, weight versions and engine changes, one order."""
-    follower = LogFollower(settings, settings.topic("control"), control_adapter)
-    follower.subscribe(lambda event, offset: log.info("control event @%d: %s", offset, event.type))
-    return follower
+    control = follower.follow(follower.settings.topic("control"), control_adapter)
+    control.subscribe(lambda event, offset: log.info("control event @%d: %s", offset, event.type))
+    return control
 
 
-def ended_follower(settings: Settings) -> LogFollower[SessionEnded | SessionBudgeted]:
+def ended_log(follower: LogFollower) -> FollowedTopic[SessionEnded | SessionBudgeted]:
     """``<prefix>.ended``: how and when sessions ended, and the budgets they were opened with."""
-    return LogFollower(settings, settings.topic("ended"), ended_adapter)
+    return follower.follow(follower.settings.topic("ended"), ended_adapter)

@@ -15,9 +15,15 @@ from typing import Any
 import pytest
 from faststream.kafka import TestKafkaBroker
 
-from ingress.log_follower import LogFollower
-from schemas.control import AnyControl, Pause, Resume, control_adapter
-from schemas.events import SegmentFinalized, SessionFinalized
+from ingress.log_follower import LogFollower, control_log, ended_log
+from schemas.control import AnyControl, Pause, Resume
+from schemas.events import (
+    SegmentFinalized,
+    SessionBudget,
+    SessionBudgeted,
+    SessionEnded,
+    SessionFinalized,
+)
 from tests.test_assembler import THREE_TURNS, assemble
 from titoflow.bus import TopicPartition
 from titoflow.errors import PublishFailed
@@ -110,10 +116,11 @@ async def test_a_batch_that_fails_stops_the_worker_uncommitted(settings: Setting
 async def test_the_follower_hands_each_event_on_in_log_order_and_skips_what_it_cannot_read(
     settings: Settings,
 ) -> None:
-    topic = settings.topic("control")
-    follower = LogFollower(settings, topic, control_adapter)
+    follower = LogFollower(settings)
+    control = control_log(follower)
     seen: list[AnyControl] = []
-    follower.subscribe(lambda event, _offset: seen.append(event))
+    control.subscribe(lambda event, _offset: seen.append(event))
+    topic = control.topic
     records: list[Any] = [
         Pause(event_time=1.0, mode="abort").model_dump_json().encode(),
         b'{"type": "from_a_newer_titoflow", "schema_version": 9}',
@@ -124,3 +131,38 @@ async def test_the_follower_hands_each_event_on_in_log_order_and_skips_what_it_c
             await broker.publish(record, topic=topic, partition=0)
     assert [(type(e), e.event_time) for e in seen] == [(Pause, 1.0), (Resume, 2.0)]
     assert isinstance(seen[0], Pause) and seen[0].mode == "abort"
+
+
+async def test_one_follower_applies_both_broadcast_logs_each_in_its_order_to_its_own_subscribers(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The control and ended logs share one consumer: each record reaches its own topic's
+    subscribers only, each topic's in log order, whatever the interleaving."""
+    follower = LogFollower(settings)
+    control, ended = control_log(follower), ended_log(follower)
+    heard: list[tuple[str, str]] = []
+    control.subscribe(lambda event, _offset: heard.append(("control", event.type)))
+    ended.subscribe(lambda event, _offset: heard.append((event.session_id, event.type)))
+    partitions = [
+        TopicPartition(control.topic, 0),
+        *(TopicPartition(ended.topic, p) for p in (0, 1)),
+    ]
+    async with TestKafkaBroker(follower.declare(partitions)) as broker:
+        await broker.publish(Pause(event_time=1.0).model_dump_json().encode(), control.topic)
+        for n, partition in enumerate((1, 0, 1)):
+            budgeted = SessionBudgeted(session_id=f"s{n}", event_time=1.0, budget=SessionBudget())
+            await broker.publish(
+                budgeted.model_dump_json().encode(), ended.topic, partition=partition
+            )
+        await broker.publish(Resume(event_time=2.0).model_dump_json().encode(), control.topic)
+        done = SessionEnded(session_id="s0", event_time=3.0, how="idle")
+        await broker.publish(done.model_dump_json().encode(), ended.topic, partition=1)
+    # The in-memory broker numbers no offsets; each log's order is the order heard.
+    assert heard[0] == ("control", "pause") and heard[4] == ("control", "resume")
+    assert [h for h in heard if h[0] != "control"] == [
+        ("s0", "session_budgeted"),
+        ("s1", "session_budgeted"),
+        ("s2", "session_budgeted"),
+        ("s0", "session_ended"),
+    ]
+    assert "skipping" not in caplog.text  # no record was handed to the other topic's adapter
