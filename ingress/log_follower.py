@@ -38,7 +38,6 @@ from titoflow.bus import (
     existing_partitions,
     make_consumer,
     service_broker,
-    wait_for_records,
 )
 from titoflow.settings import Settings
 
@@ -148,7 +147,6 @@ class LogFollower:
             self.settings,
             partitions=[Assigned(tp.topic, tp.partition, declare=False) for tp in partitions],
         )
-        wait_for_records(self._subscriber)
         self._subscriber(self._apply)
         return broker
 

@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from itertools import chain
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import ConsumerRecord as ConsumerRecord
@@ -28,7 +27,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
-from faststream.kafka.subscriber.usecase import BatchSubscriber, LogicSubscriber
+from faststream.kafka.subscriber.usecase import LogicSubscriber
 from faststream.message import StreamMessage
 
 from titoflow.settings import Settings
@@ -527,26 +526,6 @@ def batch_subscriber(
         **options,
     )
     return subscriber
-
-
-# How long a subscriber that waits for its records (:func:`wait_for_records`) stays in one
-# fetch wait while nothing comes; records end the wait at once.
-IDLE_WAIT_MS = 1000
-
-
-def wait_for_records(subscriber: LogicSubscriber[Any]) -> None:
-    """Make a batch subscriber wait in its consumer until records come, instead of FastStream's
-    poll: its ``get_msg`` asks for ``BATCH_WAIT_MS`` of records and, given none, sleeps as long
-    again, so an idle subscriber woke 25 times a second on top of its fetcher's own fetches,
-    and a record that landed during the sleep waited it out. aiokafka's ``getmany`` returns as
-    soon as its fetcher holds records; stopping cancels the wait."""
-    batch = cast(BatchSubscriber, subscriber)
-
-    async def get_msg(consumer: AIOKafkaConsumer) -> tuple[ConsumerRecord, ...]:
-        fetched = await consumer.getmany(timeout_ms=IDLE_WAIT_MS, max_records=batch.max_records)
-        return tuple(chain.from_iterable(fetched.values()))
-
-    setattr(batch, "get_msg", get_msg)  # noqa: B010 (FastStream's loop calls self.get_msg)
 
 
 def batch_records(message: StreamMessage[Any]) -> tuple[ConsumerRecord, ...]:
