@@ -50,6 +50,16 @@ def test_tito_cost_bench_measures_each_turn() -> None:
     assert rows[1]["prompt_tokens"] > rows[0]["prompt_tokens"]
 
 
+def test_publish_bench_measures_both_publishers() -> None:
+    result = run_bench(
+        "bench/publish.py", "--bytes", "100", "--records", "3", "--calls", "2", "--rounds", "2"
+    )
+    rows = result["rows"]
+    assert isinstance(rows, list)
+    assert [r["publisher"] for r in rows] == ["aiokafka", "faststream"]
+    assert all(len(r["rounds_cpu_us_per_record"]) == 2 for r in rows)
+
+
 @pytest.mark.parametrize("script", ["pipeline", "memory"])
 def test_pipeline_and_memory_benches_run(script: str) -> None:
     if script == "pipeline":

@@ -16,9 +16,11 @@ from titoflow.bus import (
     BrokerUnavailable,
     EventTooLarge,
     Publisher,
+    StreamPublisher,
     TopicLayoutError,
     ensure_topics,
     make_consumer,
+    service_broker,
 )
 from titoflow.dev.broker import start_tansu
 from titoflow.dev.procs import ManagedProcess, free_port
@@ -246,6 +248,60 @@ async def test_records_published_together_are_appended_whole_or_not_at_all(
     assert [r.value for r in records] == [b"before", b"a", b"b", b"c", b"after"]
     assert [r.offset for r in records] == list(range(first, first + 5))
     assert {r.key for r in records} == {b"session-t"}
+
+
+async def read_topic(settings: Settings, topic: str, count: int) -> list[ConsumerRecord]:
+    consumer = make_consumer(settings, topic, group_id=None)
+    await consumer.start()
+    try:
+        return await read(consumer, count)
+    finally:
+        await consumer.stop()
+
+
+async def test_stream_publisher_puts_each_key_where_a_plain_publish_does_in_order(
+    settings: Settings,
+) -> None:
+    # Records of 20 KB under a 64 KiB event limit: a partition's records take several batches.
+    small = settings.model_copy(update={"max_event_bytes": 64 * 1024})
+    segments, ended = small.topic("segments"), small.topic("ended")
+    records = [
+        (topic, f"session-{k}", b"%s-%d-%d" % (topic.encode(), k, i) + b"x" * 20_000)
+        for i in range(4)
+        for k in range(6)
+        for topic in (segments, ended)
+    ]
+    too_large = (segments, "session-big", b"y" * (small.max_event_bytes + 1))
+    broker = service_broker(small, logging.getLogger("test.bus"))
+    await broker.start()
+    try:
+        publisher = StreamPublisher(broker, small)
+        with pytest.raises(EventTooLarge):
+            await publisher.publish_many([records[0], too_large])
+        await publisher.publish_many(records)
+    finally:
+        await broker.stop()
+    plain = Publisher(small)
+    try:
+        home = {
+            (topic, key): (await plain.publish(topic, key, b"probe"))[0]
+            for topic, key, _ in records
+        }
+    finally:
+        await plain.stop()
+    for topic in (segments, ended):
+        mine = [r for r in records if r[0] == topic]
+        read_back = await read_topic(small, topic, len(mine) + 6)  # and the six probes
+        got = [r for r in read_back if r.value != b"probe"]
+        # Nothing of the refused call (not even the record that fit), each record once, each
+        # key in its plain publish's partition with its records in the order handed over.
+        assert sorted(r.value for r in got) == sorted(value for _, _, value in mine)
+        for (of_topic, key), partition in home.items():
+            if of_topic != topic:
+                continue
+            of_key = [r for r in got if r.key == key.encode()]
+            assert {r.partition for r in of_key} == {partition}
+            assert [r.value for r in of_key] == [v for t, k, v in mine if k == key]
 
 
 async def test_group_resumes_from_committed_offset_after_restart(settings: Settings) -> None:

@@ -26,7 +26,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from faststream import AckPolicy
-from faststream.kafka import KafkaBroker
+from faststream.kafka import KafkaBroker, KafkaPublishMessage
 from faststream.kafka.subscriber.usecase import LogicSubscriber
 from faststream.message import StreamMessage
 
@@ -548,8 +548,8 @@ class StreamPublisher:
     """:class:`Publisher`'s contract on a FastStream broker's producer (started and stopped with
     the broker, i.e. the service's FastStream application): ``publish_many`` hands records over
     in order, all in flight at once, and returns once the broker acknowledged every one, within
-    ``publish_timeout_s``, or raises BrokerUnavailable / EventTooLarge. FastStream adds its
-    ``content-type`` and ``correlation_id`` headers; values are exactly the events' bytes."""
+    ``publish_timeout_s``, or raises BrokerUnavailable / EventTooLarge. Values are exactly the
+    events' bytes; FastStream adds a ``correlation_id`` header (one per record batch)."""
 
     def __init__(self, broker: KafkaBroker, settings: Settings) -> None:
         self._broker = broker
@@ -562,13 +562,67 @@ class StreamPublisher:
         return int(metadata.partition), int(metadata.offset)
 
     async def publish_many(self, records: list[tuple[str, str, bytes]]) -> None:
+        """One FastStream ``publish_batch`` per partition (several when its records exceed one
+        batch), each record in its key's home partition as the producer's partitioner would put
+        it. FastStream's per-message ``publish`` (a command, its middlewares, a correlation id
+        and headers for each record) cost 1.8x aiokafka's ``send`` in CPU per 2 KB record; its
+        batch path costs about what ``send`` does (bench/publish.py, docs/benchmarks.md §4i)."""
         if not records:
             return
         largest = max(len(value) for _, _, value in records)
         with translated_errors(self._settings, _topics(records), largest):
             async with asyncio.timeout(self._settings.publish_timeout_s):
+                batches = partition_batches(
+                    records,
+                    {topic: await self._partitions(topic) for topic in {t for t, _, _ in records}},
+                    self._settings.max_event_bytes,
+                )
                 acks = [
-                    await self._broker.publish(value, topic, key=key.encode(), no_confirm=True)
-                    for topic, key, value in records
+                    await self._broker.publish_batch(
+                        *(KafkaPublishMessage(value, key=key) for key, value in batch),
+                        topic=topic,
+                        partition=partition,
+                        no_confirm=True,
+                    )
+                    for topic, partition, batch in batches
                 ]
                 await asyncio.gather(*acks)
+
+    async def _partitions(self, topic: str) -> list[int]:
+        # The partitions the broker's own producer knows (and refreshes), so a key lands where
+        # a plain publish of it would. FastStream 0.7 has no public accessor for its producer.
+        producer: AIOKafkaProducer = self._broker.config.producer._producer.producer  # type: ignore[attr-defined]
+        return sorted(await producer.partitions_for(topic))
+
+
+# What a record adds to its batch besides its key and value (lengths, offsets, FastStream's
+# correlation-id header), and a batch besides its records; generous, so a batch never overflows.
+_RECORD_OVERHEAD = 128
+_BATCH_OVERHEAD = 256
+
+
+def partition_batches(
+    records: list[tuple[str, str, bytes]], partitions: dict[str, list[int]], max_event_bytes: int
+) -> list[tuple[str, int, list[tuple[bytes, bytes]]]]:
+    """(topic, partition, [(key, value)]) batches of ``records``, each record in its key's home
+    partition (:func:`home_partition`) and the records of a partition in their given order; a
+    batch stays within the producer's batch size and ``max_event_bytes`` (a broker's limit on a
+    record batch) unless one record alone is larger. A record larger than ``max_event_bytes``
+    fails the lot before anything is sent (``MessageSizeTooLargeError``), as the producer's
+    ``send`` would fail it."""
+    limit = min(MAX_BATCH_BYTES, max_event_bytes)
+    open_batches: dict[tuple[str, int], tuple[list[tuple[bytes, bytes]], int]] = {}
+    done: list[tuple[str, int, list[tuple[bytes, bytes]]]] = []
+    for topic, key, value in records:
+        encoded = key.encode()
+        size = len(encoded) + len(value) + _RECORD_OVERHEAD
+        if len(encoded) + len(value) > max_event_bytes:
+            raise MessageSizeTooLargeError(f"a record of {len(value)} bytes to {topic!r}")
+        where = (topic, home_partition(key, partitions[topic]))
+        batch, used = open_batches.get(where, ([], _BATCH_OVERHEAD))
+        if batch and used + size > limit:
+            done.append((*where, batch))
+            batch, used = [], _BATCH_OVERHEAD
+        batch.append((encoded, value))
+        open_batches[where] = (batch, used + size)
+    return done + [(*where, batch) for where, (batch, _) in open_batches.items()]
