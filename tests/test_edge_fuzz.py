@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -448,9 +449,9 @@ class Ingress:
     statuses: dict[str, Counter[int]]
 
 
-@contextmanager
-def fuzzed_ingress(label: str = "", **overrides: Any) -> Iterator[Ingress]:
-    """The fuzzed app (``overrides``: settings), its cases counted under ``label``."""
+def fuzz_app(**overrides: Any) -> tuple[FastAPI, RecordingPublisher, RecordingBus]:
+    """The ingress the fuzz runs (both listeners, every token, an engine and broker nobody
+    reaches, a scripted engine answering), ``overrides`` on its settings."""
     config = Settings(
         ingress_port=SCAFFOLD_PORT,
         driver_port=DRIVER_PORT,
@@ -458,11 +459,16 @@ def fuzzed_ingress(label: str = "", **overrides: Any) -> Iterator[Ingress]:
         admin_token=ADMIN_TOKEN,
         engine_url="http://127.0.0.1:9",
         bootstrap_servers="127.0.0.1:9",
-        max_request_bytes=2 * 1024 * 1024,
         **overrides,
     )
     options = ServiceOptions(max_model_len=4096, default_max_tokens=8, vocab_size=len(qwen3()))
-    app, publisher, bus = scripted_ingress(config, ["Done.<|im_end|>"] * 100_000, options)
+    return scripted_ingress(config, ["Done.<|im_end|>"] * 100_000, options)
+
+
+@contextmanager
+def fuzzed_ingress(label: str = "", **overrides: Any) -> Iterator[Ingress]:
+    """The fuzzed app (``overrides``: settings), its cases counted under ``label``."""
+    app, publisher, bus = fuzz_app(**{"max_request_bytes": 2 * 1024 * 1024, **overrides})
     # A bug answers 500 instead of surfacing here as an exception: the status is the finding.
     transport = httpx2.ASGITransport(app=app, raise_app_exceptions=False)
     client = httpx2.AsyncClient(transport=transport, base_url="http://ingress")

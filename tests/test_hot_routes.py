@@ -21,20 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingress.hot_routes import HotRoutes
-from ingress.service import ServiceOptions
-from tests.apps import scripted_ingress
-from tests.families import qwen3
 from tests.test_edge_fuzz import (
-    ADMIN_TOKEN,
-    DRIVER_PORT,
-    DRIVER_TOKEN,
     ENDPOINTS,
     SCAFFOLD_PORT,
     Case,
     Endpoint,
     cases,
+    fuzz_app,
 )
-from titoflow.settings import Settings
 
 # The hot routes, and beside them routes FastAPI keeps (another method on a hot path, a FastAPI
 # route under the same prefix, a driver route served the same way).
@@ -50,17 +44,7 @@ _VOLATILE = re.compile(
 
 
 def ingress_app(hot: bool, limit: int) -> httpx2.AsyncClient:
-    config = Settings(
-        ingress_port=SCAFFOLD_PORT,
-        driver_port=DRIVER_PORT,
-        driver_token=DRIVER_TOKEN,
-        admin_token=ADMIN_TOKEN,
-        engine_url="http://127.0.0.1:9",
-        bootstrap_servers="127.0.0.1:9",
-        max_request_bytes=limit,
-    )
-    options = ServiceOptions(max_model_len=4096, default_max_tokens=8, vocab_size=len(qwen3()))
-    app, _, _ = scripted_ingress(config, ["Done.<|im_end|>"] * 100_000, options)
+    app, _, _ = fuzz_app(max_request_bytes=limit)
     ours = [m for m in app.user_middleware if m.cls is cast(object, HotRoutes)]
     assert len(ours) == 1, "the ingress serves its turn routes through HotRoutes"
     if not hot:
