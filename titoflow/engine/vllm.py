@@ -87,7 +87,10 @@ class VLLMEngine:
         request_id: str,
         stream: bool,
         resend: bool = False,
-    ) -> dict[str, Any]:
+    ) -> bytes:
+        """The generate request's JSON, serialized here: the numpy view of a chain's ids it
+        takes is not held past this call (a store appends in place only while no view of it
+        is out)."""
         sampling: dict[str, Any] = {
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -114,7 +117,7 @@ class VLLMEngine:
             body["token_ids"] = engine_prompt(prompt_ids, params.images)
             body["content_parts"] = content_parts(params.images, resend)
             body["return_token_ids"] = True  # the expanded prompt, to check against ours
-        return body
+        return _dumps(body)
 
     async def _post_generate(self, body: bytes) -> Any:
         try:
@@ -134,15 +137,13 @@ class VLLMEngine:
         request_id: str,
         session_id: str = "",
     ) -> Generation:
-        # Serialized at once: the body's numpy view of a chain's ids is not held over the call
-        # (a store appends in place only while no view of it is out).
-        body = _dumps(self._body(prompt_ids, params, request_id, stream=False))
+        body = self._body(prompt_ids, params, request_id, stream=False)
         try:
             payload = await self._post_generate(body)
         except EngineError as exc:
             if not _lost_cached_image(exc, params):
                 raise
-            body = _dumps(self._body(prompt_ids, params, request_id, stream=False, resend=True))
+            body = self._body(prompt_ids, params, request_id, stream=False, resend=True)
             payload = await self._post_generate(body)
         if params.images:
             expanded = payload.get("prompt_token_ids")
@@ -171,7 +172,7 @@ class VLLMEngine:
     async def _stream(
         self, prompt_ids: Sequence[int], params: GenerateParams, request_id: str, resend: bool
     ) -> AsyncIterator[GenerationChunk]:
-        body = _dumps(self._body(prompt_ids, params, request_id, stream=True, resend=resend))
+        body = self._body(prompt_ids, params, request_id, stream=True, resend=resend)
         sampled = 0
         unchecked = bool(params.images)  # the first event carries the expanded prompt
         try:
