@@ -91,15 +91,16 @@ async def test_small_turns_go_on_while_huge_requests_are_processed() -> None:
     assert metrics.EARLY_CONTEXT_REFUSALS._value.get() == early + 1
     tool_seconds = tool_end - tool_start
     beside = [end - start for start, end in during if start < tool_end]
-    # The bound: a small turn beside the huge ones takes at most a third of the time the tool
-    # result took to be tokenized and refused, which is itself long against a usual turn
-    # (checked): a turn that waited for that work, as every turn did before this change, breaks
-    # it. Measured: 0.1-0.2 s beside (0.54 s at worst, under a load of 6, where the tool result
-    # took 4-6 s; 1.2 s on a quiet machine), usual turns 20-40 ms; what remains is the huge
-    # bodies' parsing and the tokenizer's end of work, which hold the GIL.
+    # The bound: small turns go on beside the huge ones. A turn that waited for that work, as
+    # every turn did before this change, takes about all of it: then the few turns beside have
+    # a median near the tool result's time and the longest nearly all of it. Measured: beside
+    # turns 3-10 ms at the median, 0.05-0.3 s at worst on a quiet machine and 0.6 s once on a
+    # loaded CI host (the tool result took 1.1-1.7 s; the huge bodies' parsing and the
+    # tokenizer's end of work hold the GIL), usual turns 3-40 ms. The tool result's time is
+    # itself long against a usual turn (checked), so the bounds are far from both.
     assert tool_seconds > 15 * statistics.median(usual), (tool_seconds, usual)
-    bound = tool_seconds / 3
     assert len(beside) >= 3, beside
-    assert max(beside) < bound, (beside, usual, tool_seconds)
+    assert statistics.median(beside) < tool_seconds / 10, (beside, usual, tool_seconds)
+    assert max(beside) < tool_seconds / 2, (beside, usual, tool_seconds)
     # Refused requests publish nothing: one step per small turn.
     assert len(publisher.events) == len(usual) + len(during)
