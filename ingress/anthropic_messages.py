@@ -436,7 +436,9 @@ _API = TurnApi(parse_request, _whole, _streamed, errors.ANTHROPIC, sse.ANTHROPIC
 
 async def count_tokens(request: Request) -> Response:
     try:
-        turn = parse_count_request(await http.read_json(request))
+        body = await http.read_json(request)
+        http.check_counting_key(request, body)
+        turn = parse_count_request(body)
         http.check_model(request, turn.model)
         return JSONResponse({"input_tokens": await http.service(request).count_prompt_tokens(turn)})
     except TitoflowError as exc:

@@ -140,6 +140,19 @@ def check_session_key(request: Request, session_id: str, body: Any) -> None:
         )
 
 
+def check_counting_key(request: Request, body: Any) -> None:
+    """count_tokens records nothing, so it needs no open session; but it fetches the image URLs
+    it is sent from the replica's network position, so with session keys on it carries the key
+    of the session it names (path, header or body), as every scaffold-plane call does, and
+    without one it is refused before anything is fetched."""
+    config = settings(request)
+    if not config.driver_token or config.implicit_sessions:
+        return
+    fields = body if isinstance(body, dict) else {}
+    session = session_ref(request.path_params.get("session"), lower_headers(request), fields)
+    check_session_key(request, session.session_id, body)
+
+
 # Session ids become URL paths (/sess/<id>/v1), Kafka keys and log and trace fields: letters,
 # digits and ``._:-`` (no client escapes them), at most 128, starting with a letter or digit.
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"

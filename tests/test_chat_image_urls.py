@@ -30,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingress import openai_responses
+from ingress.http import session_key
 from ingress.image_cache import ImageCache
 from ingress.service import ServiceOptions
 from tests.apps import asgi_client, serving
@@ -342,6 +343,41 @@ async def test_count_tokens_counts_each_image_s_expanded_run(by_url: bool) -> No
         await client.messages.create(model="m", max_tokens=8, messages=messages)
     assert counted.input_tokens == len(engine.prompts[0])
     assert PROCESSING.tokens(50, 100) > 1  # so a placeholder counted as one would be short
+
+
+async def test_with_session_keys_count_tokens_fetches_nothing_without_its_session_s_key() -> None:
+    """count_tokens opens no session, but it fetches the URLs it is sent: with session keys on,
+    it takes its session's key like a turn, and is refused before any fetch without it."""
+    keyed = Settings(driver_token="driver-secret", implicit_sessions=False)
+    async with image_server() as server:
+        image = {"type": "image", "source": {"type": "url", "url": f"{server.url}/img/a.png"}}
+        messages: Any = [{"role": "user", "content": [image, {"type": "text", "text": "hi"}]}]
+        app, engine, _ = vl_app(["ok<|im_end|>"], settings=keyed)
+
+        def client(base: str, key: str) -> anthropic.AsyncAnthropic:
+            return anthropic.AsyncAnthropic(
+                base_url=base, api_key=key, http_client=asgi_client(app), max_retries=0
+            )
+
+        with pytest.raises(anthropic.AuthenticationError):
+            await client("http://ingress/sess/s1", "guess").messages.count_tokens(
+                model="m", messages=messages
+            )
+        other = session_key("driver-secret", "s2")  # a key, of another session
+        with pytest.raises(anthropic.AuthenticationError):
+            await client("http://ingress/sess/s1", other).messages.count_tokens(
+                model="m", messages=messages
+            )
+        with pytest.raises(anthropic.BadRequestError) as unnamed:
+            await client("http://ingress", other).messages.count_tokens(
+                model="m", messages=messages
+            )
+        assert server.hits == {}  # refused before anything was fetched
+        own = client("http://ingress/sess/s1", session_key("driver-secret", "s1"))
+        counted = await own.messages.count_tokens(model="m", messages=messages)
+    assert "no session" in unnamed.value.message
+    assert server.hits == {"/img/a.png": 1} and counted.input_tokens > 1
+    assert engine.prompts == []  # counting sends nothing to the engine
 
 
 # --- the cache of read images -----------------------------------------------------------------

@@ -38,6 +38,7 @@ from tests.families import path_tool, qwen3
 from titoflow.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
 from titoflow.errors import TemplateError
 from titoflow.image_store import ImageStore
+from titoflow.settings import Settings
 from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.messages import Message, MessageImage
 from titoflow.tito.render import ChatRenderer
@@ -76,10 +77,10 @@ def vl_tokenizer() -> Any:
 
 
 def vl_app(
-    replies: list[str], options: ServiceOptions = OPTIONS
+    replies: list[str], options: ServiceOptions = OPTIONS, settings: Settings | None = None
 ) -> tuple[Any, ScriptedEngine, RecordingPublisher]:
     routers = [openai_chat.router, anthropic_messages.router, openai_responses.router]
-    return scripted_app(replies, routers, options=options, tokenizer=vl_tokenizer())
+    return scripted_app(replies, routers, settings, options, tokenizer=vl_tokenizer())
 
 
 def client_for(app: Any) -> openai.AsyncOpenAI:
