@@ -98,10 +98,10 @@ class ImageStore:
         return data
 
     def prune(self, older_than_s: float, dry_run: bool = False, now: float | None = None) -> Pruned:
-        """Delete every image not named for ``older_than_s`` seconds before ``now`` (default: the
-        clock's), i.e. whose mtime is older (see the module's invariant), and what unfinished
-        writes left behind as old; with ``dry_run``, only count them. One prune of a store at a
-        time (a lock file, ``<root>/.prune.lock``): another one raises
+        """Delete every image whose mtime (when a step last named it: the module's invariant)
+        is before ``now - older_than_s`` (``now``: the clock's unless given), and the temporary
+        files unfinished writes left that are as old; with ``dry_run``, only count them. One
+        prune of a store at a time (a lock file, ``<root>/.prune.lock``): another one raises
         :class:`~titoflow.errors.ImageStoreUnavailable`. Shard directories stay, empty or not:
         a writer may be putting an image in one."""
         cutoff = (time.time() if now is None else now) - older_than_s
