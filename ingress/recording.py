@@ -5,8 +5,9 @@ a call that fails anywhere before leaves the cache as it was, and a retry extend
 as a new sample. The ``n`` samples of one request are published together, as one batch the
 broker appends whole or not at all, so they are all recorded or none is; only then do their
 chains advance, each a tip beside the others. A step is published only once the bytes of every
-image it names are in the image store (written in a worker thread; the images a chain sends by
-uuid alone were stored with the step that brought them), so a trainer can read what a step
+image it names are in the image store, and each of them marked named now (its mtime, refreshed;
+written if the store does not hold it, new or pruned since), in a worker thread, so a trainer
+can read what a step names and a prune (titoflow/image_store.py) spares what a recent step
 names. Metrics and the log line wait for nothing: they are counted on the loop's next turn, once
 the answer is on its way.
 """
@@ -119,16 +120,17 @@ class StepRecorder:
         )
 
     async def _store(self, images: Sequence[EngineImage]) -> None:
-        """The bytes of the images the engine was sent with them, in the image store."""
-        new = [image for image in images if not image.by_uuid]
-        if new:
-            await asyncio.to_thread(_write, self.image_store, new)
+        """Every image the step names in the image store, marked named now; those the engine
+        was sent by uuid alone too (a chain's history: its steps name them all)."""
+        await asyncio.to_thread(_write, self.image_store, images)
 
 
 def _write(store: ImageStore | None, images: Sequence[EngineImage]) -> None:
     assert store is not None, "ServiceOptions holds a store wherever images are read"
     for image in images:
-        if not store.has(image.uuid):  # stored by an earlier step: not decoded again
+        # Stored by an earlier step: a utime, not decoded again. Else new, or pruned after
+        # no step named it for the prune's age: written (a chain's images keep their URL).
+        if not store.refresh(image.uuid):
             store.put(data_url_bytes(image.url), image.uuid)
 
 

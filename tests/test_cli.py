@@ -5,21 +5,34 @@ placeholders."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from cli.main import main
 from titoflow.dev.procs import free_port
+from titoflow.image_store import ImageStore
 from titoflow.settings import COMMANDS, PROJECT_ROOT, Settings
 
-HAND_RUN = ("up", "ingress", "worker", "recompute", "replay", "inspect", "export", "control")
+HAND_RUN = (
+    "up",
+    "ingress",
+    "worker",
+    "recompute",
+    "replay",
+    "inspect",
+    "export",
+    "control",
+    "images",
+)
 SERVICES = ("ingress", "worker", "recompute")
 
 
@@ -62,6 +75,7 @@ def test_every_setting_names_the_commands_that_read_it() -> None:
         ["inspect"],
         ["export"],
         ["control", "resume"],
+        ["images", "prune"],
     ],
 )
 def test_help_offers_the_settings_its_command_reads(
@@ -86,6 +100,7 @@ def test_each_command_reads_only_its_own() -> None:
     assert COMMANDS["engine_python"] == ("up",)
     assert "control" in COMMANDS["steps_partitions"]  # it creates the topics
     assert "inspect" not in COMMANDS["steps_partitions"]
+    assert "images" in COMMANDS["image_store_dir"] and "images" in COMMANDS["segments_retention_s"]
 
 
 BAD_SETTINGS = [
@@ -219,3 +234,55 @@ def test_up_says_in_one_line_which_child_did_not_start_and_why(tmp_path: Path) -
     line = one_line(result, "up", 1)
     assert line.startswith("titoflow up: ingress exited with 2"), line
     assert str(port) in line and str(tmp_path / "logs") in line, line
+
+
+def test_images_prune_dry_run_deletes_nothing_then_prune_says_what_it_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three images: two no step named for ten days, one named now (their mtimes)."""
+    store = ImageStore(tmp_path)
+    old = [store.put(f"old {n}".encode()) for n in range(2)]
+    young = store.put(b"young")
+    for sha in old:
+        os.utime(store.path(sha), (time.time() - 10 * 86400,) * 2)
+    argv = ["images", "prune", "--image-store-dir", str(tmp_path), "--older-than", "8d"]
+    week = ["--segments-retention-s", str(7 * 86400)]
+    assert main([*argv, *week, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("would remove 2 images (10 bytes) no step named since ") and not err
+    assert out.rstrip().endswith("; kept 1 (5 bytes)") and all(store.has(sha) for sha in old)
+    assert main([*argv, *week]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("removed 2 images (10 bytes) ") and not err
+    assert not any(store.has(sha) for sha in old) and store.get(young) == b"young"
+    # An age below the segments' retention is done, with a warning: a trainer may be behind.
+    assert main([*argv[:-1], "1d"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("removed 0 images") and err.startswith("warning: --older-than 1d")
+
+
+@pytest.mark.parametrize("age", ["7x", "0d", "seven", "inf", "=-1d", "nand"])
+def test_images_prune_a_bad_age_is_one_line_naming_it(
+    age: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = ImageStore(tmp_path)
+    sha = store.put(b"kept")
+    os.utime(store.path(sha), (0, 0))
+    flag = f"--older-than{age}" if age.startswith("=") else f"--older-than {age}"
+    assert main(["images", "prune", "--image-store-dir", str(tmp_path), *flag.split(" ")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("titoflow images: --older-than ") and "e.g. 8d" in line, line
+    assert store.has(sha)
+
+
+def test_images_prune_of_no_store_or_a_busy_one_is_one_line(tmp_path: Path) -> None:
+    missing = titoflow("images", "prune", "--older-than", "8d", "--image-store-dir", "/nonexistent")
+    line = one_line(missing, "images")
+    assert "TITOFLOW_IMAGE_STORE_DIR" in line and "/nonexistent" in line, line
+    held = os.open(tmp_path / ".prune.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = titoflow("images", "prune", "--older-than", "8d", "--image-store-dir", str(tmp_path))
+    finally:
+        os.close(held)
+    assert "another prune holds" in one_line(busy, "images", 1)

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,19 +136,69 @@ async def test_a_text_turn_records_no_images_and_stores_nothing(tmp_path: Path) 
 
 async def test_an_image_stored_before_is_not_written_again(tmp_path: Path) -> None:
     """A replica that lost its cache renders the conversation again: its images are in the
-    store already, and stay the very files they were."""
+    store already, and stay the very files they were, marked named again (their mtime, which
+    a prune reads) before the step is published."""
     store = ImageStore(tmp_path)
     data = png(80, 80)
     messages: Any = [{"role": "user", "content": [image_part(data)]}]
     path = store.path(hashlib.sha256(data).hexdigest())
-    stats = []
+    inodes = []
     for _ in range(2):  # two apps: the second has an empty chain cache (a rendered step)
         app, _engine, publisher = vl_app(["ok<|im_end|>"], vl_options(image_store=store))
+        publisher.on_publish = refreshed_first(path, after=time.time() - 1)
         await client_for(app).chat.completions.create(model="m", messages=messages)
         [step] = steps(publisher)
         assert step.prefix == "rendered" and len(step.images) == 1
-        stats.append((os.stat(path).st_ino, os.stat(path).st_mtime_ns))
-    assert stats[0] == stats[1]
+        inodes.append(os.stat(path).st_ino)
+        os.utime(path, (1_700_000_000, 1_700_000_000))  # named long ago, as far as a prune sees
+    assert inodes[0] == inodes[1]
+
+
+def refreshed_first(path: Path, after: float) -> Any:
+    """A publish hook: the image at ``path`` was marked named at ``after`` or later before any
+    step was published."""
+
+    def check(event: Any) -> None:
+        if isinstance(event, StepRecorded):
+            assert os.stat(path).st_mtime >= after, "published before the image was refreshed"
+
+    return check
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+async def test_a_step_refreshes_the_images_its_chain_sends_by_uuid_or_writes_them_again(
+    tmp_path: Path, pruned: bool
+) -> None:
+    """Turn 2 extends turn 1's chain (a TITO step): the engine gets turn 1's image by uuid
+    alone, yet the step names it, so the step marks it named before it is published (a
+    session's history keeps an image alive in the store as long as the session goes on).
+    Pruned meanwhile (no step named it for the prune's age), it is written again from the
+    chain's URL."""
+    store = ImageStore(tmp_path)
+    data = png(72, 48)
+    path = store.path(hashlib.sha256(data).hexdigest())
+    app, engine, publisher = vl_app(
+        ["one<|im_end|>", "two<|im_end|>"], vl_options(image_store=store)
+    )
+    client = client_for(app)
+    messages: Any = [{"role": "user", "content": [image_part(data)]}]
+    answer = await client.chat.completions.create(model="m", messages=messages)
+    inode = os.stat(path).st_ino
+    os.utime(path, (1_700_000_000, 1_700_000_000))  # named long ago, as far as a prune sees
+    if pruned:
+        assert store.prune(3600).removed == 1 and not path.exists()
+    messages += [
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "and now?"},
+    ]
+    publisher.on_publish = refreshed_first(path, after=time.time() - 1)
+    await client.chat.completions.create(model="m", messages=messages)
+    _, two = steps(publisher)
+    assert two.prefix == "tito" and [i.sha256 for i in two.images] == [path.name]
+    assert engine.params[1].images[0].by_uuid  # not sent again: only the store needed it
+    assert store.get(path.name) == data
+    if not pruned:  # refreshed in place (a pruned one's inode number may be reused)
+        assert os.stat(path).st_ino == inode
 
 
 async def test_a_store_that_cannot_take_an_image_fails_the_call_and_publishes_nothing(

@@ -234,10 +234,13 @@ class Settings(BaseSettings):
     image_store_dir: Path = Field(
         PROJECT_ROOT / ".run" / "images",
         description="The content-addressed image store: the ingress writes every image's bytes "
-        "to <dir>/<sha256[:2]>/<sha256> before publishing a step that names it, and trainers "
-        "read them there (events carry only the hash). Every ingress replica and every trainer "
-        "must see the same directory (a shared volume); it grows with every distinct image "
-        "recorded and nothing here deletes from it.",
+        "to <dir>/<sha256[:2]>/<sha256> before publishing a step that names it (or, held "
+        "already, sets its mtime to now), and trainers read them there (events carry only the "
+        "hash). Every ingress replica and every trainer must see the same directory (a shared "
+        "volume). It grows with every distinct image recorded until an operator runs "
+        "`titoflow images prune --older-than AGE` (cron, a sidecar), which deletes the images "
+        "no step named for AGE: at least the segments' retention plus the longest session and "
+        "trainer lag (docs/operations.md, 'The image store').",
     )
     engine_transformers_version: str = Field(
         "",
@@ -481,7 +484,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "dlq_partitions": _TOPIC_MAKERS,
     "ended_partitions": _TOPIC_MAKERS,
     "steps_retention_s": _TOPIC_MAKERS,
-    "segments_retention_s": _TOPIC_MAKERS,
+    "segments_retention_s": (*_TOPIC_MAKERS, "images"),  # the age a prune should keep at least
     "dlq_retention_s": _TOPIC_MAKERS,
     "ended_retention_s": _TOPIC_MAKERS,
     "ended_sessions_kept": _INGRESS,
@@ -516,7 +519,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "image_url_timeout_s": _INGRESS,
     "image_url_allowed_domains": _INGRESS,
     "image_url_max_redirects": _INGRESS,
-    "image_store_dir": _INGRESS,
+    "image_store_dir": (*_INGRESS, "images"),
     "engine_transformers_version": _INGRESS,
     "max_json_depth": _INGRESS,
     "accepted_models": _INGRESS,
