@@ -10,40 +10,39 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
-import json
+import re
 import shutil
 import tempfile
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
 from schemas.events import SegmentFinalized
 from schemas.images import ImageProcessorFingerprint, ImageRecord
+from tests.images import png, reference_inputs, runs
 from tests.segments import filled_segment, step_segment
 from tests.test_chat_images import PROCESSING
-from tests.test_e2e_chat_images import png
 from tests.test_trainer_formats import DEFINED, conforms
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
 from titoflow.client.formats.tinker import to_tinker
 from titoflow.client.formats.verl import to_verl
 from titoflow.client.image_inputs import ImageMismatch, image_inputs
+from titoflow.client.image_processor import processor_for
 from titoflow.client.torch_data import SegmentDataset
 from titoflow.dev.vl_policy import (
     IMAGE_PAD_ID,
-    PREPROCESSOR_CONFIG,
     VISION_END_ID,
     VISION_START_ID,
 )
 from titoflow.image_store import ImageStore
+from titoflow.settings import PROJECT_ROOT
 
 PAD = 151643
 FINGERPRINT = PROCESSING.fingerprint("5.19.0")
@@ -73,29 +72,6 @@ def store() -> Any:
         store.put(data)
     yield store
     shutil.rmtree(root, ignore_errors=True)
-
-
-@cache
-def reference() -> Any:
-    """transformers' own processor, loaded from the VL policy's preprocessor_config.json (its PIL
-    class: no torchvision beside the trainer), not built by titoflow."""
-    directory = Path(tempfile.mkdtemp(prefix="titoflow-test-processor-"))
-    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG))
-    processor = transformers.Qwen2VLImageProcessorPil.from_pretrained(directory)
-    shutil.rmtree(directory)
-    return processor
-
-
-def processed(images: list[bytes]) -> dict[str, np.ndarray]:
-    """The reference processor's output for ``images``, each opened upright."""
-    opened = []
-    for data in images:
-        with Image.open(io.BytesIO(data)) as image:
-            turn = image.getexif().get(0x0112) == 6  # the one orientation used here
-            opened.append(
-                (image.transpose(Image.Transpose.ROTATE_270) if turn else image).convert("RGB")
-            )
-    return dict(reference()(images=opened, return_tensors="np"))
 
 
 def record(data: bytes, offset: int) -> ImageRecord:
@@ -140,18 +116,6 @@ def image_segment(
     return segment.model_copy(update={"images": listed})
 
 
-def pad_runs(ids: list[int]) -> list[tuple[int, int]]:
-    """(start, length) of each run of image pads in ``ids``."""
-    runs: list[tuple[int, int]] = []
-    for at, token in enumerate(ids):
-        if token == IMAGE_PAD_ID:
-            if runs and sum(runs[-1]) == at:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((at, 1))
-    return runs
-
-
 # --- one segment's inputs ---------------------------------------------------------------------
 
 
@@ -161,16 +125,18 @@ def test_a_segment_s_inputs_are_the_processor_s_output_for_its_bytes_in_token_or
     shown = [IMAGES[1], SIDEWAYS, IMAGES[2], IMAGES[1], IMAGES[4]]  # one image shown twice
     segment = image_segment("a", shown, reversed_records=True)
     inputs = image_inputs(segment, store)
-    expected = processed(shown)
+    expected = reference_inputs(shown)
     assert inputs.pixel_values.dtype == np.float32
     assert np.array_equal(inputs.pixel_values, expected["pixel_values"])
     assert inputs.image_grid_thw.dtype == np.int64
     assert inputs.image_grid_thw.tolist() == expected["image_grid_thw"].tolist()
-    assert [r.offset for r in inputs.records] == [start for start, _ in pad_runs(segment.token_ids)]
+    assert [r.offset for r in inputs.records] == [start for start, _ in runs(segment.token_ids)]
     assert inputs.image_grid_thw[1].tolist() == [1, 8, 2]  # upright: 40 wide, 120 high
     # Each record's run is as long as its grid's merged patches.
     merged = inputs.image_grid_thw.prod(axis=1) // FINGERPRINT.merge_size**2
-    assert merged.tolist() == [length for _, length in pad_runs(segment.token_ids)]
+    assert merged.tolist() == [length for _, length in runs(segment.token_ids)]
+    # One processor per fingerprint: an equal fingerprint finds the one already built.
+    assert processor_for(FINGERPRINT.model_copy()) is processor_for(FINGERPRINT)
     empty = image_inputs(filled_segment("text", [-0.5, -0.5]), store)
     assert empty.pixel_values.shape == (0, 0) and empty.image_grid_thw.shape == (0, 3)
 
@@ -236,7 +202,7 @@ def check_item_images(item: dict[str, Any], segments: list[SegmentFinalized], st
     expected_runs = [
         [row, start, length]
         for row in range(ids.shape[0])
-        for start, length in pad_runs(ids[row].tolist())
+        for start, length in runs(ids[row].tolist())
     ]
     assert item["image_runs"].tolist() == expected_runs  # row-major: the forward's order
     for (row, start, length), sequence in zip(
@@ -314,7 +280,7 @@ def test_verl_rows_carry_their_multi_modal_inputs(store: ImageStore) -> None:
     batch = to_verl([vl, text], pad_id=PAD, image_store=store)
     rows = batch.non_tensor_batch["multi_modal_inputs"]
     assert rows.dtype == object and rows.shape == (2,) and rows[1] == {}
-    expected = processed([IMAGES[2], SIDEWAYS])
+    expected = reference_inputs([IMAGES[2], SIDEWAYS])
     assert set(rows[0]) == {"pixel_values", "image_grid_thw", "images_seqlens"}
     assert np.array_equal(rows[0]["pixel_values"], expected["pixel_values"])
     assert rows[0]["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
@@ -338,7 +304,7 @@ def test_slime_samples_carry_their_multimodal_train_inputs(
     assert set(fields) <= set(defined)
     inputs = fields["multimodal_train_inputs"]
     assert conforms(inputs, defined["multimodal_train_inputs"]["type"], [])
-    expected = processed([IMAGES[0], IMAGES[4]])
+    expected = reference_inputs([IMAGES[0], IMAGES[4]])
     assert np.array_equal(inputs["pixel_values"], expected["pixel_values"])
     assert inputs["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
     assert "multimodal_train_inputs" not in to_slime(filled_segment("t", [-0.5]), image_store=store)
@@ -352,3 +318,15 @@ def test_formats_without_images_refuse_a_segment_with_images() -> None:
         to_openrlhf([vl], pad_id=PAD)
     with pytest.raises(ValueError, match="to_tinker does not carry images"):
         to_tinker(vl)
+
+
+def test_the_images_example_of_the_docs_runs_as_written(store: ImageStore) -> None:
+    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
+    [example] = re.findall(
+        r"<!-- tested by tests/test_image_inputs\.py -->\s*```python\n(.*?)```", text, re.DOTALL
+    )
+    segments = [image_segment("a", [IMAGES[0], IMAGES[2]]), filled_segment("t", [-0.5])]
+    namespace: dict[str, Any] = {"segments": segments, "image_dir": store.root}
+    exec(compile(example, "docs/trainer.md", "exec"), namespace)
+    assert namespace["inputs"].image_grid_thw.shape == (2, 3)
+    assert namespace["item"]["image_sequence_ids"].tolist() == [0, 0]  # both packed in one row
