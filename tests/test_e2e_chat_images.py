@@ -16,7 +16,9 @@ carry image records through forks and size limits is tests/test_image_record.py'
 
 Then issue 30's proof (part 4): a screenshot tool loop of four turns with both SDKs, streamed,
 a worker assembling segments, every segment held to what the engine witnessed (tests/witness.py:
-the expanded prompt, the images' hashes, each image sent by uuid alone once the engine has it).
+the expanded prompt, the images' hashes, each image sent by uuid alone once the engine has it);
+the trainer's ``SegmentDataset`` item of those segments holds the screenshots' pixels, as
+transformers' processor gives them for the bytes sent, at their runs.
 The tests share the module's VL engine (a start is ~2 minutes here).
 """
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,17 @@ from anthropic import AsyncAnthropic
 from fastapi import FastAPI
 from fastapi.responses import Response
 from openai import AsyncOpenAI
-from PIL import Image
 
 from schemas.events import StepRecorded
 from tests.apps import echoed_choices, serving
 from tests.families import path_tool
+from tests.images import png, reference_inputs, runs
+from tests.test_image_inputs import PAD, check_item_images
 from tests.topics import finalized_segments, recorded_steps
 from tests.witness import Witness, Witnessed, check_segments
 from titoflow.client.image_check import check_image
+from titoflow.client.torch_data import SegmentDataset
 from titoflow.dev.stack import start_ingress, start_worker
-from titoflow.dev.vl_policy import IMAGE_PAD_ID
 from titoflow.engine.api import EngineImage
 from titoflow.engine.images import content_parts, engine_prompt
 from titoflow.image_store import ImageStore
@@ -66,27 +68,8 @@ SCREENSHOT: Any = {
 }
 
 
-def png(width: int, height: int, seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
 def data_url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
-
-
-def runs(ids: list[int]) -> list[tuple[int, int]]:
-    """(offset, length) of each run of image placeholders in ``ids``."""
-    found: list[tuple[int, int]] = []
-    for at, token in enumerate(ids):
-        if token == IMAGE_PAD_ID:
-            if found and sum(found[-1]) == at:
-                found[-1] = (found[-1][0], found[-1][1] + 1)
-            else:
-                found.append((at, 1))
-    return found
 
 
 async def test_two_turns_with_images_streamed_and_not_are_exact_and_tito(
@@ -325,6 +308,24 @@ async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_se
         assert [length for _, length in runs(segment.token_ids)] == lengths
         assert sent_images(session_calls) == expected_images(images)
         assert segment.loss_mask.count(1) == sum(len(call.completion) for call in session_calls)
+    # The trainer's item of both segments packed in one row: the pixels of their six screenshots,
+    # as transformers' processor gives them for the bytes sent, each at its run of pads.
+    both = [segment for found in segments for segment in found]
+    store = ImageStore(stack.image_store_dir)
+    dataset = SegmentDataset(
+        both,
+        pad_id=PAD,
+        pack_tokens=sum(len(s.token_ids) for s in both),
+        version_number=lambda label: 0,  # the engine's one version, "default"
+        image_store=store,
+    )
+    [item] = list(dataset)
+    check_item_images(item, both, store)
+    expected = reference_inputs([*shots[0], *shots[1]])
+    assert np.array_equal(item["pixel_values"].numpy(), expected["pixel_values"])
+    assert item["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    assert item["image_runs"][:, 2].tolist() == lengths * 2
+    assert item["image_sequence_ids"].tolist() == [0, 0, 0, 1, 1, 1]
 
 
 def sent_images(calls: list[Witnessed]) -> list[list[tuple[str, bool]]]:

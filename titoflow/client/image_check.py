@@ -3,14 +3,11 @@ through the pinned processor again must give the grid and the placeholder count 
 says the engine's processor gave.
 
 Invariants:
-- The bytes checked are the ones the record names: :meth:`~titoflow.image_store.ImageStore.get`
-  refuses a file whose bytes do not hash to the record's sha256.
-- The processor run is the record's fingerprint's class with the fingerprint's parameters, on
-  the image turned upright by its EXIF orientation first, as vLLM does before its processor.
-  It runs on the fingerprint's backend where it can; torchvision is an engine dependency, not a
-  trainer's, so without it the class's PIL twin runs (transformers 5: ``<class>Pil``), and
-  :attr:`ImageCheck.backend` says which ran. The two resize pixels slightly differently; they
-  give the same grid, which is what is compared.
+- The bytes and the processor run are :mod:`titoflow.client.image_processor`'s: the record's
+  bytes (hash checked), upright and RGB, through the fingerprint's class and parameters on its
+  backend where installed, else the class's PIL twin (:attr:`ImageCheck.backend` says which
+  ran). The two backends resize pixels slightly differently; they give the same grid, which is
+  what is compared.
 - A mismatch is returned (:attr:`ImageCheck.differences`), never hidden; a missing or corrupt
   file raises.
 
@@ -20,15 +17,10 @@ imported here.
 
 from __future__ import annotations
 
-import importlib.util
-import io
 from dataclasses import dataclass
-from typing import Any
 
-import transformers
-from PIL import Image, ImageOps
-
-from schemas.images import ImageProcessorFingerprint, ImageRecord
+from schemas.images import ImageRecord
+from titoflow.client.image_processor import process_image
 from titoflow.image_store import ImageStore
 
 
@@ -63,38 +55,13 @@ def check_image(record: ImageRecord, store: ImageStore) -> ImageCheck:
     """Re-run ``record``'s processor on its stored bytes and compare grid and placeholder count.
     FileNotFoundError: the store does not hold the image; ValueError: its bytes are not the
     record's."""
-    data = store.get(record.sha256)
-    with Image.open(io.BytesIO(data)) as opened:
-        image = ImageOps.exif_transpose(opened).convert("RGB")
-    fingerprint = record.processor
-    processor_class, backend = _processor_class(fingerprint)
-    processor = processor_class(
-        size={"shortest_edge": fingerprint.min_pixels, "longest_edge": fingerprint.max_pixels},
-        patch_size=fingerprint.patch_size,
-        merge_size=fingerprint.merge_size,
-        temporal_patch_size=fingerprint.temporal_patch_size,
-        image_mean=fingerprint.image_mean,
-        image_std=fingerprint.image_std,
-        rescale_factor=fingerprint.rescale_factor,
-        resample=fingerprint.resample,
-    )
-    t, h, w = (int(n) for n in processor(images=[image], return_tensors="np")["image_grid_thw"][0])
+    processed = process_image(record, store)
     return ImageCheck(
         sha256=record.sha256,
         recorded_grid_thw=record.grid_thw,
-        grid_thw=(t, h, w),
+        grid_thw=processed.grid_thw,
         recorded_length=record.length,
-        length=t * h * w // fingerprint.merge_size**2,
-        processor_class=processor_class.__name__,
-        backend=backend,
+        length=processed.length,
+        processor_class=processed.processor.class_name,
+        backend=processed.processor.backend,
     )
-
-
-def _processor_class(fingerprint: ImageProcessorFingerprint) -> tuple[Any, str]:
-    """The installed transformers' class for ``fingerprint`` and its backend: the recorded one
-    where torchvision is installed, else the PIL one."""
-    name = fingerprint.processor_class
-    major = int(transformers.__version__.split(".", 1)[0])
-    if fingerprint.backend == "torchvision" and importlib.util.find_spec("torchvision"):
-        return getattr(transformers, name if major >= 5 else f"{name}Fast"), "torchvision"
-    return getattr(transformers, f"{name}Pil" if major >= 5 else name), "pil"

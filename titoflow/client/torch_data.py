@@ -9,6 +9,12 @@ sequence of the item a position holds, -1 on padding), ``loss_mask``, ``old_logp
 per sequence, ``reward`` and ``segment_ids``; ``cu_seqlens`` (flash-attn varlen's offsets over
 the rows' real tokens); ``group`` and ``complete``. An item is one segment per row (one segment,
 or with ``group_by_instance`` a group), or with ``pack_tokens`` rows packed up to that budget.
+An item whose segments hold images (``segment.images``; needs ``image_store``) also has their
+vision inputs (:func:`~titoflow.client.image_inputs.image_inputs`): ``pixel_values`` and
+``image_grid_thw`` (``[images, 3]``), the images in row-major token order of the item, and per
+image ``image_sequence_ids`` (its sequence, as ``sequence_ids`` numbers them) and
+``image_runs`` (``[images, 3]``: row, first column, length of its placeholder run in the
+layout); an item without images has none of these four keys.
 
 Invariants: tokens, masks and logprob bits are the segment's own (built by
 :func:`~titoflow.client.batch.segment_arrays`, laid out by :mod:`titoflow.client.packing`,
@@ -20,6 +26,9 @@ yielded (or it proves to hold nothing to train on: a notice, an unused sample, a
 discarded sessions); :meth:`SegmentDataset.commit` commits only below every held record, and
 :meth:`SegmentDataset.checkpoint` resumes a later run so that each segment is in one item across
 restarts. That needs the consumer in the iterating process: with a group, ``num_workers=0``.
+An image's pixels are in an item only if they match its recorded grid and placeholder run
+(else :class:`~titoflow.client.image_inputs.ImageMismatch`), and a segment with images is never
+handed out without them (no ``image_store``: ValueError).
 """
 
 from __future__ import annotations
@@ -42,10 +51,12 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from schemas.events import SegmentFinalized, SessionDiscarded
 from titoflow.client.batch import instance_key, segment_arrays, version_array, version_number
 from titoflow.client.groups import GROUP_SIZE_KEY, Group, GroupCollector
+from titoflow.client.image_inputs import image_inputs
 from titoflow.client.packing import lay_out, pack_greedy
 from titoflow.client.progress import Position, Progress
 from titoflow.client.segment_files import read_jsonl
 from titoflow.client.topic_source import TopicSource, TopicStream
+from titoflow.image_store import ImageStore
 
 Event = SegmentFinalized | SessionDiscarded
 # None in a source: nothing arrived for a while, so timeouts can fire.
@@ -74,6 +85,7 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         version_number: Callable[[str], int] = version_number,
         unused_samples: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        image_store: ImageStore | str | Path | None = None,
     ) -> None:
         """``source``: a :class:`~titoflow.client.topic_source.TopicSource`, a JSONL file of
         segments (``titoflow replay``'s output; re-read on every pass), or any iterable of
@@ -81,7 +93,9 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         ``group_by_instance``: one item per group, complete when ``group_size`` sessions (or
         the sessions' ``group_size_key`` metadata) have ended. ``timeout_s``: hand out an
         incomplete group, or a packed row that is not full, that long after its first segment
-        (None: wait). Segments marked ``unused_sample`` are skipped unless ``unused_samples``."""
+        (None: wait). Segments marked ``unused_sample`` are skipped unless ``unused_samples``.
+        ``image_store``: the image store the ingress wrote (TITOFLOW_IMAGE_STORE_DIR), which an
+        item of segments with images needs for their ``pixel_values``."""
         if pack_tokens is not None and pack_tokens < 1:
             raise ValueError("pack_tokens must be at least 1")
         self.source = source
@@ -96,6 +110,11 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         self.version_number = version_number
         self.unused_samples = unused_samples
         self.clock = clock
+        self.image_store = (
+            image_store
+            if image_store is None or isinstance(image_store, ImageStore)
+            else ImageStore(Path(image_store))
+        )
         self._pass: tuple[TopicStream, Progress] | None = None  # the live pass over a topic
         self._resumed: dict[str, Any] | None = None  # where the last pass over it ended
 
@@ -265,7 +284,55 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         item["segment_ids"] = [s.segment_id for s in segments]
         item["group"] = group
         item["complete"] = complete
+        if any(s.images for s in segments):
+            item.update(self._images(segments, rows, lengths))
         return item
+
+    def _images(
+        self, segments: list[SegmentFinalized], rows: list[list[int]], lengths: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """The vision inputs of the item's images, in row-major token order, and where each
+        image's run sits in the item's layout."""
+        if self.image_store is None:
+            first = next(s for s in segments if s.images)
+            raise ValueError(
+                f"segment {first.segment_id} holds {len(first.images)} images: pass "
+                "SegmentDataset(..., image_store=<the ingress's TITOFLOW_IMAGE_STORE_DIR>) to "
+                "train on their pixels"
+            )
+        placed: dict[int, tuple[int, int]] = {}  # sequence -> (row, its first column)
+        for r, row in enumerate(rows):
+            column = 0
+            for index in row:
+                placed[index] = (r, column)
+                column += lengths[index]
+        pixels: list[np.ndarray] = []
+        grids: list[np.ndarray] = []
+        sequences: list[int] = []
+        runs: list[tuple[int, int, int]] = []
+        for index, segment in enumerate(segments):
+            if not segment.images:
+                continue
+            inputs = image_inputs(segment, self.image_store)
+            if pixels and pixels[0].shape[1] != inputs.pixel_values.shape[1]:
+                raise ValueError(
+                    f"segment {segment.segment_id}: its images' pixel rows are "
+                    f"{inputs.pixel_values.shape[1]} wide, those of segment "
+                    f"{segments[sequences[0]].segment_id} {pixels[0].shape[1]}: one item cannot "
+                    "mix image processors (keep one policy's segments in a source)"
+                )
+            pixels.append(inputs.pixel_values)
+            grids.append(inputs.image_grid_thw)
+            at_row, column = placed[index]
+            for record in inputs.records:
+                sequences.append(index)
+                runs.append((at_row, column + record.offset, record.length))
+        return {
+            "pixel_values": torch.from_numpy(np.concatenate(pixels, axis=0)),
+            "image_grid_thw": torch.from_numpy(np.concatenate(grids, axis=0)),
+            "image_sequence_ids": torch.tensor(sequences, dtype=torch.int64),
+            "image_runs": torch.tensor(runs, dtype=torch.int64),
+        }
 
 
 def block_causal_mask(sequence_ids: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import numpy as np
 
 from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays
-from titoflow.client.formats.common import truncated
+from titoflow.client.formats.common import refuse_images, truncated
 
 
 def to_openrlhf(segments: Sequence[SegmentFinalized], pad_id: int) -> dict[str, np.ndarray]:
@@ -24,6 +24,7 @@ def to_openrlhf(segments: Sequence[SegmentFinalized], pad_id: int) -> dict[str, 
     has a scalar reward."""
     if not segments:
         raise ValueError("no segments to batch")
+    refuse_images(segments, "to_openrlhf does not carry images (use SegmentDataset or to_verl)")
     arrays = [aligned_arrays(segment) for segment in segments]
     size, length = len(segments), max(len(ids) for ids, _, _ in arrays)
     sequences = np.full((size, length), pad_id, dtype=np.int64)

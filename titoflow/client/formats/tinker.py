@@ -18,12 +18,14 @@ import numpy as np
 
 from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays
+from titoflow.client.formats.common import refuse_images
 
 
 def to_tinker(segment: SegmentFinalized, advantage: float | None = None) -> dict[str, Any]:
     """``model_input`` as ``ModelInput``'s fields (one ``encoded_text`` chunk) and
     ``loss_fn_inputs`` as numpy arrays (int64 targets, float32 others: Tinker's dtypes).
     ``advantage`` is the segment's (e.g. group-relative), put on its generated tokens."""
+    refuse_images([segment], "to_tinker does not carry images (Tinker's image chunks)")
     ids, mask, logprobs = aligned_arrays(segment)
     if len(ids) < 2:
         raise ValueError(f"segment {segment.segment_id}: fewer than 2 tokens, nothing to predict")

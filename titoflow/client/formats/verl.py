@@ -6,6 +6,18 @@ Invariant: ``input_ids`` is ``prompts`` (left-padded to one length) followed by 
 on the last real response token of ``rm_scores``. Build the ``DataProto`` with
 ``DataProto.from_dict(tensors={k: torch.from_numpy(v) for k, v in batch.items()},
 non_tensors=non_tensor_batch)``.
+
+Images: given the image store, ``non_tensor_batch["multi_modal_inputs"]`` holds per row the
+dict verl's agent loop puts there (``_compute_multi_modal_inputs``, collected by
+``_postprocess`` as ``np.array(list_of_dicts, dtype=object)``; the actor concatenates the rows'
+values with ``verl/utils/model.py`` ``extract_multi_modal_inputs``): ``pixel_values``,
+``image_grid_thw`` and ``images_seqlens`` (``repeat_interleave(h * w, t)`` per image), the
+segment's images in token order (:func:`~titoflow.client.image_inputs.image_inputs`, checked
+against the recorded runs), ``{}`` for a row without images; numpy here, torch tensors in verl
+(``torch.from_numpy`` each value). Segments with images and no store raise ValueError.
+``position_ids`` stay verl's text positions (``[B, P + R]``): for a Qwen-VL policy verl's agent
+loop makes them ``[B, 4, P + R]`` (text then M-RoPE's t, h, w, ``_compute_position_ids`` with
+the model's ``get_rope_index``), which is not computed here.
 """
 
 from __future__ import annotations
@@ -17,7 +29,9 @@ import numpy as np
 
 from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays, instance_key
-from titoflow.client.formats.common import prompt_length
+from titoflow.client.formats.common import prompt_length, refuse_images
+from titoflow.client.image_inputs import image_inputs
+from titoflow.image_store import ImageStore
 
 
 @dataclass
@@ -34,12 +48,16 @@ def to_verl(
     pad_id: int,
     prompt_length_to: int | None = None,
     response_length_to: int | None = None,
+    image_store: ImageStore | None = None,
 ) -> VerlBatch:
     """The batch of ``segments``: prompts padded to ``prompt_length_to`` and responses to
     ``response_length_to`` (verl's ``rollout.prompt_length`` / ``response_length``; default:
-    the longest). A segment longer than either raises ValueError (nothing is cut)."""
+    the longest). A segment longer than either raises ValueError (nothing is cut).
+    ``image_store``: the store the ingress wrote the images to, for ``multi_modal_inputs``."""
     if not segments:
         raise ValueError("no segments to batch")
+    if image_store is None:
+        refuse_images(segments, "pass to_verl(..., image_store=) to carry their pixels")
     arrays = [aligned_arrays(segment) for segment in segments]
     splits = [prompt_length(segment) for segment in segments]
     longest_prompt = max(splits)
@@ -91,10 +109,26 @@ def to_verl(
         "uid": _objects([instance_key(segment) for segment in segments]),
         "segment_id": _objects([segment.segment_id for segment in segments]),
     }
+    if image_store is not None:
+        non_tensor_batch["multi_modal_inputs"] = _objects(
+            [_multi_modal_inputs(segment, image_store) for segment in segments]
+        )
     return VerlBatch(batch, non_tensor_batch)
 
 
-def _objects(values: list[str]) -> np.ndarray:
+def _multi_modal_inputs(segment: SegmentFinalized, store: ImageStore) -> dict[str, np.ndarray]:
+    if not segment.images:
+        return {}
+    inputs = image_inputs(segment, store)
+    grid = inputs.image_grid_thw
+    return {
+        "pixel_values": inputs.pixel_values,
+        "image_grid_thw": grid,
+        "images_seqlens": np.repeat(grid[:, 1] * grid[:, 2], grid[:, 0]),
+    }
+
+
+def _objects(values: Sequence[object]) -> np.ndarray:
     array = np.empty(len(values), dtype=object)
     array[:] = values
     return array

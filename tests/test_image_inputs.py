@@ -1,0 +1,332 @@
+"""Images reach the trainer: a segment's recorded images, their bytes in a real image store, become
+the vision inputs of a Qwen-VL forward pass (titoflow/client/image_inputs.py) equal to what
+transformers' processor, loaded from the tiny VL policy's own preprocessor config, gives for the
+original bytes; ``SegmentDataset`` items carry them with each image's run located in the packed
+layout; the verl and slime converters carry them in the fields those frameworks define; and
+every mismatch between pixels and recorded tokens raises, naming the image."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from schemas.events import SegmentFinalized
+from schemas.images import ImageProcessorFingerprint, ImageRecord
+from tests.images import png, reference_inputs, runs
+from tests.segments import filled_segment, step_segment
+from tests.test_chat_images import PROCESSING
+from tests.test_trainer_formats import DEFINED, conforms
+from titoflow.client.formats.openrlhf import to_openrlhf
+from titoflow.client.formats.slime import to_slime
+from titoflow.client.formats.tinker import to_tinker
+from titoflow.client.formats.verl import to_verl
+from titoflow.client.image_inputs import ImageMismatch, image_inputs
+from titoflow.client.image_processor import processor_for
+from titoflow.client.torch_data import SegmentDataset
+from titoflow.dev.vl_policy import (
+    IMAGE_PAD_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+)
+from titoflow.image_store import ImageStore
+from titoflow.settings import PROJECT_ROOT
+
+PAD = 151643
+FINGERPRINT = PROCESSING.fingerprint("5.19.0")
+
+
+def jpeg_sideways(width: int, height: int) -> bytes:
+    """A JPEG stored ``width`` x ``height`` whose EXIF says to turn it a quarter (upright it is
+    ``height`` wide)."""
+    pixels = np.random.default_rng(7).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", exif=exif.tobytes())
+    return out.getvalue()
+
+
+# Several sizes and aspects: resized down to max_pixels, up to min_pixels, long and thin, sideways.
+IMAGES = [png(64, 48, 1), png(200, 120, 2), png(300, 300, 3), png(20, 20, 4), png(7, 150, 5)]
+SIDEWAYS = jpeg_sideways(120, 40)
+
+
+@pytest.fixture(scope="module")
+def store() -> Any:
+    root = Path(tempfile.mkdtemp(prefix="titoflow-test-image-inputs-"))
+    store = ImageStore(root)
+    for data in [*IMAGES, SIDEWAYS]:
+        store.put(data)
+    yield store
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def record(data: bytes, offset: int) -> ImageRecord:
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        if image.getexif().get(0x0112) == 6:
+            width, height = height, width
+    return ImageRecord(
+        sha256=hashlib.sha256(data).hexdigest(),
+        offset=offset,
+        length=PROCESSING.tokens(height, width),
+        grid_thw=PROCESSING.grid_thw(height, width),
+        processor=FINGERPRINT,
+    )
+
+
+def image_segment(
+    name: str, images: list[bytes], *, reversed_records: bool = False
+) -> SegmentFinalized:
+    """A two-step segment: a user turn holding ``images`` (each as vision start, its run of image
+    pads, vision end, between text), a completion, a tool result with the last image, another
+    completion; ``images`` are recorded in token order (or reversed, as a record list may be)."""
+    first, second = images[:-1], images[-1:]
+    records: list[ImageRecord] = []
+
+    def context(start: int, shown: list[bytes], text: int) -> list[int]:
+        ids = [text, text + 1]
+        for data in shown:
+            ids.append(VISION_START_ID)
+            made = record(data, start + len(ids))
+            records.append(made)
+            ids += [IMAGE_PAD_ID] * made.length
+            ids += [VISION_END_ID, text + 2]
+        return ids
+
+    one = context(0, first, 1000)
+    two = context(len(one) + 2, second, 2000)
+    segment = step_segment(
+        name, (one, [11, 12], [-0.5, -0.25]), (two, [13, 14, 15], [-0.1, -0.2, -0.3])
+    )
+    listed = records[::-1] if reversed_records else records
+    return segment.model_copy(update={"images": listed})
+
+
+# --- one segment's inputs ---------------------------------------------------------------------
+
+
+def test_a_segment_s_inputs_are_the_processor_s_output_for_its_bytes_in_token_order(
+    store: ImageStore,
+) -> None:
+    shown = [IMAGES[1], SIDEWAYS, IMAGES[2], IMAGES[1], IMAGES[4]]  # one image shown twice
+    segment = image_segment("a", shown, reversed_records=True)
+    inputs = image_inputs(segment, store)
+    expected = reference_inputs(shown)
+    assert inputs.pixel_values.dtype == np.float32
+    assert np.array_equal(inputs.pixel_values, expected["pixel_values"])
+    assert inputs.image_grid_thw.dtype == np.int64
+    assert inputs.image_grid_thw.tolist() == expected["image_grid_thw"].tolist()
+    assert [r.offset for r in inputs.records] == [start for start, _ in runs(segment.token_ids)]
+    assert inputs.image_grid_thw[1].tolist() == [1, 8, 2]  # upright: 40 wide, 120 high
+    # Each record's run is as long as its grid's merged patches.
+    merged = inputs.image_grid_thw.prod(axis=1) // FINGERPRINT.merge_size**2
+    assert merged.tolist() == [length for _, length in runs(segment.token_ids)]
+    # One processor per fingerprint: an equal fingerprint finds the one already built.
+    assert processor_for(FINGERPRINT.model_copy()) is processor_for(FINGERPRINT)
+    empty = image_inputs(filled_segment("text", [-0.5, -0.5]), store)
+    assert empty.pixel_values.shape == (0, 0) and empty.image_grid_thw.shape == (0, 3)
+
+
+def test_pixels_that_do_not_match_the_recorded_tokens_raise_naming_the_image(
+    store: ImageStore, tmp_path: Path
+) -> None:
+    segment = image_segment("a", [IMAGES[0], IMAGES[1], IMAGES[3]])
+    good = segment.images[1]  # 200x120: grid (1, 8, 12), 24 placeholder ids
+
+    def with_record(changed: ImageRecord) -> SegmentFinalized:
+        records = [changed if r is good else r for r in segment.images]
+        return segment.model_copy(update={"images": records})
+
+    # The processor the fingerprint names resizes differently: another grid, another run.
+    other = ImageProcessorFingerprint(
+        **(FINGERPRINT.model_dump(exclude={"sha256"}) | {"max_pixels": 64 * 64})
+    )
+    with pytest.raises(ImageMismatch, match=f"{good.sha256}.*grid_thw.*placeholder ids"):
+        image_inputs(with_record(good.model_copy(update={"processor": other})), store)
+    # The record's grid is not the image's.
+    with pytest.raises(ImageMismatch, match=f"{good.sha256}.*grid_thw \\(1, 8, 12\\) != recorded"):
+        image_inputs(with_record(good.model_copy(update={"grid_thw": (1, 4, 4)})), store)
+    # The run is shorter than the image's merged patches.
+    shorter = good.model_copy(update={"length": good.length - 1})
+    with pytest.raises(ImageMismatch, match=f"{good.sha256}.*24 placeholder ids != recorded 23"):
+        image_inputs(with_record(shorter), store)
+    # The run is not on placeholders, overlaps the one before, or runs past the tokens.
+    for offset, problem in [
+        (good.offset - 1, "not one placeholder id repeated"),
+        (segment.images[0].offset, "overlaps the image before it"),
+        (len(segment.token_ids), "past the segment's"),
+    ]:
+        moved = good.model_copy(update={"offset": offset})
+        with pytest.raises(ImageMismatch, match=f"{good.sha256}.*{problem}"):
+            image_inputs(with_record(moved), store)
+    # Not in the store: named, with the store's directory.
+    missing = good.model_copy(update={"sha256": "e" * 64})
+    with pytest.raises(FileNotFoundError, match=f"image {'e' * 64} is not in the image store"):
+        image_inputs(with_record(missing), store)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        image_inputs(segment, ImageStore(tmp_path))
+
+
+# --- SegmentDataset ---------------------------------------------------------------------------
+
+
+def check_item_images(item: dict[str, Any], segments: list[SegmentFinalized], store: Any) -> None:
+    """The item's images are its segments' in row-major token order, each run located."""
+    holding = [s for s in segments if s.images]
+    if not holding:
+        assert not {"pixel_values", "image_grid_thw", "image_sequence_ids", "image_runs"} & set(
+            item
+        )
+        return
+    each = [image_inputs(s, store) for s in holding]
+    assert torch.equal(
+        item["pixel_values"], torch.from_numpy(np.concatenate([i.pixel_values for i in each]))
+    )
+    assert item["image_grid_thw"].tolist() == [g for i in each for g in i.image_grid_thw.tolist()]
+    assert item["image_grid_thw"].dtype == torch.int64
+    ids, sequence_ids = item["input_ids"], item["sequence_ids"]
+    expected_runs = [
+        [row, start, length]
+        for row in range(ids.shape[0])
+        for start, length in runs(ids[row].tolist())
+    ]
+    assert item["image_runs"].tolist() == expected_runs  # row-major: the forward's order
+    for (row, start, length), sequence in zip(
+        item["image_runs"].tolist(), item["image_sequence_ids"].tolist(), strict=True
+    ):
+        assert (sequence_ids[row, start : start + length] == sequence).all()
+        assert (ids[row, start : start + length] == IMAGE_PAD_ID).all()
+    # The vision tower's patches cover the pads: one token per merge_size^2 patches.
+    patches = item["image_grid_thw"].prod(dim=1)
+    assert item["pixel_values"].shape[0] == int(patches.sum())
+    assert (patches // FINGERPRINT.merge_size**2).tolist() == item["image_runs"][:, 2].tolist()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.lists(st.sampled_from(range(len(IMAGES))), max_size=3), min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(0, 200)),
+)
+def test_items_carry_their_segments_images_in_order_at_their_runs(
+    store: ImageStore, shown: list[list[int]], extra_budget: int | None
+) -> None:
+    """Segments with 0-3 images each, one per row or packed to a budget: every item holds the
+    pixels of exactly its segments' images, in row-major token order, each run where its pads
+    are; an item with no image has no image keys."""
+    segments = [
+        image_segment(f"s{n}", [IMAGES[i] for i in chosen])
+        if chosen
+        else filled_segment(f"s{n}", [-0.5, -0.25])
+        for n, chosen in enumerate(shown)
+    ]
+    longest = max(len(s.token_ids) for s in segments)
+    budget = None if extra_budget is None else longest + extra_budget
+    items = list(SegmentDataset(segments, pad_id=PAD, pack_tokens=budget, image_store=store.root))
+    handed = iter(segments)
+    for item in items:
+        mine = list(itertools.islice(handed, len(item["segment_ids"])))
+        assert item["segment_ids"] == [s.segment_id for s in mine]
+        check_item_images(item, mine, store)
+    assert next(handed, None) is None
+
+
+def test_a_segment_with_images_and_no_store_is_refused_not_trained_as_text(
+    store: ImageStore,
+) -> None:
+    segments = [filled_segment("text", [-0.5]), image_segment("vl", [IMAGES[0], IMAGES[1]])]
+    with pytest.raises(ValueError, match=r"seg-vl holds 2 images: pass .*image_store="):
+        list(SegmentDataset(segments, pad_id=PAD, pack_tokens=4096))
+    [text] = list(SegmentDataset(segments[:1], pad_id=PAD))  # text alone needs no store
+    assert "pixel_values" not in text
+    # A grouped item of both, with the store: the text row carries nothing, the other its own.
+    grouped = [s.model_copy(update={"instance_id": "p", "last_of_session": True}) for s in segments]
+    [item] = list(
+        SegmentDataset(grouped, pad_id=PAD, group_by_instance=True, group_size=2, image_store=store)
+    )
+    check_item_images(item, grouped, store)
+    assert item["image_sequence_ids"].tolist() == [1, 1]
+    segment = grouped[1]
+    bad = segment.model_copy(
+        update={"images": [segment.images[0].model_copy(update={"grid_thw": (1, 2, 4)})]}
+    )
+    with pytest.raises(ImageMismatch, match=segment.images[0].sha256):
+        list(SegmentDataset([bad], pad_id=PAD, image_store=store))
+
+
+# --- trainer formats --------------------------------------------------------------------------
+
+
+def test_verl_rows_carry_their_multi_modal_inputs(store: ImageStore) -> None:
+    """verl's ``non_tensor_batch["multi_modal_inputs"]``: per row the processor's dict with
+    ``images_seqlens`` as its agent loop adds it, ``{}`` for a text row."""
+    vl = image_segment("vl", [IMAGES[2], SIDEWAYS])
+    text = filled_segment("text", [-0.5, -0.25])
+    batch = to_verl([vl, text], pad_id=PAD, image_store=store)
+    rows = batch.non_tensor_batch["multi_modal_inputs"]
+    assert rows.dtype == object and rows.shape == (2,) and rows[1] == {}
+    expected = reference_inputs([IMAGES[2], SIDEWAYS])
+    assert set(rows[0]) == {"pixel_values", "image_grid_thw", "images_seqlens"}
+    assert np.array_equal(rows[0]["pixel_values"], expected["pixel_values"])
+    assert rows[0]["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    grid = expected["image_grid_thw"]
+    assert rows[0]["images_seqlens"].tolist() == (grid[:, 1] * grid[:, 2]).tolist()  # t = 1
+    # The pads are in input_ids as verl lays them out, as many as the grids merge to.
+    pads = int((batch.batch["input_ids"][0] == IMAGE_PAD_ID).sum())
+    assert pads == int(grid.prod(axis=1).sum()) // FINGERPRINT.merge_size**2
+    assert "multi_modal_inputs" not in to_verl([text], pad_id=PAD).non_tensor_batch
+    with pytest.raises(ValueError, match="seg-vl holds 2 images: pass to_verl\\(\\.\\.\\., image"):
+        to_verl([text, vl], pad_id=PAD)
+
+
+@pytest.mark.parametrize("framework", ["slime", "miles"])
+def test_slime_samples_carry_their_multimodal_train_inputs(
+    store: ImageStore, framework: str
+) -> None:
+    vl = image_segment("vl", [IMAGES[0], IMAGES[4]])
+    fields = to_slime(vl, image_store=store)
+    defined = DEFINED[framework]["fields"]
+    assert set(fields) <= set(defined)
+    inputs = fields["multimodal_train_inputs"]
+    assert conforms(inputs, defined["multimodal_train_inputs"]["type"], [])
+    expected = reference_inputs([IMAGES[0], IMAGES[4]])
+    assert np.array_equal(inputs["pixel_values"], expected["pixel_values"])
+    assert inputs["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    assert "multimodal_train_inputs" not in to_slime(filled_segment("t", [-0.5]), image_store=store)
+    with pytest.raises(ValueError, match="pass to_slime\\(\\.\\.\\., image_store=\\)"):
+        to_slime(vl)
+
+
+def test_formats_without_images_refuse_a_segment_with_images() -> None:
+    vl = image_segment("vl", [IMAGES[0]])
+    with pytest.raises(ValueError, match="to_openrlhf does not carry images"):
+        to_openrlhf([vl], pad_id=PAD)
+    with pytest.raises(ValueError, match="to_tinker does not carry images"):
+        to_tinker(vl)
+
+
+def test_the_images_example_of_the_docs_runs_as_written(store: ImageStore) -> None:
+    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
+    [example] = re.findall(
+        r"<!-- tested by tests/test_image_inputs\.py -->\s*```python\n(.*?)```", text, re.DOTALL
+    )
+    segments = [image_segment("a", [IMAGES[0], IMAGES[2]]), filled_segment("t", [-0.5])]
+    namespace: dict[str, Any] = {"segments": segments, "image_dir": store.root}
+    exec(compile(example, "docs/trainer.md", "exec"), namespace)
+    assert namespace["inputs"].image_grid_thw.shape == (2, 3)
+    assert namespace["item"]["image_sequence_ids"].tolist() == [0, 0]  # both packed in one row
