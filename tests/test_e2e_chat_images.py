@@ -316,7 +316,6 @@ async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_se
         both,
         pad_id=PAD,
         pack_tokens=sum(len(s.token_ids) for s in both),
-        version_number=lambda label: 0,  # the engine's one version, "default"
         image_store=store,
     )
     [item] = list(dataset)

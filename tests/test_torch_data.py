@@ -125,6 +125,7 @@ def test_one_segment_per_item_with_weight_versions_and_reward() -> None:
     assert (item["group"], item["complete"]) == (None, True)
     assert item["input_ids"].dtype == torch.int64 and item["old_logprobs"].dtype == torch.float32
     assert version_number("step-300") == 300
+    assert version_number("default") == 0  # vLLM's label of the weights it started with
     with pytest.raises(ValueError, match="version_number="):
         version_number("main")
 

@@ -94,9 +94,17 @@ def group_by_instance(segments: Iterable[SegmentFinalized]) -> dict[str, list[Se
     return dict(groups)
 
 
+# The label vLLM gives the weights it started with, until a weight update names others
+# (docs/engine.md): the first weights, so number 0, before any numbered update.
+ENGINE_START_VERSION = "default"
+
+
 def version_number(label: str) -> int:
     """The number a weight-version label ends with (``v12`` → 12, ``step-300`` → 300), so that
-    versions compare in order; ValueError for a label that ends with none."""
+    versions compare in order, and 0 for the engine's own label of its starting weights
+    (:data:`ENGINE_START_VERSION`); ValueError for any other label that ends with no number."""
+    if label == ENGINE_START_VERSION:
+        return 0
     match = re.search(r"(\d+)$", label)
     if match is None:
         raise ValueError(
