@@ -142,8 +142,11 @@ class Session:
     prompt_tokens: dict[int, int]
 
 
-async def play(turns: list[int], family: str | None, tool_list: str) -> Session:
-    tools = TOOL_LISTS[tool_list]()
+def doubled_service(
+    tools: tuple[dict[str, Any], ...], family: str | None = None, sessions: int = 16
+) -> tuple[ChatRenderer, ChatService]:
+    """A service of ``family``'s policy (None: the local model) on the :class:`FixedEngine`
+    double, its steps dropped, its chain cache holding ``sessions`` sessions."""
     model = Settings().model_path if family is None else tokenizer_dir(family)
     tokenizer = load_tokenizer(model)
     renderer = ChatRenderer(tokenizer)
@@ -152,9 +155,15 @@ async def play(turns: list[int], family: str | None, tool_list: str) -> Session:
         tokenizer=tokenizer,
         engine=FixedEngine(reply_ids(renderer, OPENING, tools)),  # type: ignore[arg-type]  # generate is all complete uses
         publish=_drop,
-        chains=ChainStore(16),
+        chains=ChainStore(sessions),
         options=ServiceOptions(max_model_len=10_000_000, default_max_tokens=64),
     )
+    return renderer, service
+
+
+async def play(turns: list[int], family: str | None, tool_list: str) -> Session:
+    tools = TOOL_LISTS[tool_list]()
+    renderer, service = doubled_service(tools, family)
     session = SessionRef(session_id="tito-cost")
     messages = list(OPENING)
     asked: dict[int, ChatTurn] = {}

@@ -47,6 +47,7 @@ from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_top
 from titoflow.engine.groups import RoutingKeys
 from titoflow.engine.pool import EnginePool
 from titoflow.errors import PayloadTooLarge, PublishFailed
+from titoflow.gc_pauses import freeze_startup, watch_full_collections
 from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
 from titoflow.shutdown import Deadline, close_budget
@@ -188,6 +189,8 @@ def create_app(settings: Settings) -> FastAPI:
         tasks = [asyncio.create_task(logs.run())]
         if settings.drive_engine:
             tasks.append(asyncio.create_task(driver.run()))
+        watch_full_collections()
+        freeze_startup()  # the tokenizer, templates and app: out of every full collection's walk
         yield
         for task in tasks:
             task.cancel()

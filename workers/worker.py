@@ -36,6 +36,7 @@ from titoflow.bus import (
     TopicPartition,
     ensure_topics,
 )
+from titoflow.gc_pauses import freeze_startup, watch_full_collections
 from titoflow.settings import Settings
 from titoflow.tito.image_grid import ImageProcessing
 from titoflow.tito.render import ChatRenderer
@@ -169,6 +170,8 @@ class Worker:
         # Before any client touches a topic: a broker that auto-creates topics would otherwise
         # pick its own partition counts.
         await ensure_topics(self.settings)
+        watch_full_collections()
+        freeze_startup()  # the tokenizer and the app: out of every full collection's walk
 
     async def _apply(self, _message: KafkaMessage | None, records: Records) -> None:
         consumer = self.steps.consumer
