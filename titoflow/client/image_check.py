@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.images import ImageRecord
-from titoflow.client.image_processor import process_image
+from titoflow.client.image_processor import ProcessedImage, process_image
 from titoflow.image_store import ImageStore
 
 
@@ -55,7 +55,11 @@ def check_image(record: ImageRecord, store: ImageStore) -> ImageCheck:
     """Re-run ``record``'s processor on its stored bytes and compare grid and placeholder count.
     FileNotFoundError: the store does not hold the image; ValueError: its bytes are not the
     record's."""
-    processed = process_image(record, store)
+    return compared(record, process_image(record, store))
+
+
+def compared(record: ImageRecord, processed: ProcessedImage) -> ImageCheck:
+    """What the processor made of ``record``'s image (``processed``), beside the record."""
     return ImageCheck(
         sha256=record.sha256,
         recorded_grid_thw=record.grid_thw,

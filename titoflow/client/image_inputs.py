@@ -23,7 +23,7 @@ import numpy as np
 
 from schemas.events import SegmentFinalized
 from schemas.images import ImageRecord
-from titoflow.client.image_check import ImageCheck
+from titoflow.client.image_check import compared
 from titoflow.client.image_processor import ProcessedImage, process_image
 from titoflow.image_store import ImageStore
 
@@ -55,15 +55,7 @@ def image_inputs(segment: SegmentFinalized, store: ImageStore) -> ImageInputs:
         if key not in processed:
             processed[key] = process_image(record, store)
         image = processed[key]
-        differences = ImageCheck(
-            sha256=record.sha256,
-            recorded_grid_thw=record.grid_thw,
-            grid_thw=image.grid_thw,
-            recorded_length=record.length,
-            length=image.length,
-            processor_class=image.processor.class_name,
-            backend=image.processor.backend,
-        ).differences
+        differences = compared(record, image).differences
         if differences:
             raise ImageMismatch(
                 f"segment {segment.segment_id}: image {record.sha256} at token {record.offset} "
