@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,8 @@ def test_the_store_is_content_addressed_idempotent_and_atomic(
     name = store.put(data)
     assert name == hashlib.sha256(data).hexdigest()
     assert store.path(name) == tmp_path / name[:2] / name and store.get(name) == data
+    # Readable by the trainers, who share the volume as other users; written by its ingress.
+    assert stat.S_IMODE(store.path(name).stat().st_mode) == 0o644
     assert store.put(data, name) == name and store.get(name) == data
     with pytest.raises(ValueError, match="hash to"):
         store.put(data, "0" * 64)

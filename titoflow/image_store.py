@@ -34,6 +34,8 @@ from pathlib import Path
 
 from titoflow.errors import ImageStoreUnavailable
 
+IMAGE_MODE = 0o644  # an image file: written by its ingress, read by every trainer
+
 
 @dataclass(frozen=True)
 class ImageStore:
@@ -74,6 +76,9 @@ class ImageStore:
             final.parent.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=f".{name}.")
             try:
+                # mkstemp makes it 0600: trainers reading the shared volume run as other users
+                # (other containers); who may reach the store at all is its directory's mode.
+                os.fchmod(handle, IMAGE_MODE)
                 with os.fdopen(handle, "wb") as out:
                     out.write(data)
                     out.flush()
