@@ -31,24 +31,14 @@ def _case(sessions: int, turns: int, freeze: bool, rounds: int) -> dict[str, Any
     from bench.overhead import tool_output
     from bench.tito_cost import OPENING, TOOL_LISTS, doubled_service
     from ingress.turn import ChatTurn, SessionRef
-    from titoflow.gc_pauses import freeze_startup
+    from titoflow.gc_pauses import FULL_COLLECTION_SECONDS, freeze_startup, watch_full_collections
     from titoflow.tito.messages import Message
 
     tools = TOOL_LISTS["two"]()
     _, service = doubled_service(tools, sessions=sessions * 2)
     if freeze:
         freeze_startup()
-    full: list[float] = []
-    started: list[float] = []
-
-    def timed(phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] == 2:
-            if phase == "start":
-                started[:] = [time.perf_counter()]
-            else:
-                full.append(time.perf_counter() - started.pop())
-
-    gc.callbacks.append(timed)
+    watch_full_collections()  # the services' own timing: from here on, in this fresh process
 
     async def drive() -> float:
         conversations = [list(OPENING) for _ in range(sessions)]
@@ -72,7 +62,9 @@ def _case(sessions: int, turns: int, freeze: bool, rounds: int) -> dict[str, Any
         return time.process_time() - cpu
 
     cpu = asyncio.run(drive())
-    gc.callbacks.remove(timed)
+    [metric] = FULL_COLLECTION_SECONDS.collect()
+    during = {sample.name: sample.value for sample in metric.samples}
+    count, total = during[f"{metric.name}_count"], during[f"{metric.name}_sum"]
     gc.collect()
     pauses = []
     for _ in range(rounds):
@@ -83,8 +75,8 @@ def _case(sessions: int, turns: int, freeze: bool, rounds: int) -> dict[str, Any
         "sessions": sessions,
         "turns": turns,
         "frozen": freeze,
-        "full_collections": len(full),
-        "full_collections_ms": round(sum(full) * 1000, 1),
+        "full_collections": int(count),
+        "full_collections_ms": round(total * 1000, 1),
         "cpu_ms": round(cpu * 1000, 1),
         "pause_ms": round(min(pauses) * 1000, 2),
         "walked": len(gc.get_objects()),
