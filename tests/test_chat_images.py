@@ -35,6 +35,7 @@ from schemas.events import StepRecorded
 from tests.apps import asgi_client, scripted_app
 from tests.doubles import RecordingPublisher, ScriptedEngine
 from tests.families import path_tool, qwen3
+from tests.images import runs
 from titoflow.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
 from titoflow.errors import TemplateError
 from titoflow.image_store import ImageStore
@@ -105,19 +106,6 @@ def image_part(data: bytes) -> dict[str, Any]:
 
 def steps(publisher: RecordingPublisher) -> list[StepRecorded]:
     return [e for e in publisher.events if isinstance(e, StepRecorded)]
-
-
-def runs(ids: list[int]) -> list[tuple[int, int]]:
-    """(offset, length) of each run of image placeholders in ``ids``."""
-    found: list[tuple[int, int]] = []
-    for at, token in enumerate(ids):
-        if token != IMAGE_PAD_ID:
-            continue
-        if found and sum(found[-1]) == at:
-            found[-1] = (found[-1][0], found[-1][1] + 1)
-        else:
-            found.append((at, 1))
-    return found
 
 
 async def test_two_turns_with_images_expand_in_the_chain_and_continue_by_tito() -> None:

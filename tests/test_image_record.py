@@ -26,6 +26,7 @@ from PIL import Image
 
 from schemas.events import SegmentFinalized, SessionFinalized, StepRecorded
 from schemas.images import ImageProcessorFingerprint, ImageRecord
+from tests.images import runs
 from tests.test_chat_images import (
     CALL,
     PROCESSING,
@@ -33,7 +34,6 @@ from tests.test_chat_images import (
     client_for,
     image_part,
     png,
-    runs,
     steps,
     vl_app,
     vl_options,
