@@ -39,23 +39,17 @@ class FloorProxy:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["path"] != "/v1/chat/completions":
-            await _answer(send, 200, b'{"status":"ok"}')
+            await answer(send, 200, b'{"status":"ok"}')
             return
         session = orjson.loads(body)["messages"][-1].get("tool_call_id") or "floor"
         response = await self.http.request(
             "POST", "/v1/chat/completions", bytes(body), timeout_s=600
         )
-        answer = response.body
         if self.topic is not None:
-            await self.publisher.publish(self.topic, session, answer + body[-400:])
-        await _answer(send, 200, answer)
+            await self.publisher.publish(self.topic, session, response.body + body[-400:])
+        await answer(send, 200, response.body)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -72,7 +66,16 @@ class FloorProxy:
                 return
 
 
-async def _answer(send: Any, status: int, body: bytes) -> None:
+async def read_body(receive: Any) -> bytearray:
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def answer(send: Any, status: int, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

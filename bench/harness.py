@@ -151,6 +151,27 @@ def start_floor_proxy(
     return proc, url
 
 
+def start_lean_turn(
+    log_dir: Path, engine_url: str, bootstrap: str, topic: str
+) -> tuple[ManagedProcess, str]:
+    """``bench/lean_turn.py`` in front of ``engine_url``'s token API, publishing to ``topic``."""
+    port = free_port()
+    proc = ManagedProcess(
+        "lean-turn",
+        [
+            sys.executable,
+            str(ROOT / "bench" / "lean_turn.py"),
+            *("--port", str(port), "--engine-url", engine_url, "--bootstrap", bootstrap),
+            *("--topic", topic),
+        ],
+        log_dir / "lean-turn.log",
+        {"PYTHONPATH": str(ROOT)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(proc, f"{url}/health")
+    return proc, url
+
+
 LITELLM_KEY = "sk-titoflow-bench-0123456789abcdef0123456789abcdef"
 
 

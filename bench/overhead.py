@@ -18,6 +18,10 @@ interleaved in blocks of five turns so that each meets the machine as the others
 - ``floor proxy`` (engine double only): ``bench/floor_proxy.py``, a pass-through on the ingress'
   stack that forwards the chat body and publishes the answer, acked, before replying: the HTTP
   hop plus the durable publish, the floor under any Python ingress with durable steps;
+- ``lean turn`` (engine double only): ``bench/lean_turn.py``, the floor plus titoflow's TITO
+  work and nothing else (the history compared, the continuation rendered by titoflow's
+  renderer, the engine's token API, the answer parsed, the step published): what titoflow's
+  ingress adds above it is its own machinery (validation, admission, records, metrics, logs);
 - ``pass-through`` (engine double only): the same without the publish, the HTTP hop alone;
 - ``titoflow --against`` (with ``--against PATH``): the ingress of another checkout of titoflow
   (e.g. ``git worktree add /tmp/before <commit>``), a change's before and after in one run.
@@ -62,6 +66,7 @@ from bench.harness import (
     percentile,
     start_double,
     start_floor_proxy,
+    start_lean_turn,
     start_litellm,
     summary_ms,
     write_results,
@@ -76,6 +81,7 @@ from titoflow.tito.tokenizer import load_tokenizer
 
 MODEL = "titoflow-policy"
 AGAINST = "titoflow --against"
+LEAN = "lean turn"
 SYSTEM = (
     "You are a careful coding agent working in a Python repository. Use the tools to read files "
     "and run the tests; change as little as possible; explain what you did at the end."
@@ -329,7 +335,7 @@ def row(engine: str, concurrency: int, path: Path_, run: PathRun) -> dict[str, A
         "proxy_cpu_ms_per_turn": round(run.cpu_s / turns * 1000, 3) if path.proxy else None,
         # Only the paths that publish use the broker; the others' share is its idle polling.
         "broker_cpu_ms_per_turn": round(run.broker_cpu_s / turns * 1000, 3)
-        if path.name in ("titoflow", AGAINST, "floor proxy")
+        if path.name in ("titoflow", AGAINST, "floor proxy", LEAN)
         else None,
     }
 
@@ -354,7 +360,7 @@ def added(rows: list[dict[str, Any]]) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'engine':<22} {'conc':>4} {'path':<14} {'turns':>6} {'turns/s':>8} {'p50 ms':>8} "
+        f"{'engine':<22} {'conc':>4} {'path':<18} {'turns':>6} {'turns/s':>8} {'p50 ms':>8} "
         f"{'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'+p50 first/last 5th':>19} "
         f"{'cpu ms/turn':>11} {'broker cpu':>10}"
     )
@@ -363,7 +369,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         cpu = r["proxy_cpu_ms_per_turn"]
         broker = r["broker_cpu_ms_per_turn"]
         lines.append(
-            f"{r['engine']:<22} {r['concurrency']:>4} {r['path']:<14} {r['turns']:>6} "
+            f"{r['engine']:<22} {r['concurrency']:>4} {r['path']:<18} {r['turns']:>6} "
             f"{r['turns_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8} "
             f"{r.get('added_p50_ms', ''):>8} {r.get('added_p99_ms', ''):>8} "
             f"{_first_last(r):>19} "
@@ -381,14 +387,25 @@ def table(rows: list[dict[str, Any]]) -> str:
                 )
             floor = _find(rows, engine, conc, "floor proxy")
             hop = _find(rows, engine, conc, "pass-through")
-            if ours and floor and hop:
+            lean = _find(rows, engine, conc, LEAN)
+            if ours and floor and hop and lean:
                 hop_ms, floor_ms = hop["added_p50_ms"], floor["added_p50_ms"]
+                lean_ms, cpu = lean["added_p50_ms"], "proxy_cpu_ms_per_turn"
                 lines.append(
                     f"{engine}, concurrency {conc}: titoflow added p50 {ours['added_p50_ms']} ms "
                     f"= HTTP hop {hop_ms} ms + acked publish {floor_ms - hop_ms:.3f} ms + "
-                    f"{ours['added_p50_ms'] - floor_ms:.3f} ms of titoflow's work"
+                    f"TITO work {lean_ms - floor_ms:.3f} ms + "
+                    f"{ours['added_p50_ms'] - lean_ms:.3f} ms of titoflow's own machinery; "
+                    f"/ floor proxy: added p50 {_ratio(ours['added_p50_ms'], floor_ms)} "
+                    f"(lean turn {_ratio(lean_ms, floor_ms)}), cpu per turn "
+                    f"{_ratio(ours[cpu], floor[cpu])} (lean turn {_ratio(lean[cpu], floor[cpu])})"
                 )
     return "\n".join(lines)
+
+
+def _ratio(ours: float, floor: float) -> str:
+    """A ratio to the floor, where the floor measured above nothing (a tiny run's CPU is 0)."""
+    return f"{ours / floor:.2f}" if floor > 0 else "n/a"
 
 
 def _first_last(r: dict[str, Any]) -> str:
@@ -513,6 +530,10 @@ def main() -> None:
                 )
 
             if not real:
+                lean_topic = f"bench-{run_id}.l"
+                lean, lean_url = start_lean_turn(log_dir, engine_url, bootstrap, lean_topic)
+                started.append(lean)
+                paths.insert(2, Path_(LEAN, "direct tokens", sessions_through(lean_url), lean))
                 for name, topic in (("pass-through", None), ("floor proxy", f"bench-{run_id}.f")):
                     proxy, proxy_url = start_floor_proxy(log_dir, engine_url, bootstrap, topic)
                     started.append(proxy)

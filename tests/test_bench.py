@@ -31,14 +31,46 @@ def test_overhead_bench_runs_every_path() -> None:
     rows = result["rows"]
     assert isinstance(rows, list)
     paths = {r["path"] for r in rows}
-    assert {"direct tokens", "titoflow", "direct chat", "floor proxy", "pass-through"} <= paths
-    for proxied in ("titoflow", "floor proxy", "pass-through"):
+    expected = {"direct tokens", "titoflow", "lean turn", "direct chat", "floor proxy"}
+    assert expected | {"pass-through"} <= paths
+    for proxied in ("titoflow", "lean turn", "floor proxy", "pass-through"):
         row = next(r for r in rows if r["path"] == proxied)
         assert row["turns"] == 6
         assert row["engine"] == "ZERO-LATENCY DOUBLE"
         assert {"added_p50_ms", "added_early_p50_ms", "added_late_p50_ms"} <= set(row)
         assert row["proxy_cpu_ms_per_turn"] is not None
-    assert "acked publish" in (RESULTS / "smoke-overhead.md").read_text()
+    assert "TITO work" in (RESULTS / "smoke-overhead.md").read_text()
+
+
+def test_lean_turn_renders_what_a_whole_render_does() -> None:
+    """The lean turn is a measure of titoflow's TITO work only if it does that work: each
+    turn's prompt, continued from the last, is the whole conversation's render."""
+    from bench.lean_turn import LeanTurns, message_of
+    from bench.overhead import TOOLS, first_messages, tool_output
+    from titoflow.settings import Settings
+    from titoflow.tito.messages import ToolCall
+    from titoflow.tito.output import ParsedOutput
+    from titoflow.tito.render import ChatRenderer
+    from titoflow.tito.tokenizer import load_tokenizer
+
+    renderer = ChatRenderer.for_setting(load_tokenizer(Settings().model_path), "auto")
+    turns, tools = LeanTurns(renderer), list(TOOLS)
+    raw = first_messages(3)
+    for turn in range(4):
+        session, tail = turns.prompt("s", list(raw), tools)
+        whole = renderer.full_prompt([message_of(m) for m in raw], tools, {})
+        assert list(session.tokens) == whole
+        assert tail == whole[len(whole) - len(tail) :]
+        call = ToolCall(id=f"call_{turn}", name="read_file", arguments='{"path": "a.py"}')
+        text = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+        completion = [*renderer.encode(text), renderer.terminator_id]
+        echo = LeanTurns.answered(session, ParsedOutput("", tool_calls=[call]), completion)
+        raw = [
+            *raw,
+            echo,
+            {"role": "tool", "tool_call_id": call.id, "content": tool_output(3, turn, 80)},
+        ]
+    assert turns.sessions["s"].raw[: len(raw) - 1] == raw[:-1]
 
 
 def test_tito_cost_bench_measures_each_turn() -> None:
