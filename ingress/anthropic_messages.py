@@ -14,7 +14,6 @@ durable step.
 from __future__ import annotations
 
 import json
-from itertools import chain
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -23,7 +22,7 @@ from pydantic import BeforeValidator, Field
 
 from ingress import errors, http, sse
 from ingress.adapter import ToolName, TurnApi, image_at, token_counts
-from ingress.known_messages import KNOWN_MESSAGES
+from ingress.known_messages import KNOWN_MESSAGES, KnownTurn
 from ingress.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turn import ChatTurn, SamplingOptions, SessionRef
 from titoflow.errors import InvalidRequest, TitoflowError
@@ -237,11 +236,13 @@ def _parse_new(new: list[tuple[int, Any]]) -> list[tuple[Message, ...]]:
     return out
 
 
-def _messages(request: CountTokensRequest) -> tuple[Message, ...]:
-    parsed = chain.from_iterable(KNOWN_MESSAGES.parse(API, request.messages, _parse_new))
+def _messages(request: CountTokensRequest) -> KnownTurn:
+    """The messages (the system prompt, text, first) and whether they are text only."""
+    known = KNOWN_MESSAGES.parse_turn(API, request.messages, _parse_new)
     if request.system:
-        return (Message(role="system", content=_joined(request.system)), *parsed)
-    return tuple(parsed)
+        system = Message(role="system", content=_joined(request.system))
+        return known._replace(messages=(system, *known.messages))
+    return known
 
 
 def _function_tools(tools: list[_Tool]) -> tuple[dict[str, Any], ...]:
@@ -281,11 +282,13 @@ def _turn(request: CountTokensRequest, session: SessionRef) -> ChatTurn:
             top_k=request.top_k or -1,
             stop=tuple(request.stop_sequences),
         )
+    known = _messages(request)
     return ChatTurn(
         session=session,
         api=API,
         model=request.model,
-        messages=_messages(request),
+        messages=known.messages,
+        text_only=known.text_only,
         tools=_function_tools(request.tools),
         tool_choice=_TOOL_CHOICES[choice.type],
         tool_choice_name=choice.name if choice.type == "tool" else None,

@@ -59,9 +59,13 @@ class ImageUrls:
         fetched now in the turn's new messages (those after its last assistant turn), as the
         API fetches what it is sent; taken from the cache in the history where held, which
         is what the history was rendered with."""
-        # The usual turn, text only, is told by one C-level pass; a turn with images, read
-        # or not, by one scan of them.
-        if not any(map(_IMAGES_OF, turn.messages)) or next(_unread(turn.messages), None) is None:
+        # The usual turn, text only, is told by its wire bytes (ingress.known_messages) or one
+        # C-level pass; a turn with images, read or not, by one scan of them.
+        if (
+            turn.text_only
+            or not any(map(_IMAGES_OF, turn.messages))
+            or next(_unread(turn.messages), None) is None
+        ):
             return turn
         fresh_from = max(
             (i + 1 for i, message in enumerate(turn.messages) if message.role == "assistant"),

@@ -7,12 +7,19 @@ Parsing a message is a pure function of its JSON, so a message whose bytes (``or
 the decoded value: ``1``, ``1.0`` and ``true`` stay distinct, unlike under ``==``; bodies hold
 no NaN, see ``http.read_json``) were seen before gets the messages parsed from them then. Only
 the new ones are validated, in one call.
+
+The same bytes tell a text-only turn (:meth:`KnownMessages.parse_turn`): every image a message
+can hold is a content part whose type names ``image`` (OpenAI's ``image_url``, Anthropic's
+``image``), and orjson writes letters as they are, never escaped; so a history none of whose
+keys holds ``image`` holds no image, known without a pass over its messages (each one of them a
+cache miss in a replica holding thousands of sessions: 40 µs a turn at 100 messages).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from itertools import chain
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -20,6 +27,11 @@ from titoflow.tito.messages import Message
 
 Parsed = tuple[Message, ...]  # what one wire message becomes (Anthropic blocks can make several)
 ParseNew = Callable[[list[tuple[int, Any]]], list[Parsed]]
+
+
+class KnownTurn(NamedTuple):
+    messages: tuple[Message, ...]
+    text_only: bool  # no message holds an image (False: it may)
 
 
 class KnownMessages:
@@ -42,10 +54,21 @@ class KnownMessages:
         """Bytes of the keys held."""
         return self._young_bytes + self._old_bytes
 
+    def parse_turn(self, api: str, raw_messages: Sequence[Any], parse_new: ParseNew) -> KnownTurn:
+        """:meth:`parse`'s messages in one tuple, and whether they are text only."""
+        keys = _keys(raw_messages)
+        parsed = self._parse(api, raw_messages, parse_new, keys)
+        text_only = all(keys) and not any(map(_names_image, keys))
+        return KnownTurn(tuple(chain.from_iterable(parsed)), text_only)
+
     def parse(self, api: str, raw_messages: Sequence[Any], parse_new: ParseNew) -> list[Parsed]:
         """Each of ``raw_messages`` parsed; ``parse_new`` gets the (index, raw message) pairs not
         seen before and returns theirs in that order (its errors propagate, nothing is kept)."""
-        keys = _keys(raw_messages)
+        return self._parse(api, raw_messages, parse_new, _keys(raw_messages))
+
+    def _parse(
+        self, api: str, raw_messages: Sequence[Any], parse_new: ParseNew, keys: list[bytes]
+    ) -> list[Parsed]:
         young = self._young.setdefault(api, {})
         found: list[Parsed | None] = list(map(young.get, keys))
         if None not in found:
@@ -92,6 +115,10 @@ def _keys(raw_messages: Sequence[Any]) -> list[bytes]:
         return list(map(orjson.dumps, raw_messages))
     except TypeError:
         return [_key(raw) for raw in raw_messages]
+
+
+def _names_image(key: bytes) -> bool:
+    return b"image" in key
 
 
 def _key(raw: Any) -> bytes:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import get_args
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -40,6 +42,30 @@ OVERHEAD_SECONDS = Histogram(
     ["api"],
     buckets=_LATENCY_BUCKETS,
 )
+PROMPT_TOKENS = TOKENS.labels("prompt")
+COMPLETION_TOKENS = TOKENS.labels("completion")
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """The children a step of one API and prefix counts into."""
+
+    steps: Any
+    tool_parse_errors: Any
+    turn_seconds: Any
+    overhead_seconds: Any
+
+
+@cache  # a handful of (API, prefix) pairs; labels() costs a lock and a look-up each call
+def step_metrics(api: str, prefix: str) -> StepMetrics:
+    return StepMetrics(
+        STEPS.labels(api, prefix),
+        TOOL_PARSE_ERRORS.labels(api),
+        TURN_SECONDS.labels(api),
+        OVERHEAD_SECONDS.labels(api),
+    )
+
+
 PUBLISH_SECONDS = Histogram(
     "titoflow_ingress_publish_seconds",
     "From sending an event to the broker's acknowledgement.",

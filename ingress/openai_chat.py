@@ -9,7 +9,6 @@ after their tokens were sampled, so they never run ahead of the text they belong
 from __future__ import annotations
 
 import json
-from itertools import chain
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -161,13 +160,13 @@ def parse_request(
     choice = request.tool_choice
     named = choice.function.get("name") if isinstance(choice, _NamedChoice) else None
     session = http.session_ref(path_session, headers, body if isinstance(body, dict) else {})
+    known = KNOWN_MESSAGES.parse_turn("openai.chat", request.messages, _parse_new)
     turn = ChatTurn(
         session=session,
         api="openai.chat",
         model=request.model,
-        messages=tuple(
-            chain.from_iterable(KNOWN_MESSAGES.parse("openai.chat", request.messages, _parse_new))
-        ),
+        messages=known.messages,
+        text_only=known.text_only,
         tools=tuple(request.tools or ()),
         tool_choice="named" if named else (choice if isinstance(choice, str) else "auto"),
         tool_choice_name=named,

@@ -135,16 +135,21 @@ def _write(store: ImageStore | None, images: Sequence[EngineImage]) -> None:
 
 
 def _count(step: StepRecorded, prompt_len: int, started: float) -> None:
-    """Metrics and the log line of a recorded step, whose call ends now."""
-    metrics.STEPS.labels(step.api, step.prefix).inc()
+    """Metrics and the log line of a recorded step, whose call ends now. The line is DEBUG: the
+    step itself is on the steps topic and in the metrics, and a JSON line per step cost a few
+    per cent of a turn's CPU (docs/benchmarks.md §4h)."""
+    counted = metrics.step_metrics(step.api, step.prefix)
+    counted.steps.inc()
     if step.tool_parse_error:
-        metrics.TOOL_PARSE_ERRORS.labels(step.api).inc()
-    metrics.TOKENS.labels("prompt").inc(prompt_len)
-    metrics.TOKENS.labels("completion").inc(len(step.completion_ids))
+        counted.tool_parse_errors.inc()
+    metrics.PROMPT_TOKENS.inc(prompt_len)
+    metrics.COMPLETION_TOKENS.inc(len(step.completion_ids))
     turn_seconds = time.perf_counter() - started
-    metrics.TURN_SECONDS.labels(step.api).observe(turn_seconds)
-    metrics.OVERHEAD_SECONDS.labels(step.api).observe(turn_seconds - step.engine_ms / 1000)
-    log.info(
+    counted.turn_seconds.observe(turn_seconds)
+    counted.overhead_seconds.observe(turn_seconds - step.engine_ms / 1000)
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    log.debug(
         "step recorded",
         extra={
             "session_id": step.session_id,

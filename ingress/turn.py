@@ -55,6 +55,11 @@ class ChatTurn(BaseModel):
     sampling: SamplingOptions = SamplingOptions()
     n: int = Field(1, description="Samples of the prompt (OpenAI chat's n): a step each.")
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    text_only: bool = Field(
+        False,
+        description="No message holds an image, as the wire bytes tell "
+        "(ingress.known_messages); False: it may, the messages tell.",
+    )
 
     @cached_property
     def tools_key(self) -> str:

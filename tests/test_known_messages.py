@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import tracemalloc
 from typing import Any
 
@@ -125,3 +127,53 @@ def test_kept_keys_take_about_their_length_in_memory() -> None:
         tracemalloc.stop()
     assert known.size > 2000 * 300
     assert held < 1.5 * known.size
+
+
+def _chat_turn(messages: list[dict[str, Any]], raw: bytes | None = None) -> Any:
+    from ingress.json_body import parse_json
+
+    body = {"model": "m", "messages": messages}
+    if raw is not None:
+        body = parse_json(raw, 64)
+    return openai_chat.parse_request(body, "s", {})[0]
+
+
+def test_a_turn_is_text_only_only_where_its_wire_bytes_name_no_image() -> None:
+    """What tells the image pass it may skip a turn (ingress/image_urls.py) errs one way only:
+    a turn called text only holds no image; one that may hold one is looked at."""
+    from tests.images import png
+
+    text = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    assert _chat_turn(text).text_only
+    url = "data:image/png;base64," + base64.b64encode(png(8, 8, 1)).decode()
+    part = {"type": "image_url", "image_url": {"url": url}}
+    with_image = _chat_turn([*text, {"role": "user", "content": [part]}])
+    assert not with_image.text_only and with_image.messages[-1].images
+    # The part's type written with escapes decodes to the same: orjson writes it plainly.
+    escaped = json.dumps({"model": "m", "messages": [*text, {"role": "user", "content": [part]}]})
+    escaped = escaped.replace('"image_url"', '"\\u0069mage_url"', 1)
+    assert "\\u0069mage_url" in escaped
+    turn = _chat_turn([], escaped.encode())
+    assert not turn.text_only and turn.messages[-1].images
+    # Only a hint: the word in a text part, or a key orjson cannot write, is looked at.
+    assert not _chat_turn([{"role": "user", "content": "an image of it"}]).text_only
+    known = KnownMessages(max_bytes=1 << 20)
+    big = {"role": "user", "content": "x", "extra": 1 << 70}  # a body the stdlib parsed
+    assert known.parse_turn("api", history(2), CountingParser()).text_only
+    assert not known.parse_turn("api", [*history(2), big], CountingParser()).text_only
+
+
+def test_an_anthropic_turn_with_an_image_block_is_not_text_only() -> None:
+    from tests.images import png
+
+    data = base64.b64encode(png(8, 8, 2)).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    body: dict[str, Any] = {"model": "m", "max_tokens": 8, "system": "be brief"}
+    text = anthropic_messages.parse_request(
+        {**body, "messages": [{"role": "user", "content": "hi"}]}, "s", {}
+    )[0]
+    assert text.text_only and text.messages[0].role == "system"
+    turn = anthropic_messages.parse_request(
+        {**body, "messages": [{"role": "user", "content": [image]}]}, "s", {}
+    )[0]
+    assert not turn.text_only and turn.messages[-1].images
