@@ -81,18 +81,28 @@ async def answer(send: Any, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def stack_arguments(description: str) -> argparse.ArgumentParser:
+    """The options every process on this stack takes: its port, the engine, the broker."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--engine-url", required=True)
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
+    return parser
+
+
+def serve(app: Any, port: int) -> None:
+    """``app`` on the ingress' stack: uvicorn on uvloop and httptools, no access log."""
+    uvicorn.run(
+        app, port=port, loop="uvloop", http="httptools", access_log=False, log_level="warning"
+    )
+
+
+def main() -> None:
+    parser = stack_arguments(__doc__.splitlines()[0])
     parser.add_argument("--topic", help="publish each answer here; without it, nothing")
     args = parser.parse_args()
     settings = Settings(bootstrap_servers=args.bootstrap)
-    app = FloorProxy(args.engine_url.rstrip("/"), settings, args.topic)
-    uvicorn.run(
-        app, port=args.port, loop="uvloop", http="httptools", access_log=False, log_level="warning"
-    )
+    serve(FloorProxy(args.engine_url.rstrip("/"), settings, args.topic), args.port)
 
 
 if __name__ == "__main__":

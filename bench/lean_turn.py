@@ -27,16 +27,14 @@ what titoflow's ingress does besides (bench/overhead.py prints the three apart).
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import uvicorn
 
-from bench.floor_proxy import answer, read_body
+from bench.floor_proxy import answer, read_body, serve, stack_arguments
 from titoflow.bus import Publisher, create_topics
 from titoflow.engine.api import GenerateParams
 from titoflow.engine.vllm import VLLMEngine
@@ -192,17 +190,11 @@ class LeanTurn:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--engine-url", required=True)
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
+    parser = stack_arguments(__doc__.splitlines()[0])
     parser.add_argument("--topic", required=True)
     args = parser.parse_args()
     settings = Settings(bootstrap_servers=args.bootstrap)
-    app = LeanTurn(args.engine_url.rstrip("/"), settings, args.topic)
-    uvicorn.run(
-        app, port=args.port, loop="uvloop", http="httptools", access_log=False, log_level="warning"
-    )
+    serve(LeanTurn(args.engine_url.rstrip("/"), settings, args.topic), args.port)
 
 
 if __name__ == "__main__":
