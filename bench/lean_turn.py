@@ -41,6 +41,7 @@ from titoflow.engine.vllm import VLLMEngine
 from titoflow.settings import Settings
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.messages import Message, ToolCall
+from titoflow.tito.output import ParsedOutput
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
 
@@ -99,7 +100,9 @@ class LeanTurns:
         return session, tail
 
     @staticmethod
-    def answered(session: LeanSession, parsed: Any, completion: list[int]) -> dict[str, Any]:
+    def answered(
+        session: LeanSession, parsed: ParsedOutput, completion: list[int]
+    ) -> dict[str, Any]:
         """The session extended by its answer; the answer as the client echoes it."""
         calls = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -11,8 +11,8 @@ the new ones are validated, in one call.
 The same bytes tell a text-only turn (:meth:`KnownMessages.parse_turn`): every image a message
 can hold is a content part whose type names ``image`` (OpenAI's ``image_url``, Anthropic's
 ``image``), and orjson writes letters as they are, never escaped; so a history none of whose
-keys holds ``image`` holds no image, known without a pass over its messages (each one of them a
-cache miss in a replica holding thousands of sessions: 40 µs a turn at 100 messages).
+keys holds ``image`` holds no image, known without a pass over its messages (in a busy replica
+each of them is a cache miss again: docs/benchmarks.md §4h).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ ParseNew = Callable[[list[tuple[int, Any]]], list[Parsed]]
 
 
 class KnownTurn(NamedTuple):
+    """A turn's wire messages, parsed."""
+
     messages: tuple[Message, ...]
     text_only: bool  # no message holds an image (False: it may)
 

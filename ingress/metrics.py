@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, get_args
+from typing import get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -50,10 +50,10 @@ COMPLETION_TOKENS = TOKENS.labels("completion")
 class StepMetrics:
     """The children a step of one API and prefix counts into."""
 
-    steps: Any
-    tool_parse_errors: Any
-    turn_seconds: Any
-    overhead_seconds: Any
+    steps: Counter
+    tool_parse_errors: Counter
+    turn_seconds: Histogram
+    overhead_seconds: Histogram
 
 
 @cache  # a handful of (API, prefix) pairs; labels() costs a lock and a look-up each call

@@ -136,8 +136,8 @@ def _write(store: ImageStore | None, images: Sequence[EngineImage]) -> None:
 
 def _count(step: StepRecorded, prompt_len: int, started: float) -> None:
     """Metrics and the log line of a recorded step, whose call ends now. The line is DEBUG: the
-    step itself is on the steps topic and in the metrics, and a JSON line per step cost a few
-    per cent of a turn's CPU (docs/benchmarks.md §4h)."""
+    step itself is on the steps topic and in the metrics, and a JSON line per step costs CPU on
+    every turn (docs/benchmarks.md §4h)."""
     counted = metrics.step_metrics(step.api, step.prefix)
     counted.steps.inc()
     if step.tool_parse_error:
