@@ -133,38 +133,31 @@ def start_floor_proxy(
 ) -> tuple[ManagedProcess, str]:
     """``bench/floor_proxy.py`` in front of ``engine_url``'s chat completions, publishing each
     answer to ``topic`` (None: a plain pass-through)."""
-    port = free_port()
     name = "floor-proxy" if topic else "pass-through"
-    proc = ManagedProcess(
-        name,
-        [
-            sys.executable,
-            str(ROOT / "bench" / "floor_proxy.py"),
-            *("--port", str(port), "--engine-url", engine_url, "--bootstrap", bootstrap),
-            *(("--topic", topic) if topic else ()),
-        ],
-        log_dir / f"{name}.log",
-        {"PYTHONPATH": str(ROOT)},
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(proc, f"{url}/health")
-    return proc, url
+    return _start_on_stack(name, "floor_proxy.py", log_dir, engine_url, bootstrap, topic)
 
 
 def start_lean_turn(
     log_dir: Path, engine_url: str, bootstrap: str, topic: str
 ) -> tuple[ManagedProcess, str]:
     """``bench/lean_turn.py`` in front of ``engine_url``'s token API, publishing to ``topic``."""
+    return _start_on_stack("lean-turn", "lean_turn.py", log_dir, engine_url, bootstrap, topic)
+
+
+def _start_on_stack(
+    name: str, script: str, log_dir: Path, engine_url: str, bootstrap: str, topic: str | None
+) -> tuple[ManagedProcess, str]:
+    """A bench process on the floor proxy's stack (``stack_arguments``), once it answers."""
     port = free_port()
     proc = ManagedProcess(
-        "lean-turn",
+        name,
         [
             sys.executable,
-            str(ROOT / "bench" / "lean_turn.py"),
+            str(ROOT / "bench" / script),
             *("--port", str(port), "--engine-url", engine_url, "--bootstrap", bootstrap),
-            *("--topic", topic),
+            *(("--topic", topic) if topic else ()),
         ],
-        log_dir / "lean-turn.log",
+        log_dir / f"{name}.log",
         {"PYTHONPATH": str(ROOT)},
     )
     url = f"http://127.0.0.1:{port}"
