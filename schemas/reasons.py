@@ -152,6 +152,13 @@ class DeadLetterReason(_Reason):
         "A finalize or discard of a session that already ended otherwise (two ends racing on "
         "two ingress replicas): the first end stands; detail: how and when it ended.",
     )
+    PARTIAL_SESSION = (
+        "partial_session",
+        "An event of a session the worker cannot have whole: its first steps lie below where the "
+        "worker began reading (a TITO step of a session it never saw open), or retention deleted "
+        "some of its steps before they were read. Every event of the session, its end included, "
+        "is dead-lettered instead of a segment made of part of it.",
+    )
     ASSEMBLER_ERROR = (
         "assembler_error",
         "The worker's assembler raised on this event (a bug: it costs the event, not the "

@@ -193,7 +193,7 @@ def test_weight_versions_metadata_and_rollout_ids_reach_the_segment() -> None:
     assert segment.metadata == {"rollout_id": "r1", "k": 1, "reward": 0.5}
 
 
-def test_duplicates_late_steps_and_replayed_orphans() -> None:
+def test_duplicates_late_steps_and_partial_sessions() -> None:
     assembler = Assembler()
     assert assembler.add_step(THREE_TURNS[0], 0, 0).skipped_reason is None
     assert assembler.add_step(THREE_TURNS[0], 0, 1).skipped_reason == "duplicate step id"
@@ -201,9 +201,35 @@ def test_duplicates_late_steps_and_replayed_orphans() -> None:
     late = assembler.add_step(THREE_TURNS[1], 0, 2)
     assert late.dead_letter_reason is DeadLetterReason.LATE_STEP
 
-    fresh = Assembler()  # a worker started after the session's first step was committed past
-    assert fresh.add_step(THREE_TURNS[1], 0, 5).skipped_reason
-    assert fresh.open_sessions == [] and fresh.finalize("s", "finalized") == []
+    # A worker that begins reading after the session's first step: a tail of the session, never
+    # a segment. Each of its events is dead-lettered, the finalize with its reward included.
+    fresh = Assembler()
+    orphan = fresh.add_step(THREE_TURNS[1], 0, 5)
+    assert orphan.dead_letter_reason is DeadLetterReason.PARTIAL_SESSION
+    assert fresh.counters["partial_sessions"] == 1
+    rendered = step("r", [1, 2, 3, 4, 5, 6], [7], session="s")  # not a start either, now
+    assert fresh.apply(rendered.model_dump_json().encode(), 0, 6).dead_letter_reason is (
+        DeadLetterReason.PARTIAL_SESSION
+    )
+    end = SessionFinalized(session_id="s", event_time=1.0, reward=1.0)
+    applied = fresh.apply(end.model_dump_json().encode(), 0, 7)
+    assert applied.dead_letter_reason is DeadLetterReason.PARTIAL_SESSION
+    assert applied.segments == [] and applied.notice is None
+    assert fresh.open_sessions == [] and fresh.counters["partial_sessions"] == 1
+
+
+def test_sessions_that_lose_steps_to_retention_are_partial() -> None:
+    assembler = Assembler()
+    assembler.add_step(THREE_TURNS[0], 0, 0)
+    assembler.add_step(step("o", [1], [2], session="other"), 1, 0)
+    assert assembler.lose_partition(0) == ["s"]
+    assert assembler.open_sessions == ["other"]
+    later = assembler.apply(THREE_TURNS[2].model_dump_json().encode(), 0, 9)
+    assert later.dead_letter_reason is DeadLetterReason.PARTIAL_SESSION
+    assert assembler.close("s", "idle").segments == []
+    # a partition given away takes its partial sessions with it
+    assembler.add_step(THREE_TURNS[1], 0, 10)
+    assert assembler.drop_partitions({0}) == ["s"]
 
 
 def test_wrong_prefix_length_is_a_dead_letter_not_a_wrong_segment() -> None:

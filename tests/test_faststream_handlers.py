@@ -28,6 +28,7 @@ from tests.test_assembler import THREE_TURNS, assemble
 from titoflow.bus import TopicPartition
 from titoflow.errors import PublishFailed
 from titoflow.settings import Settings
+from workers.partitions import PartitionLedger, Verdict
 from workers.worker import Worker
 
 
@@ -67,8 +68,22 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(bootstrap_servers="in-memory:9092", topic_prefix="fs", model_path=tmp_path)
 
 
+class EveryRecord(PartitionLedger):
+    """Partition 0 held from offset 0, every record applied: the in-memory broker numbers every
+    record 0, so the real ledger would take each after the first as read already (the ledger's
+    verdicts are tested on the real broker and in tests/test_rebalance.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assign(0, 0)
+
+    def verdict(self, partition: int, offset: int) -> Verdict:
+        return Verdict.APPLY
+
+
 def worker_for(settings: Settings) -> tuple[Worker, CollectingPublisher]:
     worker = Worker(settings)
+    worker.ledger = EveryRecord()
     publisher = CollectingPublisher()
     worker.publisher = publisher  # type: ignore[assignment]
     return worker, publisher

@@ -264,13 +264,15 @@ async def test_fault_free_workers_match_the_in_process_reference(
     assert not letters, dead_letter_report(letters, records)
 
 
-async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments(
+async def test_membership_changes_lose_nothing_and_replay_byte_identical_segments(
     settings: Settings, tmp_path: Path
 ) -> None:
     """Two worker processes in one group; the load is published in bursts while, at seeded
-    random moments, the longest-lived worker is SIGKILLed and a replacement started, five times.
-    After dedupe the trainer gets exactly the fault-free segments, byte for byte; every repeat
-    on the topic is a byte-identical copy; no valid event is dead-lettered."""
+    random moments, five membership changes land: the longest-lived worker is SIGKILLed or
+    leaves gracefully (SIGTERM) and a replacement starts, or a worker joins. After dedupe the
+    trainer gets exactly the fault-free segments, byte for byte (every step in the segments the
+    fault-free run puts it in, none made of part of a session); every repeat on the topic is a
+    byte-identical copy; no valid event is dead-lettered."""
     started = time.monotonic()
     settings = group_settings(settings)
     load = scripted_load(SEED, SESSIONS)
@@ -298,15 +300,25 @@ async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments
             await asyncio.sleep(burst_rng.uniform(*BURST_PAUSE_S))
 
     async def kill_and_replace() -> None:
-        for number in range(KILLS):
+        changes = fault_rng.sample(["sigkill", "sigkill", "leave", "leave", "join"], KILLS)
+        for number, change in enumerate(changes):
             await asyncio.sleep(fault_rng.uniform(*KILL_EVERY_S))
-            # The longest-lived worker: every process gets killed once it holds state, the
-            # original pair included.
+            # Membership changes of every kind while sessions are open: a SIGKILL or a graceful
+            # leave of the longest-lived worker (every process meets one once it holds state,
+            # the original pair included), then its replacement; or a worker joining. Each moves
+            # partitions away from their owner, and (eager rebalances) often back to it.
+            if change == "join":
+                launch(f"joiner{number}")
+                kills.append(f"join joiner{number}@{time.monotonic() - started:.1f}s")
+                continue
             name = next(iter(alive))
             victim = alive.pop(name)
             assert victim.alive(), f"{name} died before its kill:\n{victim.log_tail()}"
-            victim.kill()
-            kills.append(f"{name}@{time.monotonic() - started:.1f}s")
+            if change == "leave":
+                await asyncio.to_thread(victim.stop)
+            else:
+                victim.kill()
+            kills.append(f"{change} {name}@{time.monotonic() - started:.1f}s")
             await asyncio.sleep(fault_rng.uniform(*REPLACE_AFTER_S))
             launch(f"replacement{number}")
 
@@ -334,7 +346,7 @@ async def test_sigkilled_workers_lose_nothing_and_replay_byte_identical_segments
     )
     print(
         f"\nload: {load.stats}; {len(load.events)} events, {len(reference)} segments expected\n"
-        f"kills (SIGKILL, name@time): {kills}\n"
+        f"membership changes (change, name@time): {kills}\n"
         f"every segment was out {arrived - faults_done:.1f}s after the last publish and kill; "
         f"total {time.monotonic() - started:.1f}s\n"
         f"SegmentConsumer dropped {duplicates} duplicates; the segments topic holds "

@@ -483,14 +483,14 @@ async def test_from_offset_and_from_time(recording: Recording, tmp_path: Path) -
     replayed, report = await replay_bytes(settings, ReplayOptions(from_offset=10_000))
     assert replayed == [] and report.records == 0
 
-    # Starting inside a session: its TITO steps lack their parents and are skipped, as a
-    # worker skips what precedes its committed offset.
+    # Starting inside a session: its TITO steps lack their parents, so it is partial, as for a
+    # worker that meets a session without its start: dead letters, never a segment of its tail.
     b_partition, b_offset = recording.first_offset("beta")
     _, report = await replay_bytes(
         settings, ReplayOptions(from_offsets={b_partition: b_offset + 1}, session="beta")
     )
     assert report.segments == 0
-    assert {n.reason for n in report.skipped} == {"parent step precedes the committed offset"}
+    assert {n.reason for n in report.dead_letters} == {DeadLetterReason.PARTIAL_SESSION}
     await assert_group_untouched(recording)
 
 

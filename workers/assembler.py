@@ -19,6 +19,10 @@ Invariants:
 - No event raises out of :meth:`Assembler.apply`: one that cannot be placed (unknown parent, a
   reused step id, malformed arrays, garbage) comes back with a dead-letter reason
   (:class:`schemas.reasons.DeadLetterReason`) and a detail.
+- No segment is made of part of a session. A session met without its start (a TITO step whose
+  session was never seen open here, or open sessions whose later steps retention deleted) is
+  partial: each of its events, its end included, comes back dead-lettered as ``partial_session``
+  and it yields nothing (counted in ``counters["partial_sessions"]``).
 - A session closes once (finalize, discard or idle) and then yields its segments, or, when it
   yields none (discarded, or no generated token), one ``SessionDiscarded`` notice saying so.
 """
@@ -125,6 +129,8 @@ class Assembler:
         # Sessions already ended here: a step for one of them is late, not new, and a second
         # end is refused naming the first.
         self._ended = EndedSessions()
+        # Sessions met without their start, by partition: their events are dead-lettered.
+        self._partial: dict[str, int] = {}
 
     @property
     def open_sessions(self) -> list[str]:
@@ -154,6 +160,10 @@ class Assembler:
             )
 
     def _apply(self, event: StepsEvent, partition: int, offset: int) -> Applied:
+        if event.session_id in self._partial:
+            if isinstance(event, SessionFinalized | SessionDiscarded):
+                del self._partial[event.session_id]  # its end: nothing more of it is expected
+            return Applied(event, dead_letter_reason=DeadLetterReason.PARTIAL_SESSION)
         if isinstance(event, StepRecorded):
             outcome = self.add_step(event, partition, offset)
             applied = Applied(
@@ -248,10 +258,13 @@ class Assembler:
                 self.counters["late_steps"] += 1
                 return StepOutcome(dead_letter_reason=DeadLetterReason.LATE_STEP)
             if step.prefix == "tito":
-                # Its parent sits below this worker's start offset, so the session was complete
-                # when the offset was committed: this is a replayed event already assembled.
-                self.counters["replayed_orphan_steps"] += 1
-                return StepOutcome(skipped_reason="parent step precedes the committed offset")
+                # Its session began below where this worker started reading: what follows
+                # would be a tail of it, never to be emitted as if it were the whole.
+                self._mark_partial(step.session_id, partition)
+                return StepOutcome(
+                    dead_letter_reason=DeadLetterReason.PARTIAL_SESSION,
+                    dead_letter_detail="its session's start was not read here",
+                )
             session = Session(step.instance_id, partition, offset, offset)
             self._sessions[step.session_id] = session
         reason = malformed(step)
@@ -347,6 +360,8 @@ class Assembler:
         """Close a session: its segments (the last one marked ``last_of_session``), or, for a
         known session without a generated token, the ``empty`` notice. ``at``: when it ended
         (the finalize's event time; None: now)."""
+        if self._partial.pop(session_id, None) is not None:
+            return Closed()  # its events went to the dead letters
         session = self._close(session_id, reason, time.time() if at is None else at)
         if session is None:
             self.counters["finalize_unknown_session"] += 1
@@ -389,8 +404,24 @@ class Assembler:
         dropped = [s for s, v in self._sessions.items() if v.partition in partitions]
         for session_id in dropped:
             del self._sessions[session_id]
+        partial = [s for s, p in self._partial.items() if p in partitions]
+        for session_id in partial:
+            del self._partial[session_id]
         self._ended.forget(partitions)
-        return dropped
+        return dropped + partial
+
+    def lose_partition(self, partition: int) -> list[str]:
+        """Events of ``partition`` were deleted unread (retention passed this worker's reading):
+        its open sessions lost steps, so they become partial (and are returned)."""
+        lost = [s for s, v in self._sessions.items() if v.partition == partition]
+        for session_id in lost:
+            del self._sessions[session_id]
+            self._mark_partial(session_id, partition)
+        return lost
+
+    def _mark_partial(self, session_id: str, partition: int) -> None:
+        self._partial[session_id] = partition
+        self.counters["partial_sessions"] += 1
 
     def commit_offset(self, partition: int, next_offset: int) -> int:
         """The offset a consumer may commit for ``partition`` after reading up to ``next_offset``:

@@ -27,6 +27,16 @@ CONSUMER_LAG = Gauge(
     "Events of the steps topic not yet consumed, by partition (high watermark - position).",
     ["partition"],
 )
+PARTIAL_SESSIONS = Counter(
+    "titoflow_worker_partial_sessions_total",
+    "Sessions met without their start (first steps below where reading began, or deleted unread "
+    "by retention): their events were dead-lettered as partial_session, no segment made of them.",
+)
+REREADS = Counter(
+    "titoflow_worker_rereads_total",
+    "Times a worker sent its consumer back to where its reading of a partition stood (records "
+    "fetched before the partition's latest assignment, handed over after it).",
+)
 OPEN_SESSIONS = Gauge("titoflow_worker_open_sessions", "Sessions assembled in memory.")
 PUBLISH_SECONDS = Histogram(
     "titoflow_worker_publish_seconds",

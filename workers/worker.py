@@ -5,6 +5,12 @@ Crash safety (at-least-once, deterministic output): segments are published (acke
 offsets are committed, and a partition's committed offset never passes the first event of a
 session still open in it, so a restarted or rebalanced worker re-reads every open session from
 its start and rebuilds identical segments; consumers drop the duplicates by segment id.
+
+A rebalance moves that bound with the partition: revoking a partition commits (between batches)
+and forgets its sessions, and a partition assigned, new or given back, is read from the position
+the consumer starts it at, record after record (:mod:`workers.partitions`). A batch handed over
+before a revocation and handled after it is not applied: applied to forgotten sessions it would
+start them mid-way, and a commit after it would pass their first events.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from titoflow.tito.tokenizer import load_tokenizer
 from workers import metrics
 from workers.assembler import Assembler
 from workers.assembly.pending import needs_recompute
+from workers.partitions import PartitionLedger, Verdict
 from workers.rebuild import Rebuilder
 from workers.subscription import BatchSubscription, Records
 
@@ -71,7 +78,26 @@ class _Rebalance(RebalanceListener):  # type: ignore[misc]
         self.worker.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+        # A new assignment is read from the committed bound, or with none from the log's start
+        # (the reset policy). aiokafka hands out its records before calling this, which a batch
+        # then drops (its partition is not held yet): the seek fetches them again.
+        consumer = self.worker.steps.consumer
+        bounds = {}
+        for tp in assigned:
+            committed = await consumer.committed(tp)
+            if committed is None:
+                committed = (await consumer.beginning_offsets([tp]))[tp]
+            bounds[tp] = committed
+        live = consumer.assignment()
+        for tp, bound in bounds.items():
+            if tp in live:  # else a newer rebalance took it meanwhile
+                self.worker.ledger.assign(tp.partition, bound)
+                consumer.seek(tp, bound)
+        log.info(
+            "assigned partitions %s",
+            sorted(tp.partition for tp in assigned),
+            extra={"from": self.worker.ledger.next_offsets()},
+        )
 
 
 async def publish_dead_letter(
@@ -147,10 +173,11 @@ class Worker:
             listener=_Rebalance(self),
         )
         self.publisher: RecordPublisher = StreamPublisher(self.steps.broker, settings)
-        self._next_offset: dict[TopicPartition, int] = {}
+        self.ledger = PartitionLedger()
         self._last_seen: dict[str, float] = {}
         self._divergences_seen: dict[str, int] = {}
         self._masked_seen = 0
+        self._partial_seen = 0
         # Sessions with a segment on <prefix>.recompute: their later segments follow it there,
         # so none overtakes it on the way to <prefix>.segments (last_of_session comes last).
         self._via_recompute: set[str] = set()
@@ -174,24 +201,64 @@ class Worker:
         freeze_startup()  # the tokenizer and the app: out of every full collection's walk
 
     async def _apply(self, _message: KafkaMessage | None, records: Records) -> None:
-        consumer = self.steps.consumer
-        assigned = consumer.assignment()
         segments: list[Output] = []
+        stale: set[int] = set()  # partitions whose reading this batch does not continue
         for record in records:
-            tp = TopicPartition(record.topic, record.partition)
-            if tp not in assigned:
-                continue  # revoked while this batch waited for the lock
-            segments += await self._handle(record)
-            self._next_offset[tp] = record.offset + 1
+            partition = record.partition
+            if partition in stale:
+                continue
+            reading = self.ledger.reading(partition)
+            verdict = self.ledger.verdict(partition, record.offset)
+            if verdict is Verdict.GAP:
+                verdict = await self._gap(record)
+            if verdict is Verdict.APPLY:
+                segments += await self._handle(record)
+                if self.ledger.reading(partition) is reading:  # not revoked meanwhile
+                    self.ledger.applied(partition, record.offset)
+            elif verdict is not Verdict.READ:
+                stale.add(partition)  # not held, or re-read from the bound
+        if stale:
+            log.debug(
+                "records of partitions %s not applied: fetched before their assignment", stale
+            )
         segments += self._finalize_idle()
         if records or segments:
             await self._publish_segments(segments)
             await self.commit()
-            # A revoke during the batch forgot its partitions, but the batch went on applying
-            # their records: forget them again, after the batch.
-            assigned = consumer.assignment()
-            self.forget([tp for tp in list(self._next_offset) if tp not in assigned])
         self._observe()
+
+    async def _gap(self, record: ConsumerRecord) -> Verdict:
+        """A record past the next offset of its reading: one fetched under an earlier assignment
+        (the consumer is then sent back to the bound) or the first after records retention
+        deleted unread (reading goes on; the sessions that lost steps are partial)."""
+        tp = TopicPartition(record.topic, record.partition)
+        reading = self.ledger.reading(record.partition)
+        assert reading is not None
+        consumer = self.steps.consumer
+        beginning = (await consumer.beginning_offsets([tp]))[tp]
+        if self.ledger.reading(record.partition) is not reading:
+            return Verdict.NOT_HELD  # revoked (or re-assigned) while asking
+        if beginning <= reading.next and reading.sent_back_at != reading.next:
+            metrics.REREADS.inc()
+            reading.sent_back_at = reading.next
+            if tp in consumer.assignment():
+                consumer.seek(tp, reading.next)
+            return Verdict.GAP
+        if beginning > reading.next:
+            lost = self.assembler.lose_partition(record.partition)
+            log.warning(
+                "steps[%d] %d..%d deleted unread (retention): %d open sessions are partial",
+                record.partition,
+                reading.next,
+                beginning - 1,
+                len(lost),
+            )
+        else:  # sent back there, and the log still goes on past it: offsets without records
+            log.warning(
+                "steps[%d] has no records at %d..%d", tp.partition, reading.next, record.offset - 1
+            )
+        self.ledger.skip_to(record.partition, record.offset)
+        return Verdict.APPLY
 
     async def _handle(self, record: ConsumerRecord) -> list[Output]:
         applied = self.assembler.apply(record.value, record.partition, record.offset)
@@ -221,13 +288,17 @@ class Worker:
         consumer = self.steps.consumer
         for tp in consumer.assignment():
             highwater = consumer.highwater(tp)
+            reading = self.ledger.reading(tp.partition)
             if highwater is not None:
-                lag = highwater - self._next_offset.get(tp, highwater)
+                lag = highwater - (reading.next if reading else highwater)
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(lag, 0))
         metrics.OPEN_SESSIONS.set(len(self.assembler.open_sessions))
         masked = self.assembler.counters["version_masked_tokens"]
         metrics.VERSION_MASKED_TOKENS.inc(masked - self._masked_seen)
         self._masked_seen = masked
+        partial = self.assembler.counters["partial_sessions"]
+        metrics.PARTIAL_SESSIONS.inc(partial - self._partial_seen)
+        self._partial_seen = partial
         for name, value in self.assembler.counters.items():
             if name.startswith("divergence_"):
                 kind = name.removeprefix("divergence_")
@@ -310,19 +381,19 @@ class Worker:
             )
 
     def forget(self, partitions: list[TopicPartition]) -> None:
-        """Drop state of partitions another worker now owns; it re-reads them from the commit."""
-        if not partitions:
-            return  # the usual case after a batch: no scan of every session and tombstone
-        for session_id in self.assembler.drop_partitions({tp.partition for tp in partitions}):
+        """Drop state of revoked partitions: whoever is assigned them next (this worker too)
+        re-reads them from the commit."""
+        numbers = [tp.partition for tp in partitions]
+        self.ledger.revoke(numbers)
+        for session_id in self.assembler.drop_partitions(set(numbers)):
             self._last_seen.pop(session_id, None)
             self._via_recompute.discard(session_id)
-        for tp in partitions:
-            self._next_offset.pop(tp, None)
 
     async def commit(self) -> None:
+        topic = self.settings.topic("steps")
         offsets = {
-            tp: self.assembler.commit_offset(tp.partition, next_offset)
-            for tp, next_offset in self._next_offset.items()
+            TopicPartition(topic, partition): self.assembler.commit_offset(partition, next_offset)
+            for partition, next_offset in self.ledger.next_offsets().items()
         }
         assigned = self.steps.consumer.assignment()
         offsets = {tp: off for tp, off in offsets.items() if tp in assigned}
