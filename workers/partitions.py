@@ -27,9 +27,8 @@ class Verdict(Enum):
 
 @dataclass
 class Reading:
-    """One assignment of one partition: where reading began and the next offset to apply."""
+    """One assignment of one partition: the next offset to apply."""
 
-    start: int
     next: int
     sent_back_at: int | None = None  # the next offset the consumer was last sent back to
 
@@ -40,7 +39,7 @@ class PartitionLedger:
 
     def assign(self, partition: int, position: int) -> None:
         """A new reading of ``partition`` from ``position`` (the consumer's start: the bound)."""
-        self._readings[partition] = Reading(position, position)
+        self._readings[partition] = Reading(position)
 
     def revoke(self, partitions: list[int]) -> None:
         for partition in partitions:
