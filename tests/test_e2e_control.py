@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -143,35 +142,44 @@ async def test_pause_bump_resume_one_response_stamped_v1_then_v2_and_masked(
     settings = stack_settings.model_copy(update={"admin_token": TOKEN, "mask_stale_versions": True})
     ingress, url = start_ingress(settings, tmp_path)
     worker = start_worker(settings, tmp_path)
-    streamed_session, whole_session = f"s-{uuid.uuid4().hex[:6]}", f"w-{uuid.uuid4().hex[:6]}"
     streamed: list[float] = []
     try:
         async with httpx.AsyncClient(timeout=300) as http:
-            await admin(http, url, type="set_weight_version", version="v1")
-            await engine_is(http, engine_url, paused=False, version="v1")
-            stream_task = asyncio.create_task(
-                stream_chat(
-                    http,
-                    f"{url}/sess/{streamed_session}/v1/chat/completions",
-                    chat_body("tell a long story", LONG, stream=True),
-                    streamed,
+            # What is checked is what a pause does to generations it strikes, not how fast it
+            # lands: on two loaded cores the pause once reached the engine only after both long
+            # generations had ended, and then it is tried again on a fresh pair.
+            for _ in range(3):
+                streamed_session = f"s-{uuid.uuid4().hex[:6]}"
+                whole_session = f"w-{uuid.uuid4().hex[:6]}"
+                streamed = []
+                await admin(http, url, type="set_weight_version", version="v1")
+                await engine_is(http, engine_url, paused=False, version="v1")
+                stream_task = asyncio.create_task(
+                    stream_chat(
+                        http,
+                        f"{url}/sess/{streamed_session}/v1/chat/completions",
+                        chat_body("tell a long story", LONG, stream=True),
+                        streamed,
+                    )
                 )
-            )
-            whole_task = asyncio.create_task(
-                http.post(
-                    f"{url}/sess/{whole_session}/v1/chat/completions",
-                    json=chat_body("tell another story", LONG, stream=False),
+                whole_task = asyncio.create_task(
+                    http.post(
+                        f"{url}/sess/{whole_session}/v1/chat/completions",
+                        json=chat_body("tell another story", LONG, stream=False),
+                    )
                 )
-            )
-            # Both run in one batch, so each has about PAUSE_AFTER tokens when the pause is sent.
-            await engine_running(http, engine_url, at_least=2)
-            await engine_sampled(http, engine_url, 2 * PAUSE_AFTER)
-            pause_sent = time.monotonic()
-            await admin(http, url, type="pause", mode=mode)
-            await engine_is(http, engine_url, paused=True)
-            pause_took = time.monotonic() - pause_sent
-            boundary = await settled(streamed)
-            assert boundary < LONG, f"the pause took {pause_took:.2f} s, after the generation ended"
+                # Both run in one batch, so each has about PAUSE_AFTER tokens when it is sent.
+                await engine_running(http, engine_url, at_least=2)
+                await engine_sampled(http, engine_url, 2 * PAUSE_AFTER)
+                await admin(http, url, type="pause", mode=mode)
+                await engine_is(http, engine_url, paused=True)
+                boundary = await settled(streamed)
+                if boundary < LONG:
+                    break
+                await admin(http, url, type="resume")
+                await asyncio.gather(stream_task, whole_task)
+            else:
+                raise AssertionError("every pause came after both generations had ended")
             await admin(http, url, type="set_weight_version", version="v2")
             await engine_is(http, engine_url, paused=True, version="v2")
             await asyncio.sleep(0.5)
@@ -415,7 +423,12 @@ async def test_partial_rollout_off_refuses_a_step_on_newer_weights_in_each_api_s
 async def test_no_call_lost_or_answered_twice_across_pauses_under_concurrent_sessions(
     stack_settings: Settings, engine_url: str, tmp_path: Path
 ) -> None:
-    settings = stack_settings.model_copy(update={"admin_token": TOKEN, "pause_hold_s": 120.0})
+    # Sixteen sessions and a long generation beside vLLM on CI's two cores once held a step's
+    # produce request past the default budget's 2.5 s (a 503): publish latency is not what this
+    # test checks, so the budget is the one a loaded host needs.
+    settings = stack_settings.model_copy(
+        update={"admin_token": TOKEN, "pause_hold_s": 120.0, "publish_timeout_s": 40.0}
+    )
     ingress, url = start_ingress(settings, tmp_path)
     sessions, min_turns = 16, 3
     answers: dict[str, int] = {}

@@ -4,11 +4,14 @@ SDKs (openai chat, anthropic messages, openai responses) → ingress → recordi
 → tansu → workers. Sessions run concurrently, each a random script of: continue, a retry of the
 same request (the client keeps the second answer), a re-sample continued from either answer, a
 fork from an earlier turn, sub-agents on the same base URL with the same and with a different
-start, an edited history, a changed tool list, streamed and not. Meanwhile the worker is SIGKILLed
-at random moments and replaced. Afterwards every completion the engine gave a client is
-trainable in exactly one segment, after exactly the prompt the engine saw, with the engine's
-logprobs bit for bit, and the DLQ is empty. The seed (``TITOFLOW_TRAFFIC_SEED``) reproduces the
-traffic; only the moments the kills land depend on timing.
+start, an edited history, a changed tool list, streamed and not. Meanwhile two workers share the
+steps partitions and, at seeded random moments, the group's membership changes: a worker is
+SIGKILLed or leaves gracefully and a replacement starts, or one more joins; each change moves
+partitions of open sessions away from their worker and often back (issue 42). Afterwards every
+completion the engine gave a client is trainable in exactly one segment, after exactly the prompt
+the engine saw, with the engine's logprobs bit for bit, and the DLQ is empty (no session was
+taken for partial). The seed (``TITOFLOW_TRAFFIC_SEED``) reproduces the traffic and the order of
+the changes; only the moments they land depend on timing.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ SESSIONS = 8
 MAX_TOKENS = 12
 CHAT_TOOLS: Any = [path_tool("ls", "List a directory."), path_tool("cat", "Print a file.")]
 API_KINDS = ("chat", "anthropic", "responses")
+MEMBERSHIP_CHANGES = ("sigkill", "leave", "join")
+MAX_WORKERS = 3
 
 
 @dataclass
@@ -223,28 +228,46 @@ async def test_randomized_agent_traffic_with_worker_kills_holds_to_the_witness(
 ) -> None:
     rng = random.Random(SEED)
     ingress, url = start_ingress(stack_settings, tmp_path)
-    workers: list[ManagedProcess] = [start_worker(stack_settings, tmp_path, "worker-0")]
+    workers: list[ManagedProcess] = [
+        start_worker(stack_settings, tmp_path, f"worker-{i}") for i in range(2)
+    ]
     sessions = [f"traffic-{SEED}-{i}-{uuid.uuid4().hex[:6]}" for i in range(SESSIONS)]
     clients = [Client(url, s, random.Random(rng.random())) for s in sessions]
     plan: Counter[str] = Counter()
     traffic_done = asyncio.Event()
+    changes = random.Random(SEED + 1)
 
-    def kill_and_replace() -> None:
-        workers[-1].kill()
-        plan["worker_kills"] += 1
+    def change_membership(change: str) -> None:
+        """One membership change: the oldest live worker is SIGKILLed or leaves (SIGTERM) and a
+        replacement starts, or a worker joins while at most three are alive."""
+        alive = [w for w in workers if w.alive()]
+        if change == "join" and len(alive) < MAX_WORKERS:
+            workers.append(start_worker(stack_settings, tmp_path, f"worker-{len(workers)}"))
+            plan["worker_joins"] += 1
+            return
+        victim = alive[0]
+        if change == "leave":
+            victim.stop()
+            plan["worker_leaves"] += 1
+        else:
+            victim.kill()
+            plan["worker_kills"] += 1
         workers.append(start_worker(stack_settings, tmp_path, f"worker-{len(workers)}"))
 
-    async def kill_workers() -> None:
-        kills = random.Random(SEED + 1)
-        pause = kills.uniform(1.0, 4.0)
+    async def churn() -> None:
+        # Each kind of change once, in a seeded order, then seeded draws.
+        first = list(MEMBERSHIP_CHANGES)
+        changes.shuffle(first)
+        pause = changes.uniform(1.0, 3.0)
         while not traffic_done.is_set():
             await asyncio.sleep(pause)
-            pause = kills.uniform(3.0, 8.0)
+            pause = changes.uniform(2.0, 5.0)
             if traffic_done.is_set():
                 return
-            kill_and_replace()
+            change = first.pop() if first else changes.choice(MEMBERSHIP_CHANGES)
+            await asyncio.to_thread(change_membership, change)
 
-    killer = asyncio.create_task(kill_workers())
+    killer = asyncio.create_task(churn())
     try:
         limit = asyncio.Semaphore(3)
 
@@ -260,7 +283,7 @@ async def test_randomized_agent_traffic_with_worker_kills_holds_to_the_witness(
             for index, session in enumerate(sessions):
                 if index == half:  # a kill while segments are being published
                     await asyncio.sleep(rng.uniform(0.0, 1.0))
-                    kill_and_replace()
+                    change_membership("sigkill")
                 answer = await http.post(f"{url}/sess/{session}/finalize", json={"reward": 1.0})
                 answer.raise_for_status()
         records = await read_until(
@@ -299,7 +322,8 @@ async def test_randomized_agent_traffic_with_worker_kills_holds_to_the_witness(
         **plan,
     }
     print(f"traffic summary: {summary}")
-    assert plan["worker_kills"] >= 2, "the traffic ended before any kill: make it longer"
+    changed = plan["worker_kills"] + plan["worker_leaves"] + plan["worker_joins"]
+    assert changed >= 3, "the traffic ended before the membership changed: make it longer"
     assert dead == [], [d.reason for d in dead]
     assert len(calls) == len(steps) == sum(c.calls for c in clients)
     assert len({s.step_id for s in steps}) == len(steps)
