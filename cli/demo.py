@@ -145,7 +145,7 @@ async def run_demo(settings: Settings, ingress_url: str, color: bool = True) -> 
         f"{offset}: {len(segment.token_ids)} tokens ({sum(segment.loss_mask)} generated) "
         f"in {len(segment.steps)} steps (titoflow inspect --session {session_id}):\n"
     )
-    decoder = TokenDecoder(load_tokenizer(settings.model_path))
+    decoder = TokenDecoder(load_tokenizer(settings.model_path, settings.trust_remote_code))
     view = build_view(Loaded(segment, json.loads(segment.model_dump_json())), decoder)
     print(render_text([view], color=color))
     return segment

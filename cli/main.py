@@ -84,12 +84,14 @@ def _check_model(settings: Settings, tokenizer_needed: bool) -> None:
     ``tokenizer_needed`` (the worker) there may be no tokenizer at all."""
     from titoflow.tito.families import resolve_family
     from titoflow.tito.render import template_source
-    from titoflow.tito.tokenizer import load_tokenizer
+    from titoflow.tito.tokenizer import RemoteCodeRefused, load_tokenizer
 
     if not tokenizer_needed and not (settings.model_path / "tokenizer_config.json").exists():
         return
     try:
-        tokenizer = load_tokenizer(settings.model_path)
+        tokenizer = load_tokenizer(settings.model_path, settings.trust_remote_code)
+    except RemoteCodeRefused as exc:
+        raise SettingError("TITOFLOW_TRUST_REMOTE_CODE", str(exc)) from None
     except (OSError, ValueError) as exc:
         raise SettingError("TITOFLOW_MODEL_PATH", str(exc)) from None
     try:
@@ -568,7 +570,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from titoflow.tito.tokenizer import load_tokenizer
 
         try:
-            tokenizer = load_tokenizer(settings.model_path)
+            tokenizer = load_tokenizer(settings.model_path, settings.trust_remote_code)
         except (OSError, ValueError) as exc:
             print(f"showing token ids, not text: {exc}", file=sys.stderr)
     decoder = TokenDecoder(tokenizer)

@@ -135,7 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tokenizer = load_tokenizer(settings.model_path)
+        tokenizer = load_tokenizer(settings.model_path, settings.trust_remote_code)
         processing, fingerprint, store = _image_options(settings)
         app.state.settings = settings
         app.state.engines = pool

@@ -6,6 +6,7 @@ placeholders."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import socket
@@ -165,6 +166,24 @@ def test_a_bad_setting_is_one_line_naming_it(
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"titoflow {command}: "), lines
     assert named in lines[0] and fix in lines[0], lines[0]
+
+
+def test_a_tokenizer_that_is_code_is_refused_naming_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory whose tokenizer is its own code (Kimi's ships so) stops a service in one line
+    naming TITOFLOW_TRUST_REMOTE_CODE, the opt-in vLLM's --trust-remote-code mirrors."""
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}})
+    )
+    for name in [name for name in os.environ if name.startswith("TITOFLOW_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TITOFLOW_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port('127.0.0.1')}")
+    monkeypatch.setenv("TITOFLOW_MODEL_PATH", str(tmp_path))
+    assert main(["worker"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("titoflow worker: TITOFLOW_TRUST_REMOTE_CODE: "), line
+    assert "TITOFLOW_TRUST_REMOTE_CODE=1" in line
 
 
 def test_an_unreachable_broker_is_one_line_without_library_logs() -> None:

