@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import secrets
+import shlex
 import signal
 import sys
 import time
@@ -260,6 +261,29 @@ def _write_driver_token(run_dir: Path, token: str) -> None:
     print(f"driver token (rollout driver only; TITOFLOW_DRIVER_TOKEN): {path}")
 
 
+RUN_ENV_FILE = "env"
+
+
+def write_run_env(run_dir: Path, settings: Settings, ingress_url: str, driver_url: str) -> Path:
+    """``run_dir/env`` (mode 0600: it holds the driver token): the variables a rollout driver or
+    trainer beside ``up`` reads its broker, topics, addresses and driver token from, as the
+    examples in docs/ do (``set -a; . .run/env; set +a``, then ``Settings()``)."""
+    values = {
+        "TITOFLOW_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "TITOFLOW_TOPIC_PREFIX": settings.topic_prefix,
+        "TITOFLOW_INGRESS_URL": ingress_url,
+        "TITOFLOW_DRIVER_URL": driver_url,
+        "TITOFLOW_DRIVER_TOKEN": settings.driver_token,
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / RUN_ENV_FILE
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.writelines(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
+    path.chmod(0o600)
+    return path
+
+
 # How soon `up` notices a child's exit.
 SUPERVISE_INTERVAL_S = 0.2
 
@@ -302,6 +326,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         report(f"{head.rstrip(':')}{why}; logs in {args.run_dir / 'logs'}")
         return 1
     with started as stack:
+        env = write_run_env(args.run_dir, stack.settings, stack.ingress_url, stack.driver_url)
         print("\ntitoflow is up. Give a scaffold this base URL (session 'my-session'):")
         print(f"  OpenAI:   {stack.ingress_url}/sess/my-session/v1")
         print(
@@ -311,6 +336,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(
             f"  broker:   {stack.settings.bootstrap_servers}   engine: {stack.settings.engine_url}"
         )
+        print(f"  rollout driver or trainer (docs/trainer.md): set -a; . {env}; set +a")
         try:
             if args.demo:
                 asyncio.run(run_demo(stack.settings, stack.ingress_url))
