@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -264,21 +265,19 @@ def trainable(segment: SegmentFinalized) -> list[int]:
     return [t for t, m in zip(segment.token_ids, segment.loss_mask, strict=True) if m]
 
 
-def test_two_samples_of_one_prompt_are_two_branches_and_the_unused_one_is_marked() -> None:
+def test_a_continued_sibling_takes_the_first_samples_place_in_one_trajectory() -> None:
     retry_of_b = step("b2", [4], [77, 78], parent="a", prefix_len=5)  # same prompt as b
     after_retry = step("c", [5], [13], parent="b2", prefix_len=8)
-    unused, ancestors, branch = assemble([THREE_TURNS[0], THREE_TURNS[1], retry_of_b, after_retry])
+    unused, trajectory = assemble([THREE_TURNS[0], THREE_TURNS[1], retry_of_b, after_retry])
     # The sample nobody continued, alone: everything before it is context.
     assert unused.unused_sample and trainable(unused) == [12]
     assert unused.token_ids == [1, 2, 3, 10, 11, 4, 12]
-    # Its ancestor stays trainable once, in a segment of its own...
-    assert not ancestors.unused_sample and trainable(ancestors) == [10, 11]
-    # ...and the branch the client followed holds it as context.
-    assert branch.split_reason is SplitReason.FORK and branch.last_of_session
-    assert branch.token_ids == [1, 2, 3, 10, 11, 4, 77, 78, 5, 13]
-    assert trainable(branch) == [77, 78, 13]
-    assert [s.step_id for s in branch.steps][-2:] == ["b2", "c"]
-    assert len({unused.segment_id, ancestors.segment_id, branch.segment_id}) == 3
+    # The client never went back: one trajectory, its ancestor trainable in it, not a fork.
+    assert trajectory.split_reason is None and trajectory.last_of_session
+    assert trajectory.token_ids == [1, 2, 3, 10, 11, 4, 77, 78, 5, 13]
+    assert trainable(trajectory) == [10, 11, 77, 78, 13]
+    assert [s.step_id for s in trajectory.steps] == ["a", "b2", "c"]
+    assert unused.segment_id != trajectory.segment_id
 
 
 def test_a_session_first_prompt_sampled_twice_and_both_continued() -> None:
@@ -296,20 +295,23 @@ def test_a_session_first_prompt_sampled_twice_and_both_continued() -> None:
     assert second.token_ids == [1, 2, 3, 20, 4, 21]
 
 
-def test_retries_nobody_continued_leave_the_latest_standing() -> None:
+@pytest.mark.parametrize("order", [0, 1])
+def test_retries_nobody_continued_leave_the_first_step_id_standing(order: int) -> None:
+    """Whatever order the samples came in: the pick depends on the events only."""
     first, again = step("a", [1, 2, 3], [10]), step("a2", [1, 2, 3], [11])
-    unused, latest = assemble([first, again])
-    assert unused.unused_sample and trainable(unused) == [10]
-    assert not latest.unused_sample and trainable(latest) == [11] and latest.last_of_session
+    unused, standing = assemble([first, again] if order == 0 else [again, first])
+    assert unused.unused_sample and trainable(unused) == [11]
+    assert not standing.unused_sample and trainable(standing) == [10]
+    assert standing.last_of_session and standing.split_reason is None
 
 
-def test_a_rendered_resample_branches_where_its_prompt_leaves_the_segment() -> None:
+def test_a_rendered_resample_nobody_continued_is_an_unused_branch() -> None:
     resample_of_b = step("b2", [1, 2, 3, 10, 11, 4], [99])  # another replica, b's prompt
-    unused, ancestors, branch = assemble([THREE_TURNS[0], THREE_TURNS[1], resample_of_b])
-    assert trainable(unused) == [12] and unused.unused_sample
-    assert trainable(ancestors) == [10, 11]
-    assert branch.token_ids == [1, 2, 3, 10, 11, 4, 99] and trainable(branch) == [99]
-    assert branch.diagnostics["cache_miss"] == 1
+    unused, trajectory = assemble([THREE_TURNS[0], THREE_TURNS[1], resample_of_b])
+    assert trainable(unused) == [99] and unused.unused_sample
+    assert unused.token_ids == [1, 2, 3, 10, 11, 4, 99]
+    assert trainable(trajectory) == [10, 11, 12] and trajectory.split_reason is None
+    assert unused.diagnostics["cache_miss"] == 1
 
 
 def test_a_step_id_reused_by_another_step_is_dead_lettered_and_a_resend_is_dropped() -> None:

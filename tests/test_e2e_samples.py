@@ -13,6 +13,7 @@ exactly once, after exactly the prompt the engine saw; nothing goes to the DLQ.
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from tests.families import path_tool
 from tests.topics import finalized_segments, read_all, recorded_steps
 from tests.witness import Witness, check_segments
 from titoflow.client.consumer import SegmentConsumer
+from titoflow.client.rollout import OpenedSession, RolloutClient
 from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
 
@@ -163,3 +165,66 @@ def _both_conversations_in_segments(steps: list[StepRecorded], segments: list[An
     }
     assert len(first_turns) >= 2 and all(s.step_id in trained for s in first_turns)
     assert {s.step_id for s in steps} == trained
+
+
+SESSION_SAMPLING: list[dict[str, Any]] = [
+    {},
+    {"seed": 7},  # fixed: a retry samples the same answer again
+    {"seed": 11, "seed_policy": "per_step"},
+    {"temperature": 1.0, "top_p": 1.0},
+]
+
+
+async def test_a_linear_rollout_with_n_samples_and_retries_is_one_trajectory(
+    stack_settings: Settings, witness: Witness, tmp_path: Path
+) -> None:
+    """Issue 38. Rollouts opened by a driver (with and without sampling overrides, fixed and
+    per-step seeds) each run rounds of chat with ``n`` in 1-3, streamed or not, sometimes a
+    retry of the round's request, and go on with a random one of the answers, never going
+    back: each is one trajectory segment (``split_reason`` none, ``last_of_session``) plus one
+    unused-sample segment per answer it did not go on with."""
+    rng = random.Random(20261128)
+    ingress, url = start_ingress(stack_settings, tmp_path)
+    worker = start_worker(stack_settings, tmp_path)
+    samples: dict[str, int] = {}  # session → completions it received
+    rounds: dict[str, int] = {}
+    try:
+        async with RolloutClient(url, stack_settings) as rollouts:
+            opened = [await rollouts.open(sampling=s) for s in SESSION_SAMPLING]
+
+            async def rollout(session: OpenedSession, plan: random.Random) -> None:
+                client = AsyncOpenAI(base_url=session.openai_base_url, api_key="u", max_retries=0)
+                messages = [dict(m) for m in START]
+                for turn in range(plan.randint(2, 4)):
+                    stream, n = plan.random() < 0.5, plan.randint(1, 3)
+                    answers = await _ask(client, messages, turn, stream, n=n)
+                    if plan.random() < 0.3:  # a retry: the same request again, its answers kept
+                        answers = await _ask(client, messages, turn, stream, n=n)
+                        samples[session.session_id] = samples.get(session.session_id, 0) + n
+                    samples[session.session_id] = samples.get(session.session_id, 0) + n
+                    rounds[session.session_id] = turn + 1
+                    answer = plan.choice(answers)
+                    messages += [answer, *_next_input(answer, turn)]
+                await client.close()
+
+            await asyncio.gather(*(rollout(o, random.Random(rng.random())) for o in opened))
+            for session in opened:
+                await rollouts.finalize(session.session_id, reward=1.0)
+            found = [await rollouts.segments(o.session_id, timeout_s=120) for o in opened]
+    finally:
+        ingress.stop()
+        worker.stop()
+
+    calls = witness.witnessed()
+    segments = [s for per_session in found for s in per_session]
+    assert len(calls) == sum(samples.values())
+    check_segments(segments, calls, complete=True)
+    report = []
+    for session, per_session in zip(opened, found, strict=True):
+        trajectories = [s for s in per_session if not s.unused_sample]
+        unused = [s for s in per_session if s.unused_sample]
+        report.append((len(trajectories), len(unused), samples[session.session_id]))
+        assert [(s.split_reason, s.last_of_session) for s in trajectories] == [(None, True)]
+        assert len(trajectories[0].steps) == rounds[session.session_id]
+        assert len(unused) == samples[session.session_id] - rounds[session.session_id]
+    print(f"(trajectories, unused samples, samples) per session: {report}")

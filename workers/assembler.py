@@ -4,7 +4,9 @@ Pure logic: no Kafka, no clocks of its own. The parts live in :mod:`workers.asse
 Invariants:
 - Every sample is its own step, and reaches a segment once. A TITO step extends the segment
   holding its parent; if the parent is not that segment's last step (another sample of the
-  same prompt, or a request from an earlier turn), it opens a branch (``split_reason: fork``).
+  same prompt, or a request from an earlier turn), it opens a branch (``split_reason: fork``);
+  at close, a branch that went on from a sibling of an unused sample is joined back into the
+  trajectory (:mod:`workers.assembly.unused`): only a client that went back makes a fork.
   A rendered step (the ingress rendered the whole conversation) is placed the same way after
   the latest step whose tokens prefix its prompt — a ``cache_miss`` — or, with none, starts a
   new segment: a ``fork`` when its prompt is exactly another segment's first prompt (that
