@@ -75,16 +75,17 @@ def kimi_ids(conversation: Conversation) -> Conversation:
 CORPUS = [kimi_ids(c) for c in corpus()]
 
 
+def generated_call(call: ToolCall) -> str:
+    arguments = json.dumps(call.arguments_value(), ensure_ascii=False)
+    return f"{CALL_BEGIN}{call.id}{ARGUMENT_BEGIN}{arguments}{CALL_END}"
+
+
 def generated(message: Message) -> str:
     """What K2-Thinking writes for ``message`` after the generation prompt (without the stop
     token): its reasoning block, content, and one section with the turn's calls."""
     text = f"<think>{message.reasoning or ''}</think>{message.content}"
     if message.tool_calls:
-        calls = "".join(
-            f"{CALL_BEGIN}{c.id}{ARGUMENT_BEGIN}"
-            f"{json.dumps(c.arguments_value(), ensure_ascii=False)}{CALL_END}"
-            for c in message.tool_calls
-        )
+        calls = "".join(generated_call(c) for c in message.tool_calls)
         text += SECTION_BEGIN + calls + SECTION_END
     return text
 
@@ -214,6 +215,8 @@ def test_streaming_and_whole_parsing_agree_on_every_split() -> None:
         "<think>a</think>x" + SECTION_BEGIN + CALL_BEGIN + "functions.f:0" + ARGUMENT_BEGIN + "{",
         "<think>R " + SECTION_BEGIN + "</think>" + SECTION_BEGIN + SECTION_END + " tail",
         "plain <thi text <|tool_calls_section_be",
+        "<think>R " + SECTION_BEGIN + GOOD + SECTION_END + "\n</thi" + "nk> after </think>",
+        "<think>R " + SECTION_BEGIN + GOOD,
     ]
     for text in texts:
         whole = parse(text, tools=CORPUS[1].tools)
@@ -243,7 +246,7 @@ GOOD = call("functions.read_file:3", '{"path": "a"}')
         (section(GOOD, "stray", GOOD), "call 1: expected"),
         (section(), "no call in the section"),
         (section(CALL_BEGIN + "functions.f:0{}" + CALL_END), "expected id"),
-        (SECTION_BEGIN + GOOD, "not closed"),
+        (SECTION_BEGIN + CALL_BEGIN + "functions.f:0", "not closed, and call 0: expected"),
     ],
 )
 def test_a_malformed_section_is_text_with_a_parse_error(text: str, why: str) -> None:
@@ -263,7 +266,10 @@ def test_a_call_cut_off_in_the_corpus_is_text(renderer: ChatRenderer) -> None:
                 continue
             cut = text[: text.index(PROBE) + 3]
             parsed = parse(cut, tools=conversation.tools)
-            assert parsed.parse_error is not None and parsed.tool_calls == []
+            # The calls before the cut one are whole; the cut one is text with the error.
+            whole = [c.id for c in message.tool_calls if generated_call(c) in cut]
+            assert parsed.parse_error is not None
+            assert [c.id for c in parsed.tool_calls] == whole
             assert parsed.content.endswith(PROBE[:3])
             cut_calls += 1
     assert cut_calls > 0
@@ -297,15 +303,29 @@ def test_parallel_calls_keep_their_ids_names_and_unicode() -> None:
     assert parsed.content == "" and parsed.reasoning is None and parsed.parse_error is None
 
 
-def test_a_call_inside_reasoning_is_not_a_call() -> None:
+def test_a_section_opened_inside_reasoning_ends_it() -> None:
+    """K2-Thinking/K2.5 often open the section before </think> (vLLM's Kimi reasoning parser
+    ends the reasoning there too): the calls are calls, and the late </think> is dropped."""
     inside = "<think>Maybe " + section(GOOD) + "</think>Done."
     parsed = parse(inside, tools=CORPUS[1].tools)
-    assert parsed.tool_calls == [] and parsed.content == "Done."
-    assert parsed.reasoning == "Maybe " + section(GOOD)
-    # K2.5 may start a section without closing its reasoning: still reasoning, never a call.
+    assert [c.id for c in parsed.tool_calls] == ["functions.read_file:3"]
+    assert parsed.content == "Done." and parsed.reasoning == "Maybe "
+    assert parsed.parse_error is None
+    # K2.5's prompt opens <think>; the output starts a section without closing it.
     unclosed = parse("Thinking " + section(GOOD), tools=CORPUS[1].tools, reasoning_open=True)
-    assert unclosed.tool_calls == [] and unclosed.content == ""
-    assert unclosed.reasoning == "Thinking " + section(GOOD)
+    assert [c.name for c in unclosed.tool_calls] == ["read_file"] and unclosed.content == ""
+    assert unclosed.reasoning == "Thinking "
+    # ... and may end the output without closing the section either.
+    cut = parse("<think>Thinking " + SECTION_BEGIN + GOOD, tools=CORPUS[1].tools)
+    assert [c.name for c in cut.tool_calls] == ["read_file"] and cut.parse_error is None
+    # A malformed section there is not hidden in the reasoning: text with a parse error.
+    bad = parse("<think>Hmm " + section(call("functions.f:0", "{")), tools=CORPUS[1].tools)
+    assert bad.tool_calls == [] and bad.reasoning == "Hmm "
+    assert bad.content == section(call("functions.f:0", "{"))
+    assert bad.parse_error is not None and "invalid JSON" in bad.parse_error
+    # Without tools the marker is text, and reasoning runs to </think>.
+    plain = parse("<think>a" + section(GOOD) + "</think>b", parse_tools=False)
+    assert plain.reasoning == "a" + section(GOOD) and plain.content == "b"
 
 
 def test_without_tools_call_syntax_stays_text() -> None:

@@ -110,6 +110,14 @@ CORPUS: list[Case] = [
     ("qwen3_coder", CODER, "<tool_call>\n<function=run>\n</tool_call>"),
     ("qwen3_coder", CODER, f"{XML_CALL_2}\n<tool_call>\n<function=run>\n<parameter=cmd>\nls"),
     ("qwen3_coder", {}, XML_CALL),
+    (
+        "qwen3_coder",
+        CODER,
+        "Run:\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n</function>\n",
+    ),
+    ("qwen3_coder", CODER, "<function=run>\n</function>\n</tool_call> <function=x></funct"),
+    ("qwen3_coder", CODER, "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n"),
+    ("qwen3_coder", CODER, f"<tool_call>\n<function=run>\n</function>\n{XML_CALL_2}"),
 ]
 
 
@@ -332,12 +340,11 @@ def test_coder_without_schemas_keeps_strings() -> None:
     "block",
     [
         XML_UNCLOSED_PARAM,
-        "<tool_call>\n<function=run>\n</tool_call>",
         '<tool_call>\n{"name": "run"}\n</tool_call>',
         "<tool_call>\n<function=run>\nls\n</function>\n</tool_call>",
-        "<tool_call>\n<function=a>\n</function>\n<function=b>\n</function>\n</tool_call>",
         "<tool_call>\n<function=run>\n<parameter=x>\n1\n</parameter>\n"
         "<parameter=x>\n2\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=run\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
     ],
 )
 def test_coder_malformed_xml_stays_text(block: str) -> None:
@@ -345,6 +352,65 @@ def test_coder_malformed_xml_stays_text(block: str) -> None:
     assert out.content == block
     assert [c.name for c in out.tool_calls] == ["run"]
     assert out.parse_error is not None and out.parse_error.startswith("<tool_call> block 0:")
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        # No <tool_call> wrapper (and a stray closer after it, as if there had been one).
+        ("<function=run>\n<parameter=cmd>\nls\n</parameter>\n</function>", [("run", "ls")]),
+        (
+            "<function=run>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call>",
+            [("run", "ls")],
+        ),
+        # </parameter> skipped before the next parameter: that parameter ends the value.
+        (
+            "<tool_call>\n<function=write_file>\n<parameter=path>\na\n<parameter=line>\n3\n"
+            "</parameter>\n</function>\n</tool_call>",
+            [("write_file", "a", 3)],
+        ),
+        # The output ends inside the block, or before its </function>.
+        ("<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n", [("run", "ls")]),
+        (
+            "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n</tool_call>",
+            [("run", "ls")],
+        ),
+        ("<tool_call>\n<function=run>\n</tool_call>", [("run",)]),
+        # </tool_call> skipped before the next <tool_call>: that one closes the block.
+        (
+            "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n</function>\n"
+            "<tool_call>\n<function=run>\n<parameter=cmd>\npwd\n</parameter>\n</function>\n"
+            "</tool_call>",
+            [("run", "ls"), ("run", "pwd")],
+        ),
+        # Two functions in one block.
+        (
+            "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\n</function>\n"
+            "<function=run>\n<parameter=cmd>\npwd\n</parameter>\n</function>\n</tool_call>",
+            [("run", "ls"), ("run", "pwd")],
+        ),
+    ],
+)
+def test_coder_reads_the_calls_its_models_bend(text: str, calls: list[tuple[Any, ...]]) -> None:
+    deltas, out = parse(("qwen3_coder", CODER, "Go.\n" + text))
+    assert out.parse_error is None and out.content == "Go."
+    found = [(c.name, *json.loads(c.arguments).values()) for c in out.tool_calls]
+    assert found == calls
+    assert [d.index for d in deltas if isinstance(d, ToolCallDone)] == list(range(len(calls)))
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("<function=run>\n<parameter=cmd>\nls", "not closed, and parameter 'cmd' not closed"),
+        ("<tool_call>\n<function=run>\n<parameter=cmd>\nl", "not closed, and parameter"),
+        ("<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>\nmore", "not closed"),
+    ],
+)
+def test_coder_a_block_cut_where_a_value_is_unknown_is_text(text: str, why: str) -> None:
+    _, out = parse(("qwen3_coder", CODER, text))
+    assert out.tool_calls == [] and out.content == text
+    assert out.parse_error is not None and why in out.parse_error
 
 
 def test_ids_are_deterministic() -> None:

@@ -17,12 +17,19 @@ result is the full render's, token for token. A synthetic id would be rendered i
 call (each tool turn diverging from the chain) and the model would read results for ids it never
 wrote. The id is still deterministic: a replayed step has the same text, hence the same ids.
 
+K2-Thinking and K2.5 often open the call section before closing their reasoning
+(``<think>R<|tool_calls_section_begin|>...``, the ``</think>`` late or never): the section
+marker ends the reasoning, as in vLLM's Kimi reasoning parser, and the late ``</think>``, the
+reasoning block's own closer, is dropped rather than shown as text. A section the output ends
+inside (no ``<|tool_calls_section_end|>``) is read as if closed there: complete calls are
+calls, a call cut off is a failure.
+
 Invariants: streaming and whole parsing are one code path, so every chunking gives the same
 message. Reasoning, and text outside reasoning and call sections, are returned exactly as
 generated (the template writes no layout around them; only whitespace before the opening
-``<think>`` is dropped), so a parsed turn renders back to the text it came from. A section
-that does not parse, or never closes, is returned as text exactly as generated, with
-``parse_error`` naming the first failure; inside reasoning nothing is a call.
+``<think>`` and a late ``</think>`` are dropped), so a parsed turn renders back to the text it
+came from. A section that does not parse is returned as text exactly as generated, with
+``parse_error`` naming the first failure: a call-shaped output is never lost silently.
 
 The template drops the reasoning of every assistant turn up to the last one without tool calls
 (``<think></think>``): a tool loop is append-only until the turn that answers without a call.
@@ -76,7 +83,8 @@ def call_id(name: str, index: int) -> str:
 def parse_section(inner: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(id, name, arguments) of each call between the section markers, or MalformedCall.
 
-    Whitespace between calls is allowed (it decides nothing); any other text is not.
+    Whitespace between calls is allowed (it decides nothing); any other text is not. The last
+    call's ``<|tool_call_end|>`` may be missing: the section's end closes it (as vLLM reads it).
     """
     calls: list[tuple[str, str, dict[str, Any]]] = []
     at = 0
@@ -87,6 +95,8 @@ def parse_section(inner: str) -> list[tuple[str, str, dict[str, Any]]]:
         head = start + len(CALL_BEGIN)
         middle = inner.find(ARGUMENT_BEGIN, head)
         end = inner.find(CALL_END, head)
+        if end < 0 and middle >= 0 and inner.find(CALL_BEGIN, middle) < 0:
+            end = len(inner)  # the last call, closed by the section's end
         if middle < 0 or end < 0 or end < middle:
             raise MalformedCall(f"call {len(calls)}: expected id{ARGUMENT_BEGIN}args{CALL_END}")
         call_id = inner[head:middle].strip()
@@ -128,6 +138,14 @@ class KimiParser(IncrementalParser):
         self._state = _State.REASONING if options.reasoning_open else _State.START
         self._scanned = 0  # in SECTION, where the closing marker could still start in _buf
         self._sections = 0  # sections seen, parsed or not
+        # A section ended the reasoning before its </think>: that closer may still come.
+        self._late_close = False
+
+    def _advance(self, final: bool) -> None:
+        super()._advance(final)
+        # A call written outside any section is not parsed: never a silently lost call.
+        if final and self._parse_tools and CALL_BEGIN in "".join(self._content):
+            self._fail(self._sections, f"{CALL_BEGIN} outside a call section")
 
     def _step(self, final: bool) -> bool:
         """Advance as far as the buffer allows; True if the state changed (step again)."""
@@ -153,30 +171,54 @@ class KimiParser(IncrementalParser):
         self._state = _State.CONTENT
         return True
 
+    def _markers(self, *markers: str) -> list[str]:
+        """``markers``, with the section's opening when calls are parsed."""
+        return [*markers, SECTION_BEGIN] if self._parse_tools else list(markers)
+
+    def _first(self, markers: list[str]) -> tuple[int, str]:
+        """Where the first of ``markers`` starts in ``_buf``, and which; (-1, "") if none."""
+        found = [(at, m) for m in markers if (at := self._buf.find(m)) >= 0]
+        return min(found) if found else (-1, "")
+
     def _reason(self, final: bool) -> bool:
-        end = self._buf.find(THINK_CLOSE)
-        if end >= 0:
-            self._emit(self._buf[:end], reasoning=True)
-            self._buf = self._buf[end + len(THINK_CLOSE) :]
+        # The section's opening ends the reasoning too (K2-Thinking/K2.5 open it before </think>).
+        markers = self._markers(THINK_CLOSE)
+        at, marker = self._first(markers)
+        if marker == THINK_CLOSE:
+            self._emit(self._buf[:at], reasoning=True)
+            self._buf = self._buf[at + len(THINK_CLOSE) :]
             self._state = _State.CONTENT
             return True
-        held = 0 if final else partial_marker(self._buf, [THINK_CLOSE])
+        if marker == SECTION_BEGIN:
+            self._emit(self._buf[:at], reasoning=True)
+            self._late_close = True
+            return self._open_section(at)
+        held = 0 if final else partial_marker(self._buf, markers)
         self._emit(self._buf[: len(self._buf) - held], reasoning=True)
         self._buf = self._buf[len(self._buf) - held :]
         return False
 
     def _text_or_section(self, final: bool) -> bool:
-        start = self._buf.find(SECTION_BEGIN) if self._parse_tools else -1
-        if start >= 0:
-            self._emit(self._buf[:start], reasoning=False)
-            self._buf = self._buf[start:]
-            self._scanned = len(SECTION_BEGIN)
-            self._state = _State.SECTION
+        markers = self._markers(THINK_CLOSE) if self._late_close else self._markers()
+        at, marker = self._first(markers) if markers else (-1, "")
+        if marker == THINK_CLOSE:  # the reasoning block's own closer, come after its section
+            self._emit(self._buf[:at], reasoning=False)
+            self._buf = self._buf[at + len(THINK_CLOSE) :]
+            self._late_close = False
             return True
-        held = partial_marker(self._buf, [SECTION_BEGIN]) if self._parse_tools and not final else 0
+        if marker == SECTION_BEGIN:
+            self._emit(self._buf[:at], reasoning=False)
+            return self._open_section(at)
+        held = partial_marker(self._buf, markers) if markers and not final else 0
         self._emit(self._buf[: len(self._buf) - held], reasoning=False)
         self._buf = self._buf[len(self._buf) - held :]
         return False
+
+    def _open_section(self, at: int) -> bool:
+        self._buf = self._buf[at:]
+        self._scanned = len(SECTION_BEGIN)
+        self._state = _State.SECTION
+        return True
 
     def _section(self, final: bool) -> bool:
         end = self._buf.find(SECTION_END, self._scanned)
@@ -186,24 +228,36 @@ class KimiParser(IncrementalParser):
             self._close(section)
             self._state = _State.CONTENT
             return True
-        if final:
-            self._fail(self._sections, "not closed")
-            self._emit(self._buf, reasoning=False)  # exactly as generated
-            self._buf = ""
+        if final:  # the output ended inside the section: read it as closed there
+            section, self._buf = self._buf, ""
+            self._close(section, closed=False)
+            self._state = _State.CONTENT
             return False
         # Sections can be long; do not rescan what cannot hold the closing marker.
         self._scanned = max(self._scanned, len(self._buf) - len(SECTION_END) + 1)
         return False
 
-    def _close(self, section: str) -> None:
+    def _close(self, section: str, closed: bool = True) -> None:
         number = self._sections
         self._sections += 1
+        inner = section[len(SECTION_BEGIN) : len(section) - (len(SECTION_END) if closed else 0)]
+        tail = ""
         try:
-            calls = parse_section(section[len(SECTION_BEGIN) : len(section) - len(SECTION_END)])
+            try:
+                calls = parse_section(inner)
+            except MalformedCall:
+                if closed or CALL_END not in inner:
+                    raise
+                # The output ended inside a call: the calls before it are whole, the cut one is
+                # text with the parse error.
+                whole = inner.rindex(CALL_END) + len(CALL_END)
+                calls, tail = parse_section(inner[:whole]), inner[whole:]
+                self._fail(number, f"not closed, and cut off after call {len(calls) - 1}")
         except MalformedCall as exc:
-            self._fail(number, str(exc))
+            self._fail(number, str(exc) if closed else f"not closed, and {exc}")
             self._emit(section, reasoning=False)
             return
+        self._emit(tail, reasoning=False)
         for call_id, name, arguments in calls:
             self._add_call(name, arguments, call_id)
 

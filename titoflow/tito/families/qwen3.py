@@ -3,6 +3,14 @@ in a ``<tool_call>`` block, ``<|im_end|>`` ending the turn.
 
 The template drops the reasoning of assistant turns before the last user message: re-rendering
 history would not give the tokens the model sampled, which is why the chain keeps them (TITO).
+
+Qwen3-Coder models often bend their XML: a ``<function=…>`` block without the ``<tool_call>``
+wrapper, a ``</parameter>`` skipped before the next ``<parameter=``, a ``</tool_call>`` skipped
+before the next ``<tool_call>``, a block the output ends inside, several functions in one
+block. Each of these is read as the call it plainly is (as vLLM's qwen3_coder parser reads
+it). What would need a guess is refused with ``parse_error`` (a value whose end is unknown, a
+parameter given twice, text between parameters), never dropped: a call-shaped output is
+never lost silently.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from titoflow.tito.families.base import (
     ParserOptions,
     TokenLookup,
 )
-from titoflow.tito.families.tagged import TaggedParser, Tags, one_call
+from titoflow.tito.families.tagged import BlockParser, TaggedParser, Tags, one_call
 from titoflow.tito.output import OutputParser
 
 TAGS = Tags()
@@ -45,8 +53,12 @@ def _parse_json_call(inner: str) -> tuple[str, dict[str, Any]]:
     return name, arguments
 
 
-_FUNCTION = re.compile(r"\s*<function=([^<>\s]+)>(.*)</function>\s*", re.DOTALL)
-_PARAMETER = re.compile(r"\s*<parameter=([^<>\n]+)>(.*?)</parameter>", re.DOTALL)
+_FUNCTION_OPEN = re.compile(r"\s*<function=([^<>\s]+)>")
+_PARAMETER_OPEN = re.compile(r"\s*<parameter=([^<>\n]+)>")
+FUNCTION_OPEN = "<function="
+FUNCTION_CLOSE = "</function>"
+PARAMETER_OPEN = "<parameter="
+PARAMETER_CLOSE = "</parameter>"
 _JSON_TYPES = frozenset({"integer", "number", "boolean", "object", "array"})
 
 
@@ -94,29 +106,59 @@ def typed_value(value: str, kind: str | None) -> Any:
     return value
 
 
-def _xml_parser(tools: Sequence[Mapping[str, Any]]) -> Any:
+def _value_end(body: str, start: int, key: str) -> tuple[int, int]:
+    """(end of the value starting at ``start``, where reading resumes): at its
+    ``</parameter>``, or at the next ``<parameter=`` when the model skipped the closer. A value
+    running into ``</function>`` or the block's end has no known end: refused."""
+    ends = {
+        marker: at
+        for marker in (PARAMETER_CLOSE, PARAMETER_OPEN, FUNCTION_CLOSE)
+        if (at := body.find(marker, start)) >= 0
+    }
+    first = min(ends, key=ends.__getitem__) if ends else None
+    if first == PARAMETER_CLOSE:
+        return ends[first], ends[first] + len(PARAMETER_CLOSE)
+    if first == PARAMETER_OPEN:
+        return ends[first], ends[first]
+    raise MalformedCall(f"parameter {key!r} not closed")
+
+
+def _xml_parser(tools: Sequence[Mapping[str, Any]]) -> BlockParser:
     """Qwen3-coder: ``<function=NAME><parameter=P>VALUE</parameter>...</function>``; the
-    template writes each value between newlines."""
+    template writes each value between newlines. A block holds one function or more; its last
+    ``</function>`` may be missing (the block's end closes it)."""
     types = parameter_types(tools)
 
-    def parse(inner: str) -> tuple[str, dict[str, Any]]:
-        function = _FUNCTION.fullmatch(inner)
-        if function is None:
-            raise MalformedCall("expected one <function=NAME>...</function>")
-        name, body = function.group(1), function.group(2)
+    def function(inner: str, at: int) -> tuple[str, dict[str, Any], int]:
+        opening = _FUNCTION_OPEN.match(inner, at)
+        if opening is None:
+            raise MalformedCall(f"expected <function=NAME>: {inner[at:].strip()[:40]!r}")
+        name, at = opening.group(1), opening.end()
         kinds = types.get(name, {})
         arguments: dict[str, Any] = {}
-        at = 0
-        while parameter := _PARAMETER.match(body, at):
+        while parameter := _PARAMETER_OPEN.match(inner, at):
             key = parameter.group(1)
             if key in arguments:
                 raise MalformedCall(f"parameter {key!r} given twice")
-            raw = parameter.group(2).removeprefix("\n").removesuffix("\n")
+            end, at = _value_end(inner, parameter.end(), key)
+            raw = inner[parameter.end() : end].removeprefix("\n").removesuffix("\n")
             arguments[key] = typed_value(raw, kinds.get(key))
-            at = parameter.end()
-        if body[at:].strip():
-            raise MalformedCall(f"unexpected text in <function={name}>: {body[at:][:40]!r}")
-        return name, arguments
+        rest = inner[at:].lstrip()
+        if rest.startswith(FUNCTION_CLOSE):
+            return name, arguments, len(inner) - len(rest) + len(FUNCTION_CLOSE)
+        if rest:
+            raise MalformedCall(f"unexpected text in <function={name}>: {rest[:40]!r}")
+        return name, arguments, len(inner)
+
+    def parse(inner: str) -> list[tuple[str, Any]]:
+        calls: list[tuple[str, Any]] = []
+        at = 0
+        while inner[at:].strip():
+            name, arguments, at = function(inner, at)
+            calls.append((name, arguments))
+        if not calls:
+            raise MalformedCall("expected <function=NAME>...</function>")
+        return calls
 
     return parse
 
@@ -125,8 +167,11 @@ def _hermes_parser(options: ParserOptions) -> OutputParser:
     return TaggedParser(options, one_call(_parse_json_call), TAGS)
 
 
+CODER_TAGS = Tags(bare_open=FUNCTION_OPEN, bare_close=FUNCTION_CLOSE)
+
+
 def _coder_parser(options: ParserOptions) -> OutputParser:
-    return TaggedParser(options, one_call(_xml_parser(options.tools)), TAGS)
+    return TaggedParser(options, _xml_parser(options.tools), CODER_TAGS, implicit_close=True)
 
 
 def _call_block(token_id: TokenLookup, opening: str, inner: dict[str, Any], closing: str) -> Any:

@@ -2,10 +2,16 @@
 other tags, the inside of a call read by a family's block parser (Qwen3's ``<think>`` and
 ``<tool_call>``, GLM's, ...).
 
+A family may also write a call without its wrapper (Qwen3-Coder's bare ``<function=…>``, which
+its models emit often): ``Tags.bare_open``/``bare_close`` name that block, and a stray wrapper
+closer right after it is dropped. With ``implicit_close`` a block's missing closer is implied:
+by the next block's opening (a block cannot hold another), or by the output's end (the model
+stopped before its closer), the block then read as if closed there, not refused outright.
+
 Invariants: the deltas depend on the text only, never on its chunking (each state keeps what
 it cannot decide, :mod:`titoflow.tito.families.incremental`). A malformed tool call is never
 repaired or dropped: its text goes back to the client exactly as generated and ``parse_error``
-says why. Inside reasoning nothing is a call.
+says why, so a call-shaped output is never lost silently. Inside reasoning nothing is a call.
 """
 
 from __future__ import annotations
@@ -32,10 +38,15 @@ def one_call(parse: CallParser) -> BlockParser:
 
 @dataclass(frozen=True)
 class Tags:
+    """The markers; ``bare_open``/``bare_close`` delimit a call written without the
+    ``call_*`` wrapper (the block handed to the block parser then includes them)."""
+
     think_open: str = "<think>"
     think_close: str = "</think>"
     call_open: str = "<tool_call>"
     call_close: str = "</tool_call>"
+    bare_open: str | None = None
+    bare_close: str | None = None
 
 
 class _State(Enum):
@@ -50,10 +61,20 @@ class TaggedParser(IncrementalParser):
     """Reasoning between ``tags.think_*``, then content with call blocks between ``tags.call_*``
     read by ``parse_block``."""
 
-    def __init__(self, options: ParserOptions, parse_block: BlockParser, tags: Tags) -> None:
+    def __init__(
+        self,
+        options: ParserOptions,
+        parse_block: BlockParser,
+        tags: Tags,
+        implicit_close: bool = False,
+    ) -> None:
         super().__init__(options)
         self._parse_block = parse_block
         self._tags = tags
+        self._implicit_close = implicit_close
+        self._openers = [tags.call_open] + ([tags.bare_open] if tags.bare_open else [])
+        self._bare = False  # the CALL block is a bare one (no wrapper)
+        self._after_bare = False  # a bare block just closed: a stray wrapper closer may follow
         self._state = _State.REASONING if options.reasoning_open else _State.START
         # Trailing content whitespace: emitted once more content follows, dropped before a tool
         # call and at the end, so the gaps between calls never become content.
@@ -113,13 +134,17 @@ class TaggedParser(IncrementalParser):
             self._out.append(ReasoningDelta(text))
 
     def _text_or_call(self, final: bool) -> bool:
-        start = self._buf.find(self._tags.call_open) if self._parse_tools else -1
-        if start >= 0:
+        if self._after_bare and self._stray_closer(final):
+            return False
+        found = [(at, o) for o in self._openers if (at := self._buf.find(o)) >= 0]
+        if found and self._parse_tools:
+            start, opener = min(found)
             self._emit_content(self._buf[:start])
             self._buf = self._buf[start:]
-            self._scanned = len(self._tags.call_open)
+            self._bare = opener != self._tags.call_open
+            self._scanned = len(opener)
             return self._enter(_State.CALL)
-        opening = [self._tags.call_open]
+        opening = self._openers
         held = partial_marker(self._buf, opening) if self._parse_tools and not final else 0
         self._emit_content(self._buf[: len(self._buf) - held])
         self._buf = self._buf[len(self._buf) - held :]
@@ -136,31 +161,76 @@ class TaggedParser(IncrementalParser):
         self._content.append(text)
         self._out.append(TextDelta(text))
 
+    def _stray_closer(self, final: bool) -> bool:
+        """After a bare block, drop a wrapper closer the model wrote as if it had opened one
+        (``</function>\n</tool_call>``); True while that cannot be decided yet."""
+        rest = self._buf.lstrip()
+        if rest.startswith(self._tags.call_close):
+            self._buf = rest[len(self._tags.call_close) :]
+        elif not final and self._tags.call_close.startswith(rest):
+            return True
+        self._after_bare = False
+        return False
+
+    def _closer(self) -> str:
+        if self._bare and self._tags.bare_close:
+            return self._tags.bare_close
+        return self._tags.call_close
+
+    def _next_opening(self) -> int:
+        """Where the next block opens inside this one's buffer (closing it), or -1. A wrapped
+        block holds bare openers (``<function=``) by design, so only the wrapper counts."""
+        if not self._implicit_close:
+            return -1
+        openers = self._openers if self._bare else [self._tags.call_open]
+        found = [at for o in openers if (at := self._buf.find(o, self._scanned)) >= 0]
+        return min(found, default=-1)
+
     def _call(self, final: bool) -> bool:
-        end = self._buf.find(self._tags.call_close, self._scanned)
+        closer = self._closer()
+        end = self._buf.find(closer, self._scanned)
+        following = self._next_opening()
+        if following >= 0 and (end < 0 or following < end):  # the next block closes this one
+            block, self._buf = self._buf[:following], self._buf[following:]
+            self._close_block(block, closed=False)
+            return self._enter(_State.CONTENT)
         if end >= 0:
-            block = self._buf[: end + len(self._tags.call_close)]
+            block = self._buf[: end + len(closer)]
             self._buf = self._buf[len(block) :]
-            self._close_block(block)
+            self._close_block(block, closed=True)
+            self._after_bare = self._bare
+            return self._enter(_State.CONTENT)
+        if final and self._implicit_close:  # the output ended inside the block: read it as closed
+            block, self._buf = self._buf, ""
+            self._close_block(block, closed=False)
             return self._enter(_State.CONTENT)
         if final:
             self._fail(self._blocks, "not closed")
             self._emit_text(self._ws + self._buf)  # exactly as generated, trailing space too
             self._ws = self._buf = ""
             return False
-        # Tool calls can be long; do not rescan what cannot hold the closing tag.
-        self._scanned = max(self._scanned, len(self._buf) - len(self._tags.call_close) + 1)
+        # Tool calls can be long; do not rescan what cannot hold the closing tag (or an opening).
+        longest = max(len(closer), *map(len, self._openers))
+        self._scanned = max(self._scanned, len(self._buf) - longest + 1)
         return False
 
-    def _close_block(self, block: str) -> None:
+    def _close_block(self, block: str, closed: bool) -> None:
         number = self._blocks
         self._blocks += 1
         try:
-            inner = block[len(self._tags.call_open) : len(block) - len(self._tags.call_close)]
+            if self._bare:  # the bare block's own tags are the block parser's to read
+                inner = block
+            else:
+                end = len(block) - (len(self._tags.call_close) if closed else 0)
+                inner = block[len(self._tags.call_open) : end]
             calls = self._parse_block(inner)
         except MalformedCall as exc:
-            self._fail(number, str(exc))
-            self._emit_content(block)
+            self._fail(number, str(exc) if closed else f"not closed, and {exc}")
+            if closed:
+                self._emit_content(block)
+            else:
+                self._emit_text(self._ws + block)  # exactly as generated, trailing space too
+                self._ws = ""
             return
         for name, arguments in calls:
             self._add_call(name, arguments)
