@@ -266,14 +266,15 @@ RUN_ENV_FILE = "env"
 
 def write_run_env(run_dir: Path, settings: Settings, ingress_url: str, driver_url: str) -> Path:
     """``run_dir/env`` (mode 0600: it holds the driver token): the variables a rollout driver or
-    trainer beside ``up`` reads its broker, topics, addresses and driver token from, as the
-    examples in docs/ do (``set -a; . .run/env; set +a``, then ``Settings()``)."""
+    trainer beside ``up`` reads its broker, topics, addresses, driver token and policy from, as
+    the examples in docs/ do (``set -a; . .run/env; set +a``, then ``Settings()``)."""
     values = {
         "TITOFLOW_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "TITOFLOW_TOPIC_PREFIX": settings.topic_prefix,
         "TITOFLOW_INGRESS_URL": ingress_url,
         "TITOFLOW_DRIVER_URL": driver_url,
         "TITOFLOW_DRIVER_TOKEN": settings.driver_token,
+        "TITOFLOW_MODEL_PATH": str(settings.model_path),
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_ENV_FILE

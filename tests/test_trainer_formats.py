@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.events import SegmentFinalized
-from tests.segments import filled_segment
+from schemas.events import SamplingUsed, SegmentFinalized
+from tests.segments import filled_segment, step_segment
 from titoflow.client.batch import instance_key
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
 from titoflow.client.formats.tinker import to_tinker
+from titoflow.client.formats.trl import to_trl
 from titoflow.client.formats.verl import to_verl
 from titoflow.settings import PROJECT_ROOT
 
@@ -231,3 +232,44 @@ def test_the_formats_example_of_the_docs_runs_as_written() -> None:
     for segment, advantage in zip(segments, [0.5, 0.0, -0.5], strict=True):
         got = by_tokens[tuple(segment.token_ids[:-1])]["loss_fn_inputs"]["advantages"]
         assert got.tobytes() == f32(np.asarray(segment.loss_mask[1:]) * advantage)
+
+
+def test_trl_takes_one_entry_per_rollout_with_the_env_tokens_masked() -> None:
+    """``GRPOTrainer(rollout_func=…)``'s fields: prompt before the first generated token, the
+    rest as the completion, ``env_mask`` 0 on the user turn between the two generations."""
+    rollout = step_segment("r", ([1, 2], [10, 11], [-0.5, -0.25]), ([3], [12], [-2.0]))
+    unused = step_segment("u", ([1, 2], [13], [-1.0]), unused_sample=True)
+    out = to_trl([[unused, rollout]])
+    assert out == {
+        "prompt_ids": [[1, 2]],
+        "completion_ids": [[10, 11, 3, 12]],
+        "logprobs": [[-0.5, -0.25, 0.0, -2.0]],
+        "env_mask": [[1, 1, 0, 1]],
+    }
+    with pytest.raises(ValueError, match="2 trajectory segments"):
+        to_trl([[rollout, step_segment("r2", ([4], [5], [-1.0]))]])
+
+
+@pytest.mark.parametrize(
+    ("sampled", "temperature", "refused"),
+    [
+        ({"temperature": 1.0, "top_p": 1.0}, 1.0, False),
+        ({"temperature": 0.7, "top_p": 1.0, "logprobs_mode": "processed_logprobs"}, 0.7, False),
+        ({"temperature": 0.7, "top_p": 1.0}, 0.7, True),  # raw: before temperature
+        ({"temperature": 1.0, "top_p": 0.9}, 1.0, True),  # a cut TRL's forward does not make
+        ({"temperature": 1.0, "top_p": 1.0, "top_k": 20}, 1.0, True),
+        ({"temperature": 1.0, "top_p": 1.0}, 0.7, True),  # not TRL's temperature
+    ],
+)
+def test_trl_refuses_logprobs_of_another_policy_than_its_forward(
+    sampled: dict[str, Any], temperature: float, refused: bool
+) -> None:
+    segment = step_segment("r", ([1, 2], [10], [-0.5]))
+    steps = [s.model_copy(update={"sampling": SamplingUsed(max_tokens=8, **sampled)})
+             for s in segment.steps]  # fmt: skip
+    segment = segment.model_copy(update={"steps": steps})
+    if refused:
+        with pytest.raises(ValueError, match="not TRL's"):
+            to_trl([[segment]], temperature)
+    else:
+        assert to_trl([[segment]], temperature)["completion_ids"] == [[10]]

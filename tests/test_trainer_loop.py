@@ -9,7 +9,6 @@ per group."""
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,13 @@ from transformers import AutoModelForCausalLM
 
 from schemas.events import SegmentFinalized
 from tests.apps import ADMIN_TOKEN, admin
+from tests.doc_blocks import blocks_run_by
 from tests.test_torch_data import check_item_holds
 from titoflow.client.rollout import OpenedSession, RolloutClient
 from titoflow.client.topic_source import TopicSource
 from titoflow.client.torch_data import SegmentDataset, block_causal_mask
 from titoflow.dev.stack import start_ingress, start_worker
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import Settings
 from workers.replay.options import ReplayOptions
 from workers.replay.sinks import replay_to
 
@@ -70,14 +70,6 @@ def groups_from_topic(settings: Settings, count: int) -> list[dict[str, Any]]:
         if len(items) == count:
             break
     return items
-
-
-def doc_loop() -> str:
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    [example] = re.findall(
-        r"<!-- tested by tests/test_trainer_loop\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
-    return str(example)
 
 
 async def test_grouped_tensors_of_real_segments_and_the_doc_training_loop(
@@ -144,7 +136,8 @@ async def test_grouped_tensors_of_real_segments_and_the_doc_training_loop(
         await replay_to(settings, ReplayOptions(), out=out)
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {}
-    exec(compile(doc_loop(), "docs/trainer.md", "exec"), namespace)
+    [loop] = blocks_run_by("tests/test_trainer_loop.py")
+    exec(compile(loop, "docs/trainer.md", "exec"), namespace)
     last = namespace["group"]
     [same] = [item for item in items if item["group"] == last["group"]]
     # The same segments (the replay may finish a group's sessions in another order).
