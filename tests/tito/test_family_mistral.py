@@ -8,8 +8,10 @@ mistral-common's ``MistralTokenizer`` (v7) gives for the same request.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,12 @@ from mistral_common.tokens.tokenizers.base import TokenizerVersion
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
 from tests.families import family_tokenizer
+from tests.tito.corpus import Conversation, corpus
+from tests.tito.test_family_corpus import generated_text, output_ids
+from tests.tito.test_family_corpus import parse as parse_corpus
+from tests.tito.test_family_corpus import turns as corpus_turns
 from titoflow.dev.tokenizers import mistral as recipe
-from titoflow.dev.tokenizers import template_path
+from titoflow.dev.tokenizers import template_path, tokenizer_dir
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions, tool_call_id
@@ -31,6 +37,7 @@ from titoflow.tito.families.mistral import MISTRAL, TOOL_CALLS
 from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.output import ParsedOutput, TextDelta, ToolCallDone
 from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 
 def tool(name: str, properties: dict[str, Any], description: str = "") -> dict[str, Any]:
@@ -265,7 +272,7 @@ def test_the_template_rejects_ids_of_another_shape(tokenizer: Any) -> None:
         ('[{"name": "run", "arguments": {"command": ', "invalid JSON"),
         ('[{"name": "run", "arguments": {}}] and more', "text after the call list"),
         ("[]", "not a non-empty JSON list"),
-        ('{"name": "run", "arguments": {}}', "not a non-empty JSON list"),
+        (' "run"', "not a non-empty JSON list"),
         ('[{"name": "run", "arguments": {}, "id": "call_1"}]', '"id" is not 9'),
         ('[{"name": "run", "arguments": "{}"}]', '"arguments" is not an object'),
         ('[{"name": "", "arguments": {}}]', '"name"'),
@@ -278,6 +285,24 @@ def test_malformed_calls_come_back_as_generated(calls: str, why: str) -> None:
     _, out = parse(text)
     assert out.tool_calls == [] and out.content == text
     assert out.parse_error is not None and why in out.parse_error
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        ' [{"name": "run", "arguments": {"x": 1}, "id": "abcdefghi"}]',  # Small 3.1's template
+        '\n[{"name": "run", "arguments": {"x": 1}, "id": "abcdefghi"}] \n',
+        '{"name": "run", "arguments": {"x": 1}, "id": "abcdefghi"}',  # one call, no list
+        ' {"name": "run", "arguments": {"x": 1}, "id": "abcdefghi"}',
+    ],
+)
+def test_whitespace_before_the_calls_and_a_bare_call_object(calls: str) -> None:
+    """As vLLM's Mistral parser reads them: the same call."""
+    _, out = parse("Hi " + TOOL_CALLS + calls)
+    assert out.parse_error is None and out.content == "Hi "
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("abcdefghi", "run", {"x": 1})
+    ]
 
 
 def test_without_tools_call_syntax_stays_text() -> None:
@@ -389,3 +414,136 @@ def test_forced_call_grammar(tokenizer: Any) -> None:
     assert more["content"]["elements"][0] == {"type": "const_string", "value": ", "}
     with pytest.raises(ValueError, match="no reasoning block"):
         tool_call_constraint(MISTRAL, TOOLS, "required", None, renderer.token_id, reasoning=True)
+
+
+# --- Mistral Small 3.1's own checkpoint template ------------------------------------------------
+# templates/mistral_small_3_1.jinja (source in titoflow/dev/tokenizers/mistral.py): what a user
+# serving the checkpoint's tokenizer_config gets. Detected as this family; the model writes the
+# same calls (the parser reads its "[TOOL_CALLS] [" too), the history it renders departs from
+# mistral-common's in the ways pinned below.
+
+CHECKPOINT = template_path(recipe.CHECKPOINT_TEMPLATE).read_text()
+# The template's own paragraphs as it renders them (its "\<newline>" escapes join the lines).
+_TOOL_USE = re.search(r'set parallel_tool_prompt = ("[^\n]*?") %}', CHECKPOINT)
+assert _TOOL_USE is not None
+TOOL_USE = json.loads(_TOOL_USE[1])
+DEFAULT_SYSTEM = (
+    "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French "
+    "startup headquartered in Paris.Your knowledge base was last updated on 2023-10-01. The "
+    "current date is {today}.When you're not sure about some information, you say that you "
+    "don't have the information and don't make up anything.If the user's question is not "
+    "clear, ambiguous, or does not provide enough context for you to accurately answer the "
+    "question, you do not try to answer it right away and you rather ask the user to clarify "
+    'their request (e.g. "What are some good restaurants around me?" => "Where are you?" or '
+    '"When is the next flight to Tokyo" => "Where do you travel from?")'
+)
+
+
+def checkpoint_renderer() -> ChatRenderer:
+    tokenizer = load_tokenizer(tokenizer_dir("mistral"))
+    tokenizer.chat_template = CHECKPOINT
+    # It writes a calling turn's calls alone: the corpus as it can express it.
+    return ChatRenderer(tokenizer, replace(MISTRAL, content_with_calls=False))
+
+
+def test_the_checkpoint_template_is_detected_as_mistral() -> None:
+    assert "[TOOL_CALLS] [" in CHECKPOINT and "[TOOL_CALLS][" not in CHECKPOINT
+    assert detect_family(CHECKPOINT) is MISTRAL
+
+
+def as_the_checkpoint_writes(text: str, tools: bool, today: str) -> str:
+    """mistral-common's rendering rewritten by every departure of the checkpoint template."""
+    # A default system prompt with today's date where the conversation has none.
+    if not text.startswith("<s>[SYSTEM_PROMPT]"):
+        default = DEFAULT_SYSTEM.format(today=today)
+        text = "<s>[SYSTEM_PROMPT]" + default + "[/SYSTEM_PROMPT]" + text.removeprefix("<s>")
+    # The tool-use paragraph before the system prompt when there are tools.
+    if tools:
+        text = text.replace("[SYSTEM_PROMPT]", "[SYSTEM_PROMPT]" + TOOL_USE, 1)
+    text = text.replace("[AVAILABLE_TOOLS][", "[AVAILABLE_TOOLS] [")
+    # A calling turn: its calls alone, after a space.
+    text = re.sub(
+        r"(\[/INST\]|\[/TOOL_RESULTS\])[^\[\]]*\[TOOL_CALLS\]\[", r"\1[TOOL_CALLS] [", text
+    )
+    # v3-style results: the content raw inside a JSON-like object, with the call id.
+    return re.sub(
+        r"\[TOOL_RESULTS\](\w{9})\[TOOL_CONTENT\](.*?)\[/TOOL_RESULTS\]",
+        r'[TOOL_RESULTS] {"content": \2, "call_id": "\1"}[/TOOL_RESULTS]',
+        text,
+        flags=re.DOTALL,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(set(CONVERSATIONS) - {"system-changes"}))
+@pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
+def test_the_checkpoint_template_departs_from_mistral_common_as_declared(
+    tokenizer: Any, name: str, with_tools: bool
+) -> None:
+    """Its rendering is mistral-common's (the template test above proves that one token for
+    token) with exactly the departures :func:`as_the_checkpoint_writes` makes."""
+    messages, tools = CONVERSATIONS[name], TOOLS if with_tools else []
+    finished = messages[-1].role == "assistant"
+    ours = ChatRenderer(tokenizer).render_text(messages, tools, {}, not finished)
+    theirs = checkpoint_renderer().render_text(messages, tools, {}, not finished)
+    today = dt.date.today().isoformat()
+    assert as_the_checkpoint_writes(ours, with_tools, today) == theirs
+
+
+def test_the_checkpoint_template_refuses_a_later_system_message() -> None:
+    with pytest.raises(TemplateError, match="Only user and assistant roles"):
+        checkpoint_renderer().full_prompt(CONVERSATIONS["system-changes"], TOOLS, {})
+
+
+CHECKPOINT_CORPUS = [c for c in corpus() if not c.name.startswith("system-change")]
+
+
+@pytest.mark.parametrize("conversation", CHECKPOINT_CORPUS, ids=lambda c: c.name)
+def test_corpus_on_the_checkpoint_template(conversation: Conversation) -> None:
+    """The family's corpus proof (tests/tito/test_family_corpus.py) on this template: each TITO
+    prompt is the full render (or, where the tool list moved, the full render itself); what it
+    renders as the model's turn parses back to that turn and renders to the same tokens."""
+    renderer = checkpoint_renderer()
+    tools = conversation.tools
+    checked = 0
+    for turn in corpus_turns(renderer, conversation):
+        assert turn.prompt == renderer.full_prompt(turn.history, tools, {})
+        text = generated_text(renderer, turn.output)
+        parsed = parse_corpus(MISTRAL, text, tools, False)
+        assert parsed.parse_error is None, text
+        assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
+            (c.name, json.loads(c.arguments)) for c in turn.answer.tool_calls
+        ], text
+        assert parsed.content == turn.answer.content.strip(), text
+        again = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+        ids = tuple(
+            c.model_copy(update={"id": a.id})
+            for c, a in zip(again.tool_calls, turn.answer.tool_calls, strict=True)
+        )
+        again = again.model_copy(update={"tool_calls": ids})
+        assert output_ids(renderer, turn.history, again, tools, {}) == turn.output, text
+        checked += 1
+    assert checked == sum(m.role == "assistant" for m in conversation.messages)
+
+
+def test_what_the_model_writes_diverges_from_the_checkpoint_template_as_declared() -> None:
+    """The model writes mistral-common's format ("Let me check.[TOOL_CALLS][...]", the forced-call
+    grammar too); the checkpoint template writes the call back alone after "[TOOL_CALLS] [":
+    the chain keeps what was sampled, the continuation is the full render's tail
+    (``call_content_dropped``, ``call_list_spaced``)."""
+    renderer = checkpoint_renderer()
+    history = [SYSTEM, USER]
+    call = {"name": "run", "arguments": {"command": "x"}, "id": "q1w2e3r4t"}
+    sampled = [*renderer.encode("Let me check." + calls_text(call)), renderer.terminator_id]
+    _, out = parse(renderer.tokenizer.decode(sampled[:-1], skip_special_tokens=False))
+    assert out.parse_error is None and out.content == "Let me check."
+    messages = [*history, SAY_AND_CALL, Message(role="tool", content="r", tool_call_id="q1w2e3r4t")]
+    chain = renderer.full_prompt(history, TOOLS, {}) + sampled
+    continuation = renderer.continuation(messages, 3, True, TOOLS, {})
+    full = renderer.full_prompt(messages, TOOLS, {})
+    assert chain + continuation != full and full[-len(continuation) :] == continuation
+    rendered = renderer.tokenizer.decode(full[len(chain) - len(sampled) : -len(continuation)])
+    assert (
+        rendered
+        == '[TOOL_CALLS] [{"name": "run", "arguments": {"command": "x"}, "id": "q1w2e3r4t"}]</s>'
+    )
+    assert {"call_content_dropped", "call_list_spaced"} <= set(MISTRAL.divergences)

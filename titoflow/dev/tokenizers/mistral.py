@@ -19,6 +19,18 @@ Sources:
   plain_thinking_support=False, use_special_token_variables=True, model_settings_fields=None,
   reasoning_effort_values=None, reasoning_effort_default=None`` (the template mistral-common
   attaches to a v7 tekken tokenizer; a test checks the file still equals that output).
+- checkpoint template: ``templates/mistral_small_3_1.jinja``, the chat template Mistral Small
+  3.1's own checkpoint (mistralai/Mistral-Small-3.1-24B-Instruct-2503) publishes, verbatim from
+  the copy ggml-org/llama.cpp keeps at
+  ``models/templates/mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja``, commit
+  9190da2208fbaa161e10f5f0f9ab437faeacba13. It is not the directory's template (mistral-common's
+  is what the model was trained on); the family tests render the corpus with it too and pin
+  where it departs from mistral-common's rendering: a default system prompt with today's date
+  when none is given, a tool-use paragraph prepended to the system prompt when tools are given,
+  ``[AVAILABLE_TOOLS] [`` and ``[TOOL_CALLS] [`` (a space), a calling turn's text dropped,
+  tool results as ``[TOOL_RESULTS] {"content": ..., "call_id": "ID"}[/TOOL_RESULTS]`` rather
+  than ``[TOOL_RESULTS]ID[TOOL_CONTENT]...``, ids of 9 or more characters cut to their last 9,
+  and no system message after the first.
 
 Invariant: the directory renders and encodes every conversation token for token as
 mistral-common's ``MistralTokenizer`` (v7) encodes the same request (tests/tito/
@@ -37,6 +49,7 @@ PACKAGES = ("mistral-common",)
 STAND_IN = ""
 TEKKEN = "tekken_240911.json"
 TEMPLATE = "mistral.jinja"
+CHECKPOINT_TEMPLATE = "mistral_small_3_1.jinja"
 
 
 def tekken_file() -> Path:

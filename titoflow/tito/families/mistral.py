@@ -11,10 +11,15 @@ rejects any other id. So the parser returns the id the model wrote, and only whe
 none makes its own, nine hex digits derived from the step (``tool_call_id``), never
 ``call_``/``toolu_`` ids. There is no reasoning block in these versions.
 
+Mistral Small 3.1's own chat template (its checkpoint's, not mistral-common's) writes
+``[TOOL_CALLS] [`` with a space, and models also write a single call as a bare object after the
+marker; the parser reads both (as vLLM's Mistral parser does), detection knows both templates.
+
 Invariants: the parser's result depends only on the whole text, never on its chunking (content
 is released only where no marker can still start; the calls, which run to the end of the output,
 are parsed by ``finish``). A malformed call list goes back as text exactly as generated, with
-``parse_error``; nothing is repaired. The other control tokens, kept by the special-token
+``parse_error``; nothing is repaired beyond whitespace before the calls and a lone call object
+standing for a list of one. The other control tokens, kept by the special-token
 decoding this family needs for ``[TOOL_CALLS]``, are dropped from content as a decoding that
 skips special tokens would.
 """
@@ -68,18 +73,22 @@ def _undecided(text: str) -> int:
 def parse_calls(text: str) -> list[tuple[str, dict[str, Any], str | None]]:
     """The calls after ``[TOOL_CALLS]``: (name, arguments, id as written or None).
 
-    Raises MalformedCall unless ``text`` is one non-empty JSON list of call objects (trailing
-    whitespace allowed) with a non-empty string name, object arguments (absent: none) and, if
-    given, a nine-character alphanumeric id.
+    Raises MalformedCall unless ``text`` is, between optional whitespace, one non-empty JSON
+    list of call objects, or one call object, each with a non-empty string name, object
+    arguments (absent: none) and, if given, a nine-character alphanumeric id.
     """
+    # Whitespace first: Small 3.1's template writes "[TOOL_CALLS] [".
+    body = text.lstrip()
     try:
-        payload, end = json.JSONDecoder().raw_decode(text)
+        payload, end = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as exc:
         raise MalformedCall(f"invalid JSON: {exc.msg} at char {exc.pos}") from None
-    if text[end:].strip():
-        raise MalformedCall(f"text after the call list: {text[end:][:40]!r}")
+    if body[end:].strip():
+        raise MalformedCall(f"text after the call list: {body[end:][:40]!r}")
+    if isinstance(payload, dict):
+        payload = [payload]  # one call written without its list
     if not isinstance(payload, list) or not payload:
-        raise MalformedCall("not a non-empty JSON list")
+        raise MalformedCall("not a non-empty JSON list or a call object")
     calls = []
     for number, call in enumerate(payload):
         if not isinstance(call, dict):
@@ -174,10 +183,15 @@ def _opening(token_id: TokenLookup) -> list[dict[str, Any]]:
     return [g.literal(TOOL_CALLS, token_id), g.text("[")]
 
 
+# How a template opens the call list: mistral-common's "[TOOL_CALLS][", Small 3.1's own
+# checkpoint template "[TOOL_CALLS] [".
+_OPENS_LIST = re.compile(r"\[TOOL_CALLS\] ?\[")
+
+
 def _is_mistral(template: str) -> bool:
-    """The v3/v7 templates write calls as ``[TOOL_CALLS][`` + a JSON list; later versions (v11+)
+    """The v3/v7 templates write calls as ``[TOOL_CALLS]`` + a JSON list; later versions (v11+)
     write ``[TOOL_CALLS]NAME[ARGS]`` and are another format."""
-    return "[INST]" in template and "[TOOL_CALLS][" in template and "[ARGS]" not in template
+    return "[INST]" in template and bool(_OPENS_LIST.search(template)) and "[ARGS]" not in template
 
 
 MISTRAL = Family(
@@ -197,9 +211,12 @@ MISTRAL = Family(
         "prompts), but writes the [AVAILABLE_TOOLS] block only before the last user message: "
         "a new user turn in a conversation with tools moves it, so that turn's prompt is "
         "rendered in full (not append-only, a new chain); a call the model wrote without an id "
-        "is rendered back with the id the parser gave it"
+        "is rendered back with the id the parser gave it. Small 3.1's own checkpoint template "
+        "also writes a calling turn as the calls alone (its text dropped) and opens the list "
+        "with '[TOOL_CALLS] [' where the model and mistral-common write '[TOOL_CALLS]['"
     ),
     assistant_starts=("[/INST]", "[/TOOL_RESULTS]", "[/SYSTEM_PROMPT]"),
-    divergences=("tools_moved", "tool_call_id_added"),
+    # The last two only under Small 3.1's checkpoint template (templates/mistral_small_3_1.jinja).
+    divergences=("tools_moved", "tool_call_id_added", "call_content_dropped", "call_list_spaced"),
     tools_stand_in=True,
 )
