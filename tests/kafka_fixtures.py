@@ -55,9 +55,15 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 async def settings(kafka_bootstrap: str) -> Settings:
-    """Settings on the session broker with this test's own, already created, topics."""
+    """Settings on the session broker with this test's own, already created, topics, and its
+    own consumer groups: a group the broker never settles (tansu kept one at a generation whose
+    leader, a SIGKILLed worker, never synced) must not stall every later test's workers."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
     test_settings = Settings(
-        bootstrap_servers=kafka_bootstrap, topic_prefix=f"test-{uuid.uuid4().hex[:12]}"
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=prefix,
+        worker_group=f"{prefix}-workers",
+        recompute_group=f"{prefix}-recompute",
     )
     await ensure_topics(test_settings)
     return test_settings

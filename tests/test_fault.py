@@ -66,11 +66,6 @@ TAKEOVER_WAIT_S = 25.0
 segment_adapter: TypeAdapter[SegmentFinalized] = TypeAdapter(SegmentFinalized)
 
 
-def group_settings(settings: Settings) -> Settings:
-    """This test's own consumer group (the default group name is shared by every test)."""
-    return settings.model_copy(update={"worker_group": f"{settings.topic_prefix}-workers"})
-
-
 def assignments(worker: ManagedProcess) -> list[list[int]]:
     """Every partition set a worker process logged as assigned to it, in order."""
     found = re.findall(r"assigned partitions \[([0-9, ]*)\]", worker.log_path.read_text())
@@ -234,7 +229,6 @@ async def test_fault_free_workers_match_the_in_process_reference(
 ) -> None:
     """Validates the reference: two real workers, no faults, give exactly the in-process
     assembly, and publish each segment once."""
-    settings = group_settings(settings)
     load = scripted_load(SEED, SESSIONS)
     reference = reference_segments(load)
     workers = [start_worker(settings, tmp_path, f"worker{i}") for i in range(2)]
@@ -274,7 +268,6 @@ async def test_membership_changes_lose_nothing_and_replay_byte_identical_segment
     fault-free run puts it in, none made of part of a session); every repeat on the topic is a
     byte-identical copy; no valid event is dead-lettered."""
     started = time.monotonic()
-    settings = group_settings(settings)
     load = scripted_load(SEED, SESSIONS)
     reference = reference_segments(load)
     burst_rng = random.Random(SEED + 1)  # timing only: the events do not depend on it
@@ -404,7 +397,6 @@ async def test_a_rebalance_never_commits_past_segments_not_yet_published(
     broker) so its publish can be held; its death is the cancellation of its task, after which
     it publishes nothing, as after a SIGKILL. A real worker process then takes over.
     """
-    settings = group_settings(settings)
     load = scripted_load(SEED, sessions=1)
     [(segment_id, expected)] = reference_segments(load).items()
     steps = settings.topic("steps")
@@ -470,7 +462,6 @@ async def test_a_partition_that_comes_back_is_replayed_without_dead_letters(
     worker gets the partition back and re-reads it from that commit: the finalized sessions'
     steps are replays of work already published, not events to dead-letter, and the open
     session still completes exactly."""
-    settings = group_settings(settings)
     load = scripted_load(SEED, sessions=40)
     reference = reference_segments(load)
     partitions = list(range(settings.steps_partitions))
@@ -560,7 +551,6 @@ async def test_a_replay_from_mid_session_re_emits_byte_identical_segments(
     finalizes and its segments are published. The worker is SIGKILLed; its replacement re-reads
     from the committed offset. Every segment it re-emits must be byte-identical to the first
     copy, which holds because the commit never falls inside a session (here: S's first event)."""
-    settings = group_settings(settings)
     load = scripted_load(SEED, sessions=40)
     reference = reference_segments(load)
 

@@ -27,7 +27,6 @@ from schemas.events import SegmentFinalized
 from tests.load import ScriptedLoad, reference_segments, scripted_load
 from tests.test_fault import (
     dead_letters,
-    group_settings,
     partition_of,
     segment_adapter,
 )
@@ -262,7 +261,6 @@ async def test_a_batch_handed_over_before_a_revocation_is_not_applied_after_it(
     as an orphan, the finalize found nothing, and the commit after it passed the session, which
     no worker then emitted. The session's segment must come out whole, as the fault-free
     assembly makes it, with no dead letter."""
-    settings = group_settings(settings)
     load = scripted_load(20261128, sessions=8)
     reference = reference_segments(load)
     session, records = max(load.by_session.items(), key=lambda item: len(item[1]))

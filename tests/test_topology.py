@@ -137,9 +137,7 @@ def steps_served(metrics_text: str) -> dict[str, float]:
 async def test_session_hashing_keeps_every_session_on_one_replica_and_its_segment_exact(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    settings = stack_settings.model_copy(
-        update={"worker_group": f"{stack_settings.topic_prefix}-workers", "log_level": "INFO"}
-    )
+    settings = stack_settings.model_copy(update={"log_level": "INFO"})
     procs: list[ManagedProcess] = []
     try:
         driver_ports = [free_port("127.0.0.1") for _ in "ab"]
