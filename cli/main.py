@@ -249,15 +249,20 @@ def cmd_recompute(args: argparse.Namespace) -> int:
 DRIVER_TOKEN_FILE = "driver-token"
 
 
+def _write_private(path: Path, text: str) -> None:
+    """``text`` in ``path``, readable by its owner only (mode 0600): it holds the driver token."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+    path.chmod(0o600)  # an existing file keeps its mode through O_CREAT
+
+
 def _write_driver_token(run_dir: Path, token: str) -> None:
     """The driver token ``up`` made, in ``run_dir/driver-token`` (mode 0600): only the rollout
     driver opens, finalizes and discards sessions, never agent code holding a base URL."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / DRIVER_TOKEN_FILE
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(token + "\n")
-    path.chmod(0o600)  # an existing file keeps its mode through O_CREAT
+    _write_private(path, token + "\n")
     print(f"driver token (rollout driver only; TITOFLOW_DRIVER_TOKEN): {path}")
 
 
@@ -276,12 +281,8 @@ def write_run_env(run_dir: Path, settings: Settings, ingress_url: str, driver_ur
         "TITOFLOW_DRIVER_TOKEN": settings.driver_token,
         "TITOFLOW_MODEL_PATH": str(settings.model_path),
     }
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_ENV_FILE
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.writelines(f"{name}={shlex.quote(value)}\n" for name, value in values.items())
-    path.chmod(0o600)
+    _write_private(path, "".join(f"{n}={shlex.quote(v)}\n" for n, v in values.items()))
     return path
 
 

@@ -111,6 +111,20 @@ def test_a_datasets_directory_loads_with_load_from_disk_bit_for_bit(tmp_path: Pa
     assert [segment_bytes(s) for s in read_segments(out)] == [segment_bytes(s) for s in segments]
 
 
+def test_an_export_of_no_segments_is_an_empty_dataset_with_every_column(tmp_path: Path) -> None:
+    """A time window nobody trained in (docs/trainer.md's example): empty Parquet and an empty
+    datasets directory that loads, not datasets' "corresponds to no data" traceback."""
+    lines = tmp_path / "none.jsonl"
+    lines.write_bytes(b"")
+    parquet, out = tmp_path / "none.parquet", tmp_path / "none-ds"
+    argv = ["export", "--from-jsonl", str(lines), "--parquet", str(parquet), "--datasets", str(out)]
+    assert main(argv) == 0
+    dataset = datasets.load_from_disk(str(out))
+    assert dataset.num_rows == 0
+    assert list(dataset.features) == [name for name, _, _ in COLUMNS]
+    assert list(read_segments(out)) == list(read_segments(parquet)) == []
+
+
 def test_the_export_module_is_not_imported_by_the_core_and_names_its_extra(
     tmp_path: Path,
 ) -> None:

@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 from cli.main import write_run_env
-from tests.doc_blocks import blocks_run_by
-from tests.test_doc_examples import run_env
+from tests.doc_blocks import blocks_run_by, run_env
 from tests.witness import Witness
 from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings

@@ -217,6 +217,13 @@ def parquet_to_datasets(parquet: Path, directory: Path) -> None:
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
+        pq = _pyarrow().parquet
+        if pq.ParquetFile(parquet).metadata.num_rows == 0:
+            # from_parquet refuses a file without rows, and save_to_disk writes no shard for an
+            # empty dataset (which load_from_disk refuses): one empty shard, the columns kept.
+            empty = datasets.Dataset(datasets.table.InMemoryTable(pq.read_table(parquet)))
+            empty.save_to_disk(str(directory), num_shards=1)
+            return
         with tempfile.TemporaryDirectory(prefix="titoflow-export-") as cache:
             dataset = datasets.Dataset.from_parquet(str(parquet), cache_dir=cache)
             dataset.save_to_disk(str(directory))
