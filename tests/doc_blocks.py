@@ -76,10 +76,16 @@ def examples() -> list[Example]:
 
 
 def blocks_run_by(test: str, doc: str = "docs/trainer.md") -> list[str]:
-    """The Python blocks of ``doc`` marked as tested by ``test`` (``tests/x.py``), in order."""
-    text = (PROJECT_ROOT / doc).read_text(encoding="utf-8")
-    marker = re.escape(f"<!-- tested by {test} -->")
-    return [str(b) for b in re.findall(marker + r"\s*```python\n(.*?)```", text, re.DOTALL)]
+    """The Python blocks of ``doc`` marked as tested or run by ``test`` (``tests/x.py``), in
+    order."""
+    return [
+        e.code
+        for e in examples()
+        if e.doc == PROJECT_ROOT / doc
+        and e.language == "python"
+        and e.kind in ("tested by", "run by")
+        and e.test == test
+    ]
 
 
 def run_env(path: Path) -> dict[str, str]:

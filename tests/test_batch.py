@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from typing import Any
 
 import numpy as np
 import pytest
 
 from schemas.events import SegmentFinalized
+from tests.doc_blocks import blocks_run_by
 from tests.segments import step_segment
 from titoflow.client.batch import group_by_instance, instance_key, pad_segments
-from titoflow.settings import PROJECT_ROOT
 
 PAD = 151643
 
@@ -98,10 +97,7 @@ def test_groups_by_instance_falling_back_to_the_session() -> None:
 
 def _doc_examples() -> list[str]:
     """The python blocks of docs/trainer.md marked ``<!-- tested by tests/test_batch.py -->``."""
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    return re.findall(
-        r"<!-- tested by tests/test_batch\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
+    return blocks_run_by("tests/test_batch.py")
 
 
 def test_the_trainer_doc_example_runs() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import threading
 from collections import Counter
 from typing import Any
@@ -24,13 +23,14 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from schemas.events import SegmentFinalized, SessionDiscarded
+from tests.doc_blocks import blocks_run_by
 from tests.segments import token_segment
 from tests.test_consumer_restart import committed_offsets
 from titoflow.bus import Publisher, home_partition
 from titoflow.client.progress import Position, Progress
 from titoflow.client.topic_source import TopicSource
 from titoflow.client.torch_data import SegmentDataset
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import Settings
 
 PARTITIONS = 2
 
@@ -110,11 +110,8 @@ def test_the_watermark_never_passes_a_held_record_and_resuming_hands_each_out_on
 
 
 def doc_example() -> str:
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    [example] = re.findall(
-        r"<!-- run by tests/test_dataset_restart\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
-    return str(example)
+    [example] = blocks_run_by("tests/test_dataset_restart.py")
+    return example
 
 
 class Stop(Exception):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from hypothesis import strategies as st
 
 from cli.main import main
 from schemas.events import SegmentFinalized, SessionDiscarded
+from tests.doc_blocks import blocks_run_by
 from tests.segments import filled_segment
 from titoflow.bus import Publisher
 from titoflow.client.export import COLUMNS, read_segments, write_parquet
@@ -271,10 +271,7 @@ def test_the_documented_columns_are_the_written_ones() -> None:
 def test_the_reading_example_of_the_docs_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    [example] = re.findall(
-        r"<!-- tested by tests/test_export\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
+    [example] = blocks_run_by("tests/test_export.py")
     segments = [filled_segment("a", [-1.0, -0.5]), filled_segment("b", [-2.0])]
     lines = tmp_path / "segments.jsonl"
     lines.write_bytes(b"".join(segment_bytes(s) + b"\n" for s in segments))
