@@ -316,13 +316,29 @@ def test_reasoning_opened_by_the_prompt() -> None:
         (section(("list_dir", "{}")).replace(CALL_END, ""), "not closed"),
         (f"{CALLS_BEGIN}stray{CALLS_END}", "expected <｜tool▁call▁begin｜>"),
         (f"{CALLS_BEGIN}{CALLS_END}", "no call in the section"),
-        (section(("list_dir", "{}")).removesuffix(CALLS_END), "not closed"),
+        (section(("list_dir", "{}")).removesuffix(CALL_END + CALLS_END), "not closed"),
     ],
 )
 def test_malformed_sections_go_back_exactly_as_generated(text: str, error: str) -> None:
     _, out = parse("Sure. " + text)
     assert out.tool_calls == [] and out.content == "Sure. " + text
     assert out.parse_error is not None and error in out.parse_error
+
+
+def test_a_section_the_output_ends_in_keeps_its_calls() -> None:
+    """The model stopped after its last call's end marker (vLLM reads those calls too)."""
+    body = section(("get_weather", '{"city":"Paris"}'), ("list_dir", "{}")).removesuffix(CALLS_END)
+    for text in (body, body + section(("list_dir", "{}"))):
+        _, out = parse("Sure." + text)
+        assert out.parse_error is None and out.content == "Sure."
+        assert [c.name for c in out.tool_calls][:2] == ["get_weather", "list_dir"]
+
+
+def test_a_call_outside_a_section_is_a_parse_error() -> None:
+    text = f"Sure.{CALL_BEGIN}list_dir{TOOL_SEP}{{}}{CALL_END}"
+    _, out = parse(text)
+    assert out.tool_calls == [] and out.content == text
+    assert out.parse_error is not None and "outside" in out.parse_error
 
 
 def test_without_tools_the_section_is_text() -> None:

@@ -305,6 +305,11 @@ def test_values_are_typed_by_the_schema_only() -> None:
             "<tool_call>read_file<arg_key>path</arg_key><arg_value>a</arg_value>x</tool_call>",
             "unexpected",
         ),
+        (
+            "<tool_call>read_file<arg_key>path</arg_key><arg_value>a"
+            "<arg_key>limit</arg_key><arg_value>5</arg_value></tool_call>",
+            "runs into",
+        ),
     ],
 )
 def test_malformed_calls_stay_text_and_are_reported(block: str, why: str) -> None:
@@ -312,6 +317,30 @@ def test_malformed_calls_stay_text_and_are_reported(block: str, why: str) -> Non
     assert parsed.tool_calls == []
     assert parsed.parse_error is not None and why in parsed.parse_error
     assert parsed.content == f"Sure.\n{block}"
+
+
+@pytest.mark.parametrize(
+    ("text", "reasoning"),
+    [
+        ("<think>Read it.\n<tool_call>read_file<arg_key>path</arg_key><arg_value>a</arg_value>"
+         "</tool_call></think>", "Read it."),
+        ("Read it.<tool_call>read_file<arg_key>path</arg_key><arg_value>a</arg_value>",
+         "Read it."),  # the prompt opened <think> (GLM-4.7), the call never closed
+    ],
+)  # fmt: skip
+def test_a_call_opened_in_the_reasoning_ends_it(text: str, reasoning: str) -> None:
+    """GLM-4.7 opens calls before its </think>; vLLM's GLM parser reads them as calls too."""
+    for chunk in (0, 1):
+        _, parsed = parse(text, chunk=chunk, reasoning_open=not text.startswith("<think>"))
+        assert parsed.parse_error is None and parsed.reasoning == reasoning
+        assert parsed.content == "" and [c.name for c in parsed.tool_calls] == ["read_file"]
+
+
+def test_a_missing_closer_is_implied_by_the_next_call_or_the_end() -> None:
+    one = "<tool_call>read_file\n<arg_key> path </arg_key>\n<arg_value>a</arg_value>\n"
+    _, parsed = parse(one + one)
+    assert parsed.parse_error is None
+    assert [json.loads(c.arguments) for c in parsed.tool_calls] == [{"path": "a"}] * 2
 
 
 def test_unclosed_call_and_tools_off() -> None:

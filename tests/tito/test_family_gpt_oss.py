@@ -265,6 +265,25 @@ def test_headers_in_either_order() -> None:
         " to=functions.a<|channel|>commentary json"
     )
     assert parse_header(" to=a<|channel|>commentary to=b") is None
+    # As openai-harmony reads them: whitespace between the parts, the channel written again.
+    spaced = parse_header("\n assistant<|channel|>commentary  to=functions.a  json ")
+    again = parse_header("assistant<|channel|>commentary to=functions.a<|channel|>commentary json")
+    assert spaced == again == parse_header("assistant<|channel|>commentary to=functions.a json")
+    assert parse_header("<|channel|>commentary to=functions.a<|channel|>analysis") is None
+
+
+def test_an_addressed_message_not_read_as_a_call_is_a_parse_error() -> None:
+    """With tools on, what addresses a recipient but is no call is text with parse_error."""
+    for text in [
+        model_form("r", None, "x").replace("final", "commentary to=browser.search"),
+        "<|channel|>commentary to=functions.run <|constrain|>js",  # the output ends in it
+        "<|channel|>commentary to=functions.run json<|call|>",  # no <|message|>
+        "<|channel|>commentary to=functions.run <|constrain|> json<|message|>{}",  # no type
+        "<|channel|>analysis<|message|>r<|start|>assistant<|channel|>final<|message|>x",
+    ]:
+        parsed = parse(text)
+        assert parsed.tool_calls == [] and parsed.parse_error is not None, text
+        assert parse(text, parse_tools=False).parse_error is None, text
 
 
 # --- TITO: the continuation against the full render -------------------------------------------

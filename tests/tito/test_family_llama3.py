@@ -188,7 +188,9 @@ CASES: list[tuple[str, str, list[tuple[str, Any]], bool]] = [
     ("\n\nHello <|reserved_special_token_9|>there.  \n", "Hello there.", [], False),
     ('{"result": 4}', '{"result": 4}', [], False),  # JSON, but no call: content
     ("[1, 2]", "[1, 2]", [], False),
-    (f"Let me look. {CALL}", f"Let me look. {CALL}", [], False),  # a call only as the whole
+    # A call only as the whole message; one inside text is text, with parse_error.
+    (f"Let me look. {CALL}", f"Let me look. {CALL}", [], True),
+    (f"```json\n{CALL}\n```", f"```json\n{CALL}\n```", [], True),
     (
         '{"name": "read_file", "parameters": {"path": "a',
         '{"name": "read_file", "parameters": {"path": "a',
@@ -196,7 +198,8 @@ CASES: list[tuple[str, str, list[tuple[str, Any]], bool]] = [
         True,
     ),
     (f"{CALL} trailing", f"{CALL} trailing", [], True),
-    (f"{CALL};", f"{CALL};", [], True),
+    (f"{CALL};", "", [("read_file", {"path": "a.py"})], False),
+    (f"{CALL}\n{CALL}", "", [("read_file", {"path": "a.py"})] * 2, False),
     ('{"name": "run", "parameters": "ls"}', '{"name": "run", "parameters": "ls"}', [], True),
     (
         '{"name": "run", "parameters": {}, "id": 3}',

@@ -27,14 +27,28 @@ from typing import Any
 
 import pytest
 
-from tests.tito.parity import ENGINE, Call, Case, Family, json_object, kimi_k2, mistral, qwen3_coder
+from tests.tito.parity import (
+    ENGINE,
+    Call,
+    Case,
+    Family,
+    deepseek_v3,
+    glm45,
+    gpt_oss,
+    json_object,
+    kimi_k2,
+    llama3,
+    mistral,
+    qwen3,
+    qwen3_coder,
+)
 from titoflow.dev.tokenizers import tokenizer_dir
 from titoflow.settings import Settings
 from titoflow.tito.families import family_named
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.output import ParsedOutput
 
-MODULES = (kimi_k2, qwen3_coder, mistral)
+MODULES = (kimi_k2, qwen3_coder, mistral, glm45, deepseek_v3, qwen3, llama3, gpt_oss)
 FAMILIES = {module.FAMILY.name: module.FAMILY for module in MODULES}
 
 
@@ -53,6 +67,7 @@ def vllm_calls() -> dict[str, list[list[Call]]]:
             "tool_parser": family.tool_parser,
             "reasoning_parser": family.reasoning_parser,
             "tools": family.tools,
+            "harmony": family.harmony,
             "texts": [case.text for case in cases_of(family)],
         }
         for name, family in FAMILIES.items()

@@ -104,6 +104,8 @@ CORPUS: list[Case] = [
     ("qwen3", {"reasoning_open": True}, "\nplan\n</think>\n\nanswer"),
     ("qwen3", {"reasoning_open": True}, f"plan\n</think>\n\n{CALL_A}"),
     ("qwen3", {"reasoning_open": True}, "only thinking, never closed\n"),
+    ("qwen3", QWEN3, f"<think>plan\n{CALL_A}\n{CALL_B}\n</think>\n\nDone."),
+    ("qwen3", {"reasoning_open": True}, f"plan{CALL_A[:-12]}\n</think>"),
     ("qwen3_coder", CODER, XML_CALL),
     ("qwen3_coder", CODER, f"<think>\nwrite it\n</think>\n\nWriting.\n{XML_CALL}\n{XML_CALL_2}\n"),
     ("qwen3_coder", CODER, f"{XML_UNCLOSED_PARAM}\n{XML_CALL_2}"),
@@ -226,8 +228,22 @@ def test_think_then_calls() -> None:
 
 
 def test_unclosed_think_is_all_reasoning() -> None:
-    _, out = parse(("qwen3", QWEN3, f"<think>\nstill {CALL_A}\n\n"))
-    assert out == ParsedOutput(content="", reasoning=f"still {CALL_A}")
+    _, out = parse(("qwen3", QWEN3, "<think>\nstill thinking <tool_ca\n\n"))
+    assert out == ParsedOutput(content="", reasoning="still thinking <tool_ca")
+
+
+def test_call_opened_in_reasoning_ends_it() -> None:
+    """Qwen3 opens calls before </think> (as vLLM's qwen3 reasoning parser reads it); the late
+    </think> is the reasoning's own closer, dropped, and closes a call left open."""
+    _, out = parse(("qwen3", QWEN3, f"<think>\nstill\n{CALL_A}\n\n"))
+    assert out.reasoning == "still" and out.content == "" and out.parse_error is None
+    assert [c.name for c in out.tool_calls] == ["read"]
+    _, out = parse(("qwen3", QWEN3, f"<think>plan\n{CALL_A}\n{CALL_B}\n</think>\n\nDone."))
+    assert out.reasoning == "plan" and out.content == "Done." and out.parse_error is None
+    assert [c.name for c in out.tool_calls] == ["read", "grep"]
+    open_call = CALL_A.removesuffix("</tool_call>")
+    _, out = parse(("qwen3", {"reasoning_open": True}, f"plan{open_call}</think>"))
+    assert [c.name for c in out.tool_calls] == ["read"] and out.parse_error is None
 
 
 def test_empty_think_is_empty_reasoning() -> None:
@@ -279,11 +295,26 @@ def test_call_without_arguments_takes_none() -> None:
     assert out.parse_error is None and out.tool_calls[0].arguments == "{}"
 
 
-def test_unclosed_call_is_text_exactly_as_generated() -> None:
+def test_call_the_output_ends_inside_is_closed_there() -> None:
     text = 'Sure.\n<tool_call>\n{"name": "read", "arguments": {"path": "a"}}\n'
     _, out = parse(("qwen3", QWEN3, text))
+    assert out.content == "Sure." and [c.name for c in out.tool_calls] == ["read"]
+    assert out.parse_error is None
+
+
+def test_call_cut_off_is_text_exactly_as_generated() -> None:
+    text = 'Sure.\n<tool_call>\n{"name": "read", "arguments": {"pa'
+    _, out = parse(("qwen3", QWEN3, text))
     assert out.content == text and out.tool_calls == []
-    assert out.parse_error == "<tool_call> block 0: not closed"
+    assert out.parse_error is not None
+    assert out.parse_error.startswith("<tool_call> block 0: not closed, and invalid JSON")
+
+
+def test_call_with_parameters_for_arguments_is_refused() -> None:
+    block = '<tool_call>\n{"name": "read", "parameters": {"path": "a"}}\n</tool_call>'
+    _, out = parse(("qwen3", QWEN3, block))
+    assert out.content == block and out.tool_calls == []
+    assert out.parse_error is not None and "unexpected keys ['parameters']" in out.parse_error
 
 
 def test_first_error_wins() -> None:

@@ -17,15 +17,39 @@ from typing import Any
 Call = tuple[str, str]
 
 ENGINE = """
-import json, sys
+import json, os, sys
 from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser.parser_manager import ParserManager
 from vllm.reasoning import ReasoningParserManager
 from vllm.tool_parsers import ToolParserManager
+
+
+def harmony_calls(tok, job):
+    # vLLM serves gpt-oss through HarmonyParser, composed as its chat server composes it; it
+    # reads the output's token ids with openai-harmony, whose o200k_base ranks the family's
+    # tokenizer directory holds (so nothing is downloaded).
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = job["tokenizer"]
+    parser = ParserManager.get_parser(
+        job["tool_parser"], job["reasoning_parser"], enable_auto_tools=True, is_harmony=True
+    )(tok, job["tools"])
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "x"}], tools=job["tools"]
+    )
+    results = []
+    for text in job["texts"]:  # parse() resets the parser when it ends
+        ids = tok.encode(text, add_special_tokens=False)
+        calls = parser.parse(text, request, enable_auto_tools=True, model_output_token_ids=ids)[2]
+        results.append([[c.name, c.arguments] for c in calls or []])
+    return results
+
 
 out = {}
 for family, job in json.load(sys.stdin).items():
     tok = AutoTokenizer.from_pretrained(job["tokenizer"])
+    if job["harmony"]:
+        out[family] = harmony_calls(tok, job)
+        continue
     tools = ToolParserManager.get_tool_parser(job["tool_parser"])
     reasoning = job["reasoning_parser"]
     reasoning = reasoning and ReasoningParserManager.get_reasoning_parser(reasoning)
@@ -83,6 +107,9 @@ class Family:
     differences: tuple[Difference, ...]
     fixed: list[Case]
     mutants: list[Case]
+    # vLLM parses the output from its token ids with its harmony parser (gpt-oss), not the text
+    # with extract_reasoning and extract_tool_calls: ENGINE encodes the text with the tokenizer.
+    harmony: bool = False
 
 
 def json_object(arguments: str) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from titoflow.tito.families import grammar as g
@@ -39,7 +40,7 @@ from titoflow.tito.families.base import (
     TokenLookup,
 )
 from titoflow.tito.families.tagged import TaggedParser, Tags
-from titoflow.tito.output import OutputParser
+from titoflow.tito.output import OutputDelta, OutputParser, ParsedOutput
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -93,11 +94,23 @@ def parse_section(inner: str) -> list[tuple[str, str]]:
     return calls
 
 
-def _parser(options: ParserOptions) -> OutputParser:
+class _SectionParser(TaggedParser):
     """Reasoning up to ``</think>``, then content in which a section of calls is one block: its
-    calls come out together when ``<｜tool▁calls▁end｜>`` closes it (a malformed or unclosed
-    section goes back as text, exactly as generated, like any malformed block)."""
-    return TaggedParser(options, parse_section, TAGS)
+    calls come out together when ``<｜tool▁calls▁end｜>`` closes it, or the next section's
+    opening or the output's end does (the model stopped after its last call's end marker, which
+    vLLM's parser reads as the section's end too). A malformed section, a cut call included,
+    goes back as text, exactly as generated, like any malformed block; so does a call written
+    outside any section (which vLLM does not read either), reported in ``parse_error``."""
+
+    def finish(self) -> tuple[list[OutputDelta], ParsedOutput]:
+        deltas, parsed = super().finish()
+        if self._parse_tools and parsed.parse_error is None and CALL_BEGIN in parsed.content:
+            parsed = replace(parsed, parse_error=f"{CALL_BEGIN} outside a {CALLS_BEGIN} section")
+        return deltas, parsed
+
+
+def _parser(options: ParserOptions) -> OutputParser:
+    return _SectionParser(options, parse_section, TAGS, implicit_close=True)
 
 
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:

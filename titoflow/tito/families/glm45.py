@@ -40,15 +40,14 @@ ARG_KEY, ARG_KEY_END = "<arg_key>", "</arg_key>"
 ARG_VALUE, ARG_VALUE_END = "<arg_value>", "</arg_value>"
 
 _NAME = re.compile(r"\s*([^\s<>]+)\s*")
-_ARGUMENT = re.compile(
-    r"\s*<arg_key>([^<>\n]+)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL
-)
+_ARGUMENT = re.compile(r"\s*<arg_key>([^<>]+)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
 def _block_parser(tools: Sequence[Mapping[str, Any]]) -> Any:
     """``NAME`` then ``<arg_key>K</arg_key><arg_value>V</arg_value>`` pairs, whitespace between
-    them optional (GLM-4.5 writes newlines, GLM-4.7 none). A value is kept exactly as written
-    (the template writes it raw, without padding) and typed by the tool's schema: JSON for
+    them optional (GLM-4.5 writes newlines, GLM-4.7 none). A key is the parameter's name, the
+    whitespace around it layout (as vLLM reads it); a value is kept exactly as written (the
+    template writes it raw, without padding) and typed by the tool's schema: JSON for
     non-string parameters when it parses, else the text."""
     types = parameter_types(tools)
 
@@ -62,10 +61,14 @@ def _block_parser(tools: Sequence[Mapping[str, Any]]) -> Any:
         arguments: dict[str, Any] = {}
         at = len(head)
         while argument := _ARGUMENT.match(inner, at):
-            key = argument.group(1)
+            key, value = argument.group(1).strip(), argument.group(2)
+            if not key:
+                raise MalformedCall("an empty argument name")
+            if ARG_KEY in value or ARG_VALUE in value:  # its </arg_value> is missing
+                raise MalformedCall(f"argument {key!r} runs into the next one")
             if key in arguments:
                 raise MalformedCall(f"argument {key!r} given twice")
-            arguments[key] = typed_value(argument.group(2), kinds.get(key))
+            arguments[key] = typed_value(value, kinds.get(key))
             at = argument.end()
         if inner[at:].strip():
             raise MalformedCall(f"unexpected text in the call: {inner[at:][:40]!r}")
@@ -95,8 +98,13 @@ class _LeadingSpaceDropped:
 
 
 def _parser(options: ParserOptions) -> OutputParser:
+    """GLM-4.7 often opens a call before closing its reasoning, which vLLM's GLM parser reads as
+    the reasoning's end: so does this one. A call missing its ``</tool_call>`` is closed by the
+    next call or the output's end (the model sampled ``<|observation|>`` after its last
+    ``</arg_value>``): its complete arguments make a call, a cut one a parse error."""
     block = one_call(_block_parser(options.tools))
-    return _LeadingSpaceDropped(TaggedParser(options, block, TAGS))
+    tagged = TaggedParser(options, block, TAGS, implicit_close=True, call_ends_reasoning=True)
+    return _LeadingSpaceDropped(tagged)
 
 
 # GLM-4.5 writes a newline before each tag of a call, GLM-4.7 none: either, never more.

@@ -9,13 +9,18 @@ The generation prompt ends with ``<|start|>assistant``, so the first header has 
 names the channel (``<|channel|>analysis``: reasoning; ``final``: the answer; ``commentary``:
 a preamble, or a call when addressed ``to=functions.NAME``), the recipient (before or after the
 channel: the model writes it after, the official template before) and the content type
-(``<|constrain|>json`` as the model writes it, ``json`` as the template does).
+(``<|constrain|>json`` as the model writes it, ``json`` as the template does). As openai-harmony
+reads a header, whitespace between its parts is free, and the channel may be written again after
+the recipient (gpt-oss does: ``<|channel|>commentary to=functions.NAME<|channel|>commentary``).
 
 Invariants: the parser's result depends only on the whole text, never on its chunking (a body
 is released up to where an end marker could still start, a header and a call's body are held
 until they end). Only a header makes a call: text inside a body is never one. A call that does
 not parse goes back as text, its message exactly as generated, with ``parse_error``; nothing is
-repaired. The model stops at its first ``<|call|>``, so a turn holds at most one call.
+repaired. With tools on, so does a message addressed to anything but ``functions.NAME``, an
+addressed header (``to=``) that does not parse or never reaches ``<|message|>``, and a body
+holding ``<|start|>`` (a message begun before the last one ended: kept as its text, as harmony
+reads it). The model stops at its first ``<|call|>``, so a turn holds at most one call.
 """
 
 from __future__ import annotations
@@ -53,12 +58,15 @@ RETURN = "<|return|>"
 ENDS = (END, CALL, RETURN)
 FUNCTIONS = "functions."
 
-# ROLE? (to=RECIPIENT)? (<|channel|>CHANNEL)? (to=RECIPIENT)? (<|constrain|>?TYPE)?
+# ROLE? (to=RECIPIENT)? (<|channel|>CHANNEL)? (to=RECIPIENT)? (<|channel|>CHANNEL)?
+# (<|constrain|>?TYPE)?, whitespace free between the parts; the role is possessive so that
+# "assistantto=x" stays one (unknown) role, as harmony splits it.
 _HEADER = re.compile(
-    r"(?P<role>[^\s<]*)"
-    r"(?: to=(?P<before>[^\s<]+))?"
-    r"(?:<\|channel\|>(?P<channel>[^\s<]+))?"
-    r"(?: to=(?P<after>[^\s<]+))?"
+    r"\s*(?P<role>(?!to=)[^\s<]*+)?"
+    r"(?:\s*to=(?P<before>[^\s<]+))?"
+    r"\s*(?:<\|channel\|>(?P<channel>[^\s<]+))?"
+    r"(?:\s+to=(?P<after>[^\s<]+))?"
+    r"(?:\s*<\|channel\|>(?P<again>[^\s<]+))?"
     r"(?:\s*(?:<\|constrain\|>)?(?P<type>[^\s<]+))?"
     r"\s*"
 )
@@ -76,7 +84,9 @@ def parse_header(text: str) -> Header | None:
     found = _HEADER.fullmatch(text)
     if found is None or (found["before"] and found["after"]):
         return None
-    return Header(found["role"], found["channel"], found["before"] or found["after"])
+    if found["again"] is not None and found["again"] != found["channel"]:
+        return None  # two channels: which one is meant is a guess
+    return Header(found["role"] or "", found["channel"], found["before"] or found["after"])
 
 
 def parse_arguments(body: str) -> dict[str, Any]:
@@ -136,29 +146,35 @@ class HarmonyParser(IncrementalParser):
         if cuts:  # the message ended, or another began, before a body: it was text
             i, marker = min(cuts)
             end = i if marker == START else i + len(marker)
+            self._unread_header(self._buf[:i], "its header ends without <|message|>")
             self._text(self._raw + self._buf[:end])
             self._raw, self._buf = "", self._buf[end:]
             return self._enter(_State.BETWEEN)
         if at < 0:
             if final:
+                self._unread_header(self._buf, "the output ends in its header")
                 self._text(self._raw + self._buf)
                 self._raw = self._buf = ""
             return False
-        header = parse_header(self._buf[:at])
+        text = self._buf[:at]
         self._raw += self._buf[: at + len(MESSAGE)]
         self._buf = self._buf[at + len(MESSAGE) :]
-        self._kind = self._classify(header)
+        self._kind = self._classify(text)
         self._scanned = 0
         return self._enter(_State.BODY)
 
-    def _classify(self, header: Header | None) -> _Kind:
+    def _classify(self, text: str) -> _Kind:
+        header = parse_header(text)
         if header is None or header.role != ("assistant" if self._started else ""):
-            return _Kind.TEXT  # not a header of the model's own message: its text, unread
+            # Not a header of the model's own message: its text, unread.
+            self._unread_header(text, "its header does not parse as the model's")
+            return _Kind.TEXT
         if header.recipient is not None and header.recipient != "all":
             name = header.recipient.removeprefix(FUNCTIONS)
             if self._parse_tools and name != header.recipient and name:
                 self._name = name
                 return _Kind.CALL
+            self._fail(f"it is addressed to {header.recipient!r}, not to functions.NAME")
             return _Kind.TEXT
         if header.channel == "analysis":
             self._thinking = True
@@ -176,7 +192,7 @@ class HarmonyParser(IncrementalParser):
             body, self._buf = self._buf, ""
             self._close(body, "")
             return False
-        held = partial_marker(self._buf, ENDS)
+        held = partial_marker(self._buf, (*ENDS, START))  # START: so _stream sees it whole
         if self._kind in (_Kind.REASONING, _Kind.CONTENT):
             self._stream(self._buf[: len(self._buf) - held])
             self._buf = self._buf[len(self._buf) - held :]
@@ -187,6 +203,8 @@ class HarmonyParser(IncrementalParser):
     def _stream(self, text: str) -> None:
         if not text:
             return
+        if START in text:  # kept as this body's text, as harmony reads it
+            self._fail("<|start|> in its body: a message began before it ended")
         if self._kind is _Kind.REASONING:
             self._reasoning.append(text)
             self._out.append(ReasoningDelta(text))
@@ -194,8 +212,6 @@ class HarmonyParser(IncrementalParser):
             self._text(text)
 
     def _close(self, body: str, marker: str) -> None:
-        number = self._messages
-        self._messages += 1
         if self._kind in (_Kind.REASONING, _Kind.CONTENT):
             self._stream(body)
         elif self._kind is _Kind.TEXT:
@@ -205,11 +221,12 @@ class HarmonyParser(IncrementalParser):
                 arguments = parse_arguments(body)
             except MalformedCall as exc:
                 if self._error is None:  # the first failure is the turn's parse error
-                    self._error = f"harmony message {number} (call to {self._name}): {exc}"
+                    self._error = f"harmony message {self._messages} (call to {self._name}): {exc}"
                 self._text(self._raw + body + marker)
             else:
                 self._add_call(self._name, arguments)
         self._raw = ""
+        self._messages += 1
 
     def _between(self, final: bool) -> bool:
         if self._buf.startswith(START):
@@ -222,6 +239,15 @@ class HarmonyParser(IncrementalParser):
         # as text unless a message body follows it.
         self._raw, self._started = "", False
         return self._enter(_State.HEADER) if self._buf else False
+
+    def _unread_header(self, header: str, why: str) -> None:
+        """A header left as text fails the turn if it addresses a recipient: a call not read."""
+        if "to=" in header:
+            self._fail(why)
+
+    def _fail(self, why: str) -> None:
+        if self._parse_tools and self._error is None:  # the first failure is the turn's error
+            self._error = f"harmony message {self._messages}: {why}"
 
     def _enter(self, state: _State) -> bool:
         self._state = state

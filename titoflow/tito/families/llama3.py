@@ -7,16 +7,18 @@ custom tool calls written as the assistant message's whole content, in JSON::
 
 The model may open a call with ``<|python_tag|>`` (then it usually ends with ``<|eom_id|>``,
 which ends the generation too), write ``"arguments"`` for ``"parameters"``, and put several
-calls in one message separated by ``;``. Tool results come back in the ``ipython`` role. There
-is no reasoning block.
+calls in one message separated by ``;`` (or by whitespace alone, as vLLM's llama3_json parser
+reads them too). Tool results come back in the ``ipython`` role. There is no reasoning block.
 
 Invariants: the parser's result depends only on the whole text, never on its chunking: the
 output is a call only when all of it is (it starts with ``{`` or the tag), so a possible call is
 buffered to the end and content is released as soon as its first character rules a call out.
 Text that is a call attempt but does not parse goes back exactly as generated with
-``parse_error``; JSON that is no call attempt (no ``"name"``) is content. With tools not parsed,
-every output is content. The special tokens, kept by the decoding (``<|python_tag|>`` is one),
-are dropped from content as a decoding that skips them would.
+``parse_error``; JSON that is no call attempt (no ``"name"``) is content. An object opening as
+a call (``{"name":``) inside text stays text, with ``parse_error``: the template writes a call as
+the whole message, and reading one out of text would guess it was not an example or a quote.
+With tools not parsed, every output is content. The special tokens, kept by the decoding
+(``<|python_tag|>`` is one), are dropped from content as a decoding that skips them would.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ _SPECIAL_START = re.compile(r"<(?:\|[a-z0-9_]*\|?)?\Z")
 # A JSON object that opens as a call: the template and Meta's own tools write "name" (or
 # "type": "function") first.
 _CALL_START = re.compile(r'\{\s*"(?:name|type)"\s*:')
+# The same, anywhere in text that is not the whole message.
+_NAMED_OBJECT = re.compile(r'\{\s*"name"\s*:')
 _CALL_KEYS = frozenset({"type", "name", "parameters", "arguments"})
 _DECODER = json.JSONDecoder()
 
@@ -83,8 +87,8 @@ def _call_of(value: object, number: int) -> tuple[str, dict[str, Any]]:
 
 
 def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """The calls of a whole message: JSON objects separated by ``;``, optionally after
-    ``<|python_tag|>``. Raises :class:`_NotACall`."""
+    """The calls of a whole message: JSON objects separated by ``;`` or whitespace, optionally
+    after ``<|python_tag|>``. Raises :class:`_NotACall`."""
     body = text.lstrip()
     tagged = body.startswith(PYTHON_TAG)
     if tagged:
@@ -106,9 +110,12 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
         rest = body[at:].lstrip()
         if not rest:
             return calls
-        if not rest.startswith(";"):
+        if rest.startswith(";"):
+            at = len(body) - len(rest) + 1
+            if not body[at:].strip():  # a separator after the last call ends nothing more
+                return calls
+        elif not rest.startswith("{"):
             raise _NotACall(f"unexpected text after call {len(calls) - 1}", attempt=True)
-        at = len(body) - len(rest) + 1
 
 
 class Llama3Parser(IncrementalParser):
@@ -134,12 +141,21 @@ class Llama3Parser(IncrementalParser):
         if self._calls_possible:
             if final:
                 self._finish_calls()
+                self._check_content()
             return
         held = 0
         if not final and (partial := _SPECIAL_START.search(self._buf)) is not None:
             held = len(self._buf) - partial.start()
         self._emit_content(self._buf[: len(self._buf) - held])
         self._buf = self._buf[len(self._buf) - held :]
+        if final:
+            self._check_content()
+
+    def _check_content(self) -> None:
+        """Text holding a call-shaped object carries ``parse_error``: never a silently lost call."""
+        content = "".join(self._content)
+        if self._parse_tools and self._error is None and _NAMED_OBJECT.search(content):
+            self._error = "tool call: a call-shaped JSON object inside text"
 
     def _emit_content(self, raw: str) -> None:
         # No special token spans the cut: their names hold no "<" (see _SPECIAL_START).

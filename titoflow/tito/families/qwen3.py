@@ -4,6 +4,12 @@ in a ``<tool_call>`` block, ``<|im_end|>`` ending the turn.
 The template drops the reasoning of assistant turns before the last user message: re-rendering
 history would not give the tokens the model sampled, which is why the chain keeps them (TITO).
 
+Qwen3 models often open a ``<tool_call>`` before closing their reasoning (``<think>R<tool_call>
+...``, the ``</think>`` late or never): the call's opening ends the reasoning, as in vLLM's qwen3
+reasoning parser, and its calls are calls. A block missing its ``</tool_call>`` is closed by the
+next block's opening or the output's end (as vLLM's hermes parser reads one the output ends
+inside): a complete JSON call in it is a call, a cut one a parse error.
+
 Qwen3-Coder models often bend their XML: a ``<function=…>`` block without the ``<tool_call>``
 wrapper, a ``</parameter>`` skipped before the next ``<parameter=``, a ``</tool_call>`` skipped
 before the next ``<tool_call>``, a block the output ends inside, several functions in one
@@ -35,6 +41,9 @@ from titoflow.tito.output import OutputParser
 TAGS = Tags()
 
 
+_JSON_CALL_KEYS = frozenset({"name", "arguments"})
+
+
 def _parse_json_call(inner: str) -> tuple[str, dict[str, Any]]:
     """Qwen3/Hermes: ``{"name": ..., "arguments": {...}}``."""
     try:
@@ -46,6 +55,9 @@ def _parse_json_call(inner: str) -> tuple[str, dict[str, Any]]:
     name = payload.get("name")
     if not isinstance(name, str) or not name:
         raise MalformedCall('missing or non-string "name"')
+    # Any other key ("parameters" above all) would carry arguments the call then lost.
+    if not _JSON_CALL_KEYS.issuperset(payload):
+        raise MalformedCall(f"unexpected keys {sorted(set(payload) - _JSON_CALL_KEYS)}")
     # A call without "arguments" is how some models call a tool that takes none.
     arguments = payload.get("arguments", {})
     if not isinstance(arguments, dict):
@@ -164,7 +176,9 @@ def _xml_parser(tools: Sequence[Mapping[str, Any]]) -> BlockParser:
 
 
 def _hermes_parser(options: ParserOptions) -> OutputParser:
-    return TaggedParser(options, one_call(_parse_json_call), TAGS)
+    return TaggedParser(
+        options, one_call(_parse_json_call), TAGS, implicit_close=True, call_ends_reasoning=True
+    )
 
 
 CODER_TAGS = Tags(bare_open=FUNCTION_OPEN, bare_close=FUNCTION_CLOSE)

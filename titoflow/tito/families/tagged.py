@@ -7,11 +7,15 @@ its models emit often): ``Tags.bare_open``/``bare_close`` name that block, and a
 closer right after it is dropped. With ``implicit_close`` a block's missing closer is implied:
 by the next block's opening (a block cannot hold another), or by the output's end (the model
 stopped before its closer), the block then read as if closed there, not refused outright.
+With ``call_ends_reasoning`` a call block opened before ``</think>`` ends the reasoning (Qwen3
+models open calls while thinking; vLLM's qwen3 reasoning parser ends it there too), and the
+reasoning's own ``</think>``, come after, is dropped rather than shown as text.
 
 Invariants: the deltas depend on the text only, never on its chunking (each state keeps what
 it cannot decide, :mod:`titoflow.tito.families.incremental`). A malformed tool call is never
 repaired or dropped: its text goes back to the client exactly as generated and ``parse_error``
-says why, so a call-shaped output is never lost silently. Inside reasoning nothing is a call.
+says why, so a call-shaped output is never lost silently. Inside reasoning nothing else is a
+call.
 """
 
 from __future__ import annotations
@@ -67,11 +71,18 @@ class TaggedParser(IncrementalParser):
         parse_block: BlockParser,
         tags: Tags,
         implicit_close: bool = False,
+        call_ends_reasoning: bool = False,
     ) -> None:
         super().__init__(options)
         self._parse_block = parse_block
         self._tags = tags
         self._implicit_close = implicit_close
+        # The markers that end the reasoning.
+        self._reasoning_ends = [tags.think_close]
+        if call_ends_reasoning and self._parse_tools:
+            self._reasoning_ends.append(tags.call_open)
+        # A call ended the reasoning before its </think>: that closer may still come.
+        self._late_close = False
         self._openers = [tags.call_open] + ([tags.bare_open] if tags.bare_open else [])
         self._bare = False  # the CALL block is a bare one (no wrapper)
         self._after_bare = False  # a bare block just closed: a stray wrapper closer may follow
@@ -114,13 +125,18 @@ class TaggedParser(IncrementalParser):
         return self._enter(_State.CONTENT)
 
     def _reason(self, final: bool) -> bool:
-        end = self._buf.find(self._tags.think_close)
-        if end >= 0:
+        found = [(at, m) for m in self._reasoning_ends if (at := self._buf.find(m)) >= 0]
+        if found:
+            end, marker = min(found)
             self._emit_reasoning(self._buf[:end].rstrip("\n"))
-            self._buf = self._buf[end + len(self._tags.think_close) :]
-            return self._enter(_State.AFTER_THINK)
+            if marker == self._tags.think_close:
+                self._buf = self._buf[end + len(marker) :]
+                return self._enter(_State.AFTER_THINK)
+            self._buf = self._buf[end:]  # the call's opening, read as content next
+            self._late_close = True
+            return self._enter(_State.CONTENT)
         # Newlines are held back until we know they are not the ones before </think>.
-        held = 0 if final else partial_marker(self._buf, [self._tags.think_close])
+        held = 0 if final else partial_marker(self._buf, self._reasoning_ends)
         body = self._buf[: len(self._buf) - held].rstrip("\n")
         self._emit_reasoning(body)
         self._buf = self._buf[len(body) :]
@@ -137,6 +153,14 @@ class TaggedParser(IncrementalParser):
         if self._after_bare and self._stray_closer(final):
             return False
         found = [(at, o) for o in self._openers if (at := self._buf.find(o)) >= 0]
+        late = self._buf.find(self._tags.think_close) if self._late_close else -1
+        if late >= 0 and (not found or late < min(found)[0]):
+            # Whitespace around it is layout, as around an on-time </think>.
+            self._emit_content(self._buf[:late])
+            self._ws = ""
+            self._buf = self._buf[late + len(self._tags.think_close) :]
+            self._late_close = False
+            return self._enter(_State.AFTER_THINK)
         if found and self._parse_tools:
             start, opener = min(found)
             self._emit_content(self._buf[:start])
@@ -144,7 +168,7 @@ class TaggedParser(IncrementalParser):
             self._bare = opener != self._tags.call_open
             self._scanned = len(opener)
             return self._enter(_State.CALL)
-        opening = self._openers
+        opening = self._openers + ([self._tags.think_close] if self._late_close else [])
         held = partial_marker(self._buf, opening) if self._parse_tools and not final else 0
         self._emit_content(self._buf[: len(self._buf) - held])
         self._buf = self._buf[len(self._buf) - held :]
@@ -179,10 +203,14 @@ class TaggedParser(IncrementalParser):
 
     def _next_opening(self) -> int:
         """Where the next block opens inside this one's buffer (closing it), or -1. A wrapped
-        block holds bare openers (``<function=``) by design, so only the wrapper counts."""
+        block holds bare openers (``<function=``) by design, so only the wrapper counts. The
+        late ``</think>`` of a call that ended the reasoning closes it too (the model closed its
+        reasoning, not its call)."""
         if not self._implicit_close:
             return -1
         openers = self._openers if self._bare else [self._tags.call_open]
+        if self._late_close:
+            openers = [*openers, self._tags.think_close]
         found = [at for o in openers if (at := self._buf.find(o, self._scanned)) >= 0]
         return min(found, default=-1)
 
