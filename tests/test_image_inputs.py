@@ -28,7 +28,7 @@ from schemas.images import ImageProcessorFingerprint, ImageRecord
 from tests.images import png, reference_inputs, runs
 from tests.segments import filled_segment, step_segment
 from tests.test_chat_images import PROCESSING
-from tests.test_trainer_formats import DEFINED, conforms
+from tests.test_trainer_formats import DEFINED, Status, conforms
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
 from titoflow.client.formats.tinker import to_tinker
@@ -289,7 +289,8 @@ def test_verl_rows_carry_their_multi_modal_inputs(store: ImageStore) -> None:
     # The pads are in input_ids as verl lays them out, as many as the grids merge to.
     pads = int((batch.batch["input_ids"][0] == IMAGE_PAD_ID).sum())
     assert pads == int(grid.prod(axis=1).sum()) // FINGERPRINT.merge_size**2
-    assert "multi_modal_inputs" not in to_verl([text], pad_id=PAD).non_tensor_batch
+    assert batch.meta_info["images_seqlens"] == rows[0]["images_seqlens"].tolist()
+    assert to_verl([text], pad_id=PAD).non_tensor_batch["multi_modal_inputs"].tolist() == [{}]
     with pytest.raises(ValueError, match="seg-vl holds 2 images: pass to_verl\\(\\.\\.\\., image"):
         to_verl([text, vl], pad_id=PAD)
 
@@ -298,24 +299,27 @@ def test_verl_rows_carry_their_multi_modal_inputs(store: ImageStore) -> None:
 def test_slime_samples_carry_their_multimodal_train_inputs(
     store: ImageStore, framework: str
 ) -> None:
-    vl = image_segment("vl", [IMAGES[0], IMAGES[4]])
-    fields = to_slime(vl, image_store=store)
+    vl = image_segment("vl", [IMAGES[0], IMAGES[4]]).model_copy(update={"reward": 1.0})
+    text = filled_segment("t", [-0.5])
+    [[fields], [text_fields]] = to_slime([vl, text], Status, image_store=store)
     defined = DEFINED[framework]["fields"]
     assert set(fields) <= set(defined)
     inputs = fields["multimodal_train_inputs"]
     assert conforms(inputs, defined["multimodal_train_inputs"]["type"], [])
     expected = reference_inputs([IMAGES[0], IMAGES[4]])
-    assert np.array_equal(inputs["pixel_values"], expected["pixel_values"])
+    # Tensors: both move them with .to(device) and torch.cat them per key across samples
+    # (slime backends/megatron_utils/data.py:146, miles backends/training_utils/data.py:345).
+    assert torch.equal(inputs["pixel_values"], torch.from_numpy(expected["pixel_values"]))
     assert inputs["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
-    assert "multimodal_train_inputs" not in to_slime(filled_segment("t", [-0.5]), image_store=store)
+    assert "multimodal_train_inputs" not in text_fields
     with pytest.raises(ValueError, match="pass to_slime\\(\\.\\.\\., image_store=\\)"):
-        to_slime(vl)
+        to_slime([vl], Status)
 
 
 def test_formats_without_images_refuse_a_segment_with_images() -> None:
     vl = image_segment("vl", [IMAGES[0]])
     with pytest.raises(ValueError, match="to_openrlhf does not carry images"):
-        to_openrlhf([vl], pad_id=PAD)
+        to_openrlhf([vl], n_samples_per_prompt=1)
     with pytest.raises(ValueError, match="to_tinker does not carry images"):
         to_tinker(vl)
 

@@ -4,6 +4,7 @@ Invariant: the prompt of a segment is everything before its first step's complet
 loss mask 0); the response is the rest, generated tokens and the tool results and later turns
 between them (whose loss mask is 0), as agent frameworks lay out multi-turn samples. A
 segment's images are never dropped silently: a converter carries them or refuses the segment.
+Logprobs of another policy than the one a trainer's forward computes are refused, not passed on.
 """
 
 from __future__ import annotations
@@ -34,4 +35,24 @@ def refuse_images(segments: Iterable[SegmentFinalized], why: str) -> None:
         if segment.images:
             raise ValueError(
                 f"segment {segment.segment_id} holds {len(segment.images)} images: {why}"
+            )
+
+
+def refuse_other_policies(segment: SegmentFinalized, temperature: float, trainer: str) -> None:
+    """ValueError for a step whose recorded logprobs are not ``log_softmax(logits / T)`` with
+    the ``trainer``'s temperature and no cut, what its forward computes for the ratio."""
+    for step in segment.steps:
+        sampled = step.sampling
+        if sampled is None:
+            continue
+        cut = sampled.top_p < 1.0 or sampled.top_k > 0 or sampled.min_p > 0.0
+        raw = sampled.logprobs_mode == "raw_logprobs" and sampled.temperature != 1.0
+        if cut or raw or sampled.temperature != temperature:
+            raise ValueError(
+                f"segment {segment.segment_id}, step {step.step_id}: its logprobs "
+                f"({sampled.logprobs_mode}, temperature {sampled.temperature}, top_p "
+                f"{sampled.top_p}, top_k {sampled.top_k}, min_p {sampled.min_p}) are not "
+                f"{trainer}'s log_softmax(logits / {temperature}): sample with no cut at "
+                f"{trainer}'s temperature (RolloutClient.open(sampling=...)), with processed "
+                "logprobs unless it is 1"
             )

@@ -1,55 +1,80 @@
-"""Segments → the tensors of an OpenRLHF ``Experience`` (``openrlhf/trainer/ppo_utils/
-experience.py``), laid out as its agent path makes one from a rollout
-(``samples_generator.py``, ``_process_response_into_experience``).
+"""Segments → OpenRLHF ``Experience``s (``openrlhf/trainer/ppo_utils/experience.py``), one per
+sample, as its agent path makes one from a rollout (``samples_generator.py``,
+``_process_response_into_experience``), for its experience maker and PPO trainer (0.11.x).
 
-Invariant: ``sequences`` and ``attention_mask`` are ``[batch, T]`` (right-padded); the action
-arrays are ``[batch, T - 1]``, position ``t`` for the token at ``t + 1`` (the one the logits at
-``t`` predict), as OpenRLHF shifts them. Build one with
-``Experience(**{k: torch.from_numpy(v) for k, v in fields.items()})``.
+Invariants:
+- One sample is one ``Experience`` of batch size 1: ``sequences`` and ``attention_mask`` are
+  ``[1, T]`` (unpadded: OpenRLHF pads when it concatenates samples); the action arrays are
+  ``[1, T - 1]``, position ``t`` for the token at ``t + 1`` (the one the logits at ``t``
+  predict), as OpenRLHF shifts them.
+- Groups are positional in OpenRLHF: its experience maker numbers the samples in order and
+  takes each ``n_samples_per_prompt`` consecutive ones as one prompt's group. So samples come
+  group by group (by instance, :func:`~titoflow.client.batch.group_by_instance`), ``index`` is
+  that position, and a group of another size than ``n_samples_per_prompt`` is refused: it
+  would be cut across prompts silently, or crash the group reshape.
+- ``rewards`` and ``info["reward"]`` (what its trainer logs) are the segment's reward; with no
+  reward on any segment both are left out (OpenRLHF's reward model scores them), and a mix is
+  refused.
+- ``rollout_log_probs`` are what OpenRLHF's ``Actor`` computes, ``log_softmax(logits / T)`` at
+  its temperature with no cut, or the segment is refused (as for TRL).
+- Unused samples (nobody continued them; the reward was not earned through them) are left out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from schemas.events import SegmentFinalized
-from titoflow.client.batch import aligned_arrays
-from titoflow.client.formats.common import refuse_images, truncated
+from titoflow.client.batch import aligned_arrays, group_by_instance
+from titoflow.client.formats.common import refuse_images, refuse_other_policies, truncated
 
 
-def to_openrlhf(segments: Sequence[SegmentFinalized], pad_id: int) -> dict[str, np.ndarray]:
-    """The tensors of one ``Experience`` over ``segments``; ``rewards`` only when every segment
-    has a scalar reward."""
-    if not segments:
-        raise ValueError("no segments to batch")
-    refuse_images(segments, "to_openrlhf does not carry images (use SegmentDataset or to_verl)")
-    arrays = [aligned_arrays(segment) for segment in segments]
-    size, length = len(segments), max(len(ids) for ids, _, _ in arrays)
-    sequences = np.full((size, length), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((size, length), dtype=np.int64)
-    action_mask = np.zeros((size, length - 1), dtype=bool)
-    rollout_log_probs = np.zeros((size, length - 1), dtype=np.float32)
-    response_length = np.zeros(size, dtype=np.int64)
-    for row, (ids, mask, logprobs) in enumerate(arrays):
-        n = len(ids)
-        sequences[row, :n] = ids
-        attention_mask[row, :n] = 1
-        action_mask[row, : n - 1] = mask[1:].astype(bool)
-        rollout_log_probs[row, : n - 1] = logprobs[1:]
+def to_openrlhf(
+    segments: Sequence[SegmentFinalized], n_samples_per_prompt: int, temperature: float = 1.0
+) -> list[dict[str, Any]]:
+    """The fields of one ``Experience`` per trajectory segment, ordered group by group;
+    ``n_samples_per_prompt`` and ``temperature``: OpenRLHF's (``--rollout.*``)."""
+    used = [segment for segment in segments if not segment.unused_sample]
+    if not used:
+        raise ValueError("no segments to convert")
+    refuse_images(used, "to_openrlhf does not carry images (use SegmentDataset or to_verl)")
+    rewarded = [segment.reward is not None for segment in used]
+    if any(rewarded) and not all(rewarded):
+        raise ValueError(
+            "some segments have a reward and others none: OpenRLHF takes all rewards given, "
+            "or scores all samples with its reward model"
+        )
+    groups = group_by_instance(used)
+    for instance, group in groups.items():
+        if len(group) != n_samples_per_prompt:
+            raise ValueError(
+                f"instance {instance} has {len(group)} samples: OpenRLHF groups "
+                f"n_samples_per_prompt={n_samples_per_prompt} consecutive samples as one prompt's"
+            )
+    out: list[dict[str, Any]] = []
+    for segment in (segment for group in groups.values() for segment in group):
+        refuse_other_policies(segment, temperature, "OpenRLHF")
+        ids, mask, logprobs = aligned_arrays(segment)
         actions = np.flatnonzero(mask)
-        # OpenRLHF's: the span from the first action token to the last.
-        response_length[row] = actions[-1] - actions[0] + 1 if len(actions) else 0
-    fields = {
-        "sequences": sequences,
-        "attention_mask": attention_mask,
-        "action_mask": action_mask,
-        "rollout_log_probs": rollout_log_probs,
-        "response_length": response_length,
-        "truncated": np.array([truncated(segment) for segment in segments], dtype=bool),
-        "total_length": attention_mask.sum(axis=1).astype(np.float32),
-    }
-    if all(segment.reward is not None for segment in segments):
-        fields["rewards"] = np.array([segment.reward for segment in segments], dtype=np.float32)
-    return fields
+        fields: dict[str, Any] = {
+            "sequences": ids.astype(np.int64)[None],
+            "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+            "action_mask": mask[None, 1:].astype(bool),
+            "rollout_log_probs": logprobs[None, 1:],
+            # OpenRLHF's: the span from the first action token to the last.
+            "response_length": np.array(
+                [actions[-1] - actions[0] + 1 if len(actions) else 0], dtype=np.int64
+            ),
+            "truncated": np.array([truncated(segment)], dtype=bool),
+            "total_length": np.array([len(ids)], dtype=np.float32),
+            "index": [len(out)],
+            "info": {},
+        }
+        if segment.reward is not None:
+            fields["rewards"] = np.array([segment.reward], dtype=np.float32)
+            fields["info"]["reward"] = fields["rewards"].copy()
+        out.append(fields)
+    return out

@@ -26,7 +26,7 @@ from typing import Any
 
 from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays
-from titoflow.client.formats.common import prompt_length, refuse_images
+from titoflow.client.formats.common import prompt_length, refuse_images, refuse_other_policies
 
 
 def trajectory(segments: Sequence[SegmentFinalized]) -> SegmentFinalized:
@@ -41,24 +41,6 @@ def trajectory(segments: Sequence[SegmentFinalized]) -> SegmentFinalized:
     return used[0]
 
 
-def refuse_other_policies(segment: SegmentFinalized, temperature: float) -> None:
-    """ValueError for a step whose recorded logprobs are not ``log_softmax(logits / T)``."""
-    for step in segment.steps:
-        sampled = step.sampling
-        if sampled is None:
-            continue
-        cut = sampled.top_p < 1.0 or sampled.top_k > 0 or sampled.min_p > 0.0
-        raw = sampled.logprobs_mode == "raw_logprobs" and sampled.temperature != 1.0
-        if cut or raw or sampled.temperature != temperature:
-            raise ValueError(
-                f"segment {segment.segment_id}, step {step.step_id}: its logprobs "
-                f"({sampled.logprobs_mode}, temperature {sampled.temperature}, top_p "
-                f"{sampled.top_p}, top_k {sampled.top_k}, min_p {sampled.min_p}) are not TRL's "
-                f"log_softmax(logits / {temperature}): sample with no cut at TRL's temperature "
-                "(RolloutClient.open(sampling=...)), with processed logprobs unless it is 1"
-            )
-
-
 def to_trl(
     sessions: Sequence[Sequence[SegmentFinalized]], temperature: float = 1.0
 ) -> dict[str, list[Any]]:
@@ -69,7 +51,7 @@ def to_trl(
     for segments in sessions:
         segment = trajectory(segments)
         refuse_images([segment], "to_trl does not carry images")
-        refuse_other_policies(segment, temperature)
+        refuse_other_policies(segment, temperature, "TRL")
         ids, mask, logprobs = aligned_arrays(segment)
         cut = prompt_length(segment)
         out["prompt_ids"].append(ids[:cut].tolist())

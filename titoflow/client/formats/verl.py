@@ -1,11 +1,20 @@
-"""Segments → the batch of a verl ``DataProto``, as verl's agent loop hands a rollout to its
-trainer (``verl/experimental/agent_loop/agent_loop.py``, ``_postprocess``).
+"""Segments → a verl ``DataProto``'s ``batch``, ``non_tensor_batch`` and ``meta_info``, as verl's
+agent loop hands a rollout to its trainer (``verl/experimental/agent_loop/agent_loop.py``,
+``_postprocess``) and its trainer hands it on to the actor (``verl/trainer/ppo/ray_trainer.py``,
+``fit``); verl's own ``DataParallelPPOActor`` and GRPO advantage run on it
+(tests/test_trainer_verl.py).
 
 Invariant: ``input_ids`` is ``prompts`` (left-padded to one length) followed by ``responses``
 (right-padded), every ``[batch, ...]`` array aligned to it as verl aligns them; the reward sits
-on the last real response token of ``rm_scores``. Build the ``DataProto`` with
-``DataProto.from_dict(tensors={k: torch.from_numpy(v) for k, v in batch.items()},
-non_tensors=non_tensor_batch)``.
+on the last real response token of ``rm_scores``. Every key verl's trainer and actor read
+unconditionally is there: ``multi_modal_inputs`` on every row (``{}`` for a text row, as its
+agent loop makes it), ``uid`` as verl makes it (a UUID string per prompt, shared by that
+prompt's rollouts: here derived from the instance), and ``meta_info``'s ``temperature`` (the
+actor divides the logits by it) and ``global_token_num`` (its FSDP worker's token count). The
+recorded logprobs are what verl's actor computes at that temperature, ``log_softmax(logits /
+T)`` with no cut, or the segment is refused. Build the ``DataProto`` with
+``DataProto.from_dict(tensors={k: torch.from_numpy(v) for k, v in batch.batch.items()},
+non_tensors=batch.non_tensor_batch, meta_info=batch.meta_info)``.
 
 Images: given the image store, ``non_tensor_batch["multi_modal_inputs"]`` holds per row the
 dict verl's agent loop puts there (``_compute_multi_modal_inputs``, collected by
@@ -13,15 +22,16 @@ dict verl's agent loop puts there (``_compute_multi_modal_inputs``, collected by
 values with ``verl/utils/model.py`` ``extract_multi_modal_inputs``): ``pixel_values``,
 ``image_grid_thw`` and ``images_seqlens`` (``repeat_interleave(h * w, t)`` per image), the
 segment's images in token order (:func:`~titoflow.client.image_inputs.image_inputs`, checked
-against the recorded runs), ``{}`` for a row without images; numpy here, torch tensors in verl
-(``torch.from_numpy`` each value). Segments with images and no store raise ValueError.
-``position_ids`` stay verl's text positions (``[B, P + R]``): for a Qwen-VL policy verl's agent
-loop makes them ``[B, 4, P + R]`` (text then M-RoPE's t, h, w, ``_compute_position_ids`` with
-the model's ``get_rope_index``), which is not computed here.
+against the recorded runs); numpy here, torch tensors in verl (``torch.from_numpy`` each
+value). Segments with images and no store raise ValueError. ``position_ids`` stay verl's text
+positions (``[B, P + R]``): for a Qwen-VL policy verl's agent loop makes them ``[B, 4, P + R]``
+(text then M-RoPE's t, h, w, ``_compute_position_ids`` with the model's ``get_rope_index``),
+which is not computed here.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,9 +39,13 @@ import numpy as np
 
 from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays, instance_key
-from titoflow.client.formats.common import prompt_length, refuse_images
+from titoflow.client.formats.common import prompt_length, refuse_images, refuse_other_policies
 from titoflow.client.image_inputs import image_inputs
 from titoflow.image_store import ImageStore
+
+# uid: verl draws a uuid4 per prompt; a name-based UUID of the instance groups the same rollouts
+# and is the same each time the segments are converted.
+UID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "titoflow:instance")
 
 
 @dataclass
@@ -49,15 +63,19 @@ def to_verl(
     prompt_length_to: int | None = None,
     response_length_to: int | None = None,
     image_store: ImageStore | None = None,
+    temperature: float = 1.0,
 ) -> VerlBatch:
     """The batch of ``segments``: prompts padded to ``prompt_length_to`` and responses to
     ``response_length_to`` (verl's ``rollout.prompt_length`` / ``response_length``; default:
     the longest). A segment longer than either raises ValueError (nothing is cut).
-    ``image_store``: the store the ingress wrote the images to, for ``multi_modal_inputs``."""
+    ``image_store``: the store the ingress wrote the images to, for ``multi_modal_inputs``.
+    ``temperature``: verl's ``rollout.temperature``, what its actor divides the logits by."""
     if not segments:
         raise ValueError("no segments to batch")
     if image_store is None:
         refuse_images(segments, "pass to_verl(..., image_store=) to carry their pixels")
+    for segment in segments:
+        refuse_other_policies(segment, temperature, "verl")
     arrays = [aligned_arrays(segment) for segment in segments]
     splits = [prompt_length(segment) for segment in segments]
     longest_prompt = max(splits)
@@ -104,20 +122,31 @@ def to_verl(
     }
     if all(segment.reward is not None for segment in segments):
         batch["rm_scores"] = rm_scores
+    rows = [_multi_modal_inputs(segment, image_store) for segment in segments]
     non_tensor_batch = {
         # GRPO groups rollouts by uid: the prompt each segment samples.
-        "uid": _objects([instance_key(segment) for segment in segments]),
+        "uid": _objects([uid(segment) for segment in segments]),
         "segment_id": _objects([segment.segment_id for segment in segments]),
+        "multi_modal_inputs": _objects(rows),
     }
-    if image_store is not None:
-        non_tensor_batch["multi_modal_inputs"] = _objects(
-            [_multi_modal_inputs(segment, image_store) for segment in segments]
-        )
-    return VerlBatch(batch, non_tensor_batch)
+    meta_info: dict[str, object] = {
+        "temperature": temperature,
+        "global_token_num": attention_mask.sum(axis=1).tolist(),
+        # As verl's trainer collects them for its FLOPs count: every image's patches, in order.
+        "images_seqlens": [int(n) for row in rows for n in row.get("images_seqlens", ())],
+    }
+    return VerlBatch(batch, non_tensor_batch, meta_info)
 
 
-def _multi_modal_inputs(segment: SegmentFinalized, store: ImageStore) -> dict[str, np.ndarray]:
-    if not segment.images:
+def uid(segment: SegmentFinalized) -> str:
+    """verl's ``uid`` of the segment: a UUID string, one per prompt (:func:`instance_key`)."""
+    return str(uuid.uuid5(UID_NAMESPACE, instance_key(segment)))
+
+
+def _multi_modal_inputs(
+    segment: SegmentFinalized, store: ImageStore | None
+) -> dict[str, np.ndarray]:
+    if not segment.images or store is None:
         return {}
     inputs = image_inputs(segment, store)
     grid = inputs.image_grid_thw

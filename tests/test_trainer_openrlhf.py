@@ -1,0 +1,152 @@
+"""A real PPO step in OpenRLHF's own code on rollouts titoflow recorded (issue 39, OpenRLHF).
+
+Agent sessions run through the stack (openai SDK → ingress → vLLM CPU, the random tiny Qwen3
+whose logprobs are far from 0): two prompts, two rollouts each, opened interleaved so that
+OpenRLHF's positional groups are right only if the samples come group by group. docs/trainer.md's
+blocks (marked ``<!-- tested by tests/test_trainer_openrlhf.py -->``) run as written: the first
+here (:func:`titoflow.client.formats.openrlhf.to_openrlhf`), the second, which makes OpenRLHF's
+``Experience``s, in .venv-openrlhf (scripts/setup-openrlhf.sh, OpenRLHF 0.11.2 on CPU torch) by
+tests/openrlhf_step.py, fed the samples through a temporary file. There OpenRLHF's experience
+maker runs its ``Actor`` forward and ``compute_advantages_and_returns`` (GRPO's group_norm),
+and its trainer's ``training_step`` its ``PolicyLoss`` with the token-level importance-sampling
+correction on, backward and an optimizer step. Stubs: ``ray``, ``deepspeed``, ``flash_attn`` and
+``peft`` while OpenRLHF imports, and stand-ins for its Ray actor group and DeepSpeed strategy,
+only as OpenRLHF's own CPU tests stub them (tests/openrlhf_step.py says which).
+
+The train/rollout gap is OpenRLHF's: its ``Actor``'s logprobs of the generated tokens (the
+``action_log_probs`` its experience maker computes) against the engine's, and its
+``PolicyLoss``'s ``vllm_kl``; on the float32 weights the engine serves, and, reported, with the
+bf16 weights its own loader makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from schemas.events import SegmentFinalized
+from tests.doc_blocks import blocks_run_by
+from tests.witness import Witness
+from titoflow.client.batch import instance_key
+from titoflow.client.rollout import RolloutClient
+from titoflow.dev.stack import start_ingress, start_worker
+from titoflow.settings import PROJECT_ROOT, Settings
+
+pytestmark = pytest.mark.engine
+
+PYTHON = PROJECT_ROOT / ".venv-openrlhf" / "bin" / "python"
+PROMPTS = ["Tell me about /tmp.", "What is in /etc?"]
+REWARDS = [0.0, 0.25, 1.0, 0.5]  # per session, in open order: distinct within each group
+# vLLM CPU and torch CPU on the same float32 weights; bf16 rounds each weight to 8 bits.
+GAP_BOUND = 1e-3
+BF16_GAP_BOUND = 0.2
+
+
+async def agent(base_url: str, prompt: str) -> None:
+    """Two turns, the second after a user turn (context in the sample, loss mask 0)."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": prompt}]
+    for turn in range(2):
+        answer = await client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=12
+        )
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+        messages.append({"role": "user", "content": f"and then? ({turn})"})
+    await client.close()
+
+
+async def rollouts(url: str, settings: Settings) -> list[SegmentFinalized]:
+    prompts = PROMPTS * 2  # interleaved: a, b, a, b
+    async with RolloutClient(url, settings) as driver:
+        opened = [
+            await driver.open(instance_id=p, sampling={"temperature": 1.0, "top_p": 1.0})
+            for p in prompts
+        ]
+        await asyncio.gather(
+            *(agent(o.openai_base_url, p) for o, p in zip(opened, prompts, strict=True))
+        )
+        for o, reward in zip(opened, REWARDS, strict=True):
+            await driver.finalize(o.session_id, reward=reward)
+        return [s for o in opened for s in await driver.segments(o.session_id, timeout_s=120)]
+
+
+def group_norm(rewards: list[float]) -> list[float]:
+    r = np.asarray(rewards, np.float64)
+    return [float(a) for a in (r - r.mean()) / (r.std(ddof=1) + 1e-9)]
+
+
+async def test_a_ppo_step_in_openrlhf_on_titoflow_rollouts(
+    stack_settings: Settings, model_dir: Path, witness: Witness, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(
+        update={"driver_token": secrets.token_urlsafe(32), "model_path": model_dir}
+    )
+    ingress, url = start_ingress(settings, tmp_path)
+    worker = start_worker(settings, tmp_path)
+    try:
+        segments = await rollouts(url, settings)
+    finally:
+        ingress.stop()
+        worker.stop()
+    assert len(segments) == 4 and all(not s.unused_sample for s in segments)
+
+    to_samples, to_experiences = blocks_run_by("tests/test_trainer_openrlhf.py")
+    namespace: dict[str, Any] = {"segments": segments}
+    exec(compile(to_samples, "docs/trainer.md", "exec"), namespace)
+    samples = namespace["samples"]
+    # Group by group, whatever the arrival order: OpenRLHF's groups are positions.
+    order = [instance_key(s) for s in segments]
+    assert order == PROMPTS * 2  # interleaved as opened
+    by_index = {s["index"][0]: s for s in samples}
+    assert sorted(by_index) == list(range(4))
+    source, target = tmp_path / "samples.pkl", tmp_path / "openrlhf.json"
+    source.write_bytes(
+        pickle.dumps(
+            {
+                "model": str(model_dir),
+                "n_samples_per_prompt": 2,
+                "temperature": 1.0,
+                "pad_token_id": 151643,
+                "samples": samples,
+                "block": to_experiences,
+            }
+        )
+    )
+    step = [str(PYTHON), str(PROJECT_ROOT / "tests" / "openrlhf_step.py"), str(source), str(target)]
+    run = subprocess.run(step, capture_output=True, text=True, timeout=600)
+    sys.stderr.write(run.stderr[-4000:])
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(target.read_text())
+
+    # Each group's advantages are GRPO's of its own rewards: the groups are the instances.
+    tokens = {tuple(s.token_ids): s for s in segments}
+    ranked = sorted(out["samples"], key=lambda g: int(g["index"]))
+    for group in (ranked[:2], ranked[2:]):
+        found = [tokens[tuple(by_index[g["index"]]["sequences"][0].tolist())] for g in group]
+        assert len({instance_key(s) for s in found}) == 1
+        assert [g["reward"] for g in group] == [s.reward for s in found]
+        expected = group_norm([g["reward"] for g in group])
+        assert np.allclose([g["advantage"] for g in group], expected, atol=1e-5), group
+    assert out["moved"] > 0, "OpenRLHF's optimizer step changed no weight"
+    gaps, gaps_bf16 = np.asarray(out["gap_f32"]), np.asarray(out["gap_bf16"])
+    generated = sum(int(np.sum(s["action_mask"])) for s in samples)
+    assert gaps.size == gaps_bf16.size == generated > 0
+    print(
+        f"OpenRLHF |train - rollout logprob|: float32 mean {gaps.mean():.3g}, max "
+        f"{gaps.max():.3g}; bf16 mean {gaps_bf16.mean():.3g}, max {gaps_bf16.max():.3g} "
+        f"({gaps.size} tokens); vllm_kl {out['vllm_kl']:.3g}, "
+        f"is_filter_ratio {out['is_filter_ratio']:.3g}"
+    )
+    assert gaps.mean() < GAP_BOUND and abs(out["vllm_kl"]) < GAP_BOUND
+    assert out["is_filter_ratio"] == 0.0  # no token outside [0.5, 5] at this gap
+    assert gaps_bf16.mean() < BF16_GAP_BOUND
