@@ -335,6 +335,16 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         }
 
 
+def image_tensors(segment: SegmentFinalized, store: ImageStore) -> dict[str, torch.Tensor]:
+    """``pixel_values`` and ``image_grid_thw`` of ``segment``'s images in token order, as tensors
+    (what slime's and miles' ``multimodal_train_inputs`` hold)."""
+    inputs = image_inputs(segment, store)
+    return {
+        "pixel_values": torch.from_numpy(inputs.pixel_values),
+        "image_grid_thw": torch.from_numpy(inputs.image_grid_thw),
+    }
+
+
 def block_causal_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
     """``[rows, 1, length, length]`` bool: position ``q`` may attend to ``k`` when both hold
     the same sequence and ``k <= q`` (a padding position to itself only, so no softmax row is

@@ -61,7 +61,6 @@ from titoflow.client.formats.common import (
     truncated,
     versions,
 )
-from titoflow.client.image_inputs import image_inputs
 from titoflow.image_store import ImageStore
 
 _ABORTED = frozenset({"abort", "aborted"})
@@ -134,13 +133,11 @@ def _fields(
         },
     }
     if segment.images and image_store is not None:
-        inputs = image_inputs(segment, image_store)
-        import torch  # here: titoflow does not need torch; slime's and miles' processes have it
+        # Here, not at the top: titoflow's torch is an extra (torch_data holds its one import);
+        # slime's and miles' processes have it.
+        from titoflow.client.torch_data import image_tensors
 
-        fields["multimodal_train_inputs"] = {
-            "pixel_values": torch.from_numpy(inputs.pixel_values),
-            "image_grid_thw": torch.from_numpy(inputs.image_grid_thw),
-        }
+        fields["multimodal_train_inputs"] = image_tensors(segment, image_store)
     return fields
 
 
