@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything titoflow needs on a fresh machine (idempotent): the core environment
 # (.venv), the vLLM CPU engine environment (.venv-engine), OpenRLHF's (.venv-openrlhf), verl's
-# (.venv-verl), the tiny local models (.models) and the pinned agent scaffolds (.tools/npm, with
-# the machine's node/npm).
+# (.venv-verl), tinker-cookbook's (.venv-tinker), the tiny local models (.models) and the pinned
+# agent scaffolds (.tools/npm, with the machine's node/npm).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -20,6 +20,7 @@ fi
 bash scripts/setup-engine.sh
 bash scripts/setup-openrlhf.sh # OpenRLHF's own code, for its trainer test
 bash scripts/setup-verl.sh     # verl's own code, for its trainer test
+bash scripts/setup-tinker.sh   # tinker-cookbook's own code, for its trainer test
 # SGLang's own request/response definitions (pinned wheel, a few files extracted, never
 # installed) for the SGLang backend's contract tests.
 .venv/bin/python -m tests.sglang_reference

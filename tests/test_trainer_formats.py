@@ -22,7 +22,7 @@ from tests.segments import filled_segment, step_segment
 from titoflow.client.batch import instance_key
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import group_normalized_rewards, to_slime
-from titoflow.client.formats.tinker import to_tinker
+from titoflow.client.formats.tinker import to_tinker, to_tinker_batch
 from titoflow.client.formats.trl import to_trl
 from titoflow.client.formats.verl import to_verl
 from titoflow.settings import PROJECT_ROOT
@@ -379,18 +379,50 @@ def test_tinker_datum_fields(advantage: float | None) -> None:
         assert set(chunk) == set(defined["chunk_fields"]) and chunk["type"] == defined["chunk_type"]
         assert chunk["tokens"] == segment.token_ids[:-1]
         inputs = datum["loss_fn_inputs"]
-        loss = "cross_entropy" if advantage is None else "importance_sampling"
-        assert list(inputs) == defined["loss_inputs"][loss]
+        mask = np.asarray(segment.loss_mask[1:], np.float32)
+        if advantage is None:
+            assert list(inputs) == defined["loss_inputs"]["cross_entropy"]
+        else:  # the loss's inputs, then the mask of tinker-cookbook's Datums (train_step drops it)
+            assert list(inputs) == [*defined["loss_inputs"]["importance_sampling"], "mask"]
+            assert inputs.pop("mask").tobytes() == mask.tobytes()
         for name, array in inputs.items():
             assert array.dtype == np.dtype(defined["loss_fn_input_dtypes"][name]), name
             assert array.shape == (len(segment.token_ids) - 1,), name
         assert inputs["target_tokens"].tolist() == segment.token_ids[1:]
-        mask = np.asarray(segment.loss_mask[1:], np.float32)
         if advantage is None:
             assert inputs["weights"].tobytes() == mask.tobytes()
         else:
             assert inputs["logprobs"].tobytes() == bits(segment, 1)
-            assert inputs["advantages"].tobytes() == f32(mask * np.float32(advantage))
+            assert inputs["advantages"].tobytes() == f32(np.where(mask > 0, advantage, 0.0))
+
+
+def test_tinker_batch_is_assemble_training_datas_groups_rollouts_and_advantages() -> None:
+    """Groups by instance, trajectories by rollout (a split session's two segments share one
+    advantage), rewards centred per group over trajectories; unused samples left out."""
+    a1 = step_segment("a1", ([1, 2], [10], [-0.5]), instance_id="p", reward=1.0)
+    a2 = step_segment("a2", ([1, 2], [11], [-0.5]), instance_id="p", reward=0.0)
+    split = a2.model_copy(update={"segment_id": "seg-a2b"})
+    b = step_segment("b", ([3], [12], [-1.0]), instance_id="q", reward=0.5)
+    unused = step_segment("u", ([1, 2], [13], [-1.0]), instance_id="p", unused_sample=True)
+    data, metadata = to_tinker_batch([a1, b, a2, unused, split])
+    assert metadata == [
+        {"group_idx": 0, "traj_idx": 0},
+        {"group_idx": 0, "traj_idx": 1},
+        {"group_idx": 0, "traj_idx": 1},
+        {"group_idx": 1, "traj_idx": 0},
+    ]
+    advantages = [float(d["loss_fn_inputs"]["advantages"][-1]) for d in data]
+    assert advantages == [0.5, -0.5, -0.5, 0.0]
+    with pytest.raises(ValueError, match="no reward"):
+        to_tinker_batch([a1, a2.model_copy(update={"reward": None})])
+    with pytest.raises(ValueError, match="differ in reward"):
+        to_tinker_batch([a2, split.model_copy(update={"reward": 1.0})])
+    sampled = SamplingUsed(max_tokens=8, temperature=0.7, top_p=1.0)
+    hot = a1.model_copy(
+        update={"steps": [s.model_copy(update={"sampling": sampled}) for s in a1.steps]}
+    )
+    with pytest.raises(ValueError, match=r"not Tinker's log_softmax\(logits / 1\.0\)"):
+        to_tinker_batch([hot])
 
 
 def test_a_trained_token_without_a_logprob_is_refused_by_every_converter() -> None:
@@ -419,7 +451,7 @@ def test_the_formats_example_of_the_docs_runs_as_written() -> None:
     by_tokens = {tuple(d["model_input"]["chunks"][0]["tokens"]): d for d in namespace["data"]}
     for segment, advantage in zip(segments, [0.5, 0.0, -0.5], strict=True):
         got = by_tokens[tuple(segment.token_ids[:-1])]["loss_fn_inputs"]["advantages"]
-        assert got.tobytes() == f32(np.asarray(segment.loss_mask[1:]) * advantage)
+        assert got.tobytes() == f32(np.where(np.asarray(segment.loss_mask[1:]) > 0, advantage, 0))
 
 
 def test_trl_takes_one_entry_per_rollout_with_the_env_tokens_masked() -> None:

@@ -1,0 +1,162 @@
+"""A step of tinker-cookbook's own RL loop on rollouts titoflow recorded (issue 39, Tinker).
+
+Agent sessions run through the stack (openai SDK → ingress → vLLM CPU, the random tiny Qwen3
+whose logprobs are far from 0): two prompts, two rollouts each, opened interleaved.
+docs/trainer.md's blocks (marked ``<!-- tested by tests/test_trainer_tinker.py -->``) run as
+written: the first here (:func:`titoflow.client.formats.tinker.to_tinker_batch`), the second in
+.venv-tinker (scripts/setup-tinker.sh, tinker-cookbook 0.6.1 on CPU torch) by
+tests/tinker_step.py, fed the data through a temporary file. There tinker-cookbook's
+``compute_advantages`` and ``assemble_training_data`` make its ``Datum``s from the same sessions
+as its rollout records them (one ``Transition`` per step), which must be titoflow's bit for bit;
+its ``train_step`` (``importance_sampling``) sends titoflow's to a training client that runs the
+service's ``forward_backward`` and ``optim_step`` on the tiny policy with torch (Tinker's service
+is remote; that client is the only stand-in), and its ``compute_kl_sample_train`` compares the
+training logprobs with the sampled ones.
+
+The train/rollout gap is that forward's (float32, the weights the engine serves) on the
+generated tokens against the engine's, and tinker-cookbook's ``optim/kl_sample_train_v1`` /
+``_v2`` of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from schemas.events import SegmentFinalized
+from tests.doc_blocks import blocks_run_by
+from tests.witness import Witness
+from titoflow.client.rollout import RolloutClient
+from titoflow.dev.stack import start_ingress, start_worker
+from titoflow.settings import PROJECT_ROOT, Settings
+
+pytestmark = pytest.mark.engine
+
+PYTHON = PROJECT_ROOT / ".venv-tinker" / "bin" / "python"
+PROMPTS = ["Tell me about /tmp.", "What is in /etc?"]
+REWARDS = [0.0, 0.25, 1.0, 0.5]  # per session, in open order: distinct within each group
+# vLLM CPU and torch CPU on the same float32 weights.
+GAP_BOUND = 1e-3
+
+
+async def agent(base_url: str, prompt: str) -> None:
+    """Two turns, the second after a user turn (context in the datum, mask 0)."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": prompt}]
+    for turn in range(2):
+        answer = await client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=12
+        )
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+        messages.append({"role": "user", "content": f"and then? ({turn})"})
+    await client.close()
+
+
+async def rollouts(url: str, settings: Settings) -> list[list[SegmentFinalized]]:
+    """Each session's segments, in open order (a, b, a, b)."""
+    prompts = PROMPTS * 2
+    async with RolloutClient(url, settings) as driver:
+        opened = [
+            await driver.open(instance_id=p, sampling={"temperature": 1.0, "top_p": 1.0})
+            for p in prompts
+        ]
+        await asyncio.gather(
+            *(agent(o.openai_base_url, p) for o, p in zip(opened, prompts, strict=True))
+        )
+        for o, reward in zip(opened, REWARDS, strict=True):
+            await driver.finalize(o.session_id, reward=reward)
+        return [await driver.segments(o.session_id, timeout_s=120) for o in opened]
+
+
+def trajectory(segments: list[SegmentFinalized], reward: float) -> dict[str, Any]:
+    """A session as tinker-cookbook's rollout records it: per step, the prompt the policy saw,
+    the tokens it sampled and their logprobs."""
+    steps = [
+        (
+            s.token_ids[: step.completion_start],
+            s.token_ids[step.completion_start : step.completion_end],
+            s.logprobs[step.completion_start : step.completion_end],
+        )
+        for s in segments
+        for step in s.steps
+    ]
+    return {"steps": steps, "reward": reward}
+
+
+async def test_a_step_of_tinker_cookbooks_rl_loop_on_titoflow_rollouts(
+    stack_settings: Settings, model_dir: Path, witness: Witness, tmp_path: Path
+) -> None:
+    settings = stack_settings.model_copy(
+        update={"driver_token": secrets.token_urlsafe(32), "model_path": model_dir}
+    )
+    ingress, url = start_ingress(settings, tmp_path)
+    worker = start_worker(settings, tmp_path)
+    try:
+        sessions = await rollouts(url, settings)
+    finally:
+        ingress.stop()
+        worker.stop()
+    segments = [s for session in sessions for s in session]
+    assert len(segments) == 4 and all(not s.unused_sample for s in segments)
+
+    to_data, cookbook_step = blocks_run_by("tests/test_trainer_tinker.py")
+    namespace: dict[str, Any] = {"segments": segments}
+    exec(compile(to_data, "docs/trainer.md", "exec"), namespace)
+    # The groups cookbook's rollout makes: each prompt's sessions, in open order.
+    groups = [
+        [trajectory(sessions[i], REWARDS[i]) for i in range(len(sessions)) if i % 2 == g]
+        for g in range(len(PROMPTS))
+    ]
+    source, target = tmp_path / "data.pkl", tmp_path / "tinker.json"
+    source.write_bytes(
+        pickle.dumps(
+            {
+                "data": namespace["data"],
+                "metadata": namespace["metadata"],
+                "groups": groups,
+                "block": cookbook_step,
+                "policy_path": str(model_dir),
+            }
+        )
+    )
+    step = [str(PYTHON), str(PROJECT_ROOT / "tests" / "tinker_step.py"), str(source), str(target)]
+    run = subprocess.run(step, capture_output=True, text=True, timeout=600)
+    sys.stderr.write(run.stderr[-4000:])
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(target.read_text())
+
+    # titoflow's datums and groups are the ones tinker-cookbook makes from the same sessions.
+    assert out["differences"] == []
+    assert (
+        out["metadata"]
+        == out["their_metadata"]
+        == [{"group_idx": g, "traj_idx": t} for g in range(2) for t in range(2)]
+    )
+    for g, rewards in enumerate((REWARDS[0::2], REWARDS[1::2])):
+        centred = np.asarray(rewards, np.float32) - np.asarray(rewards, np.float32).mean()
+        assert out["advantages"][2 * g : 2 * g + 2] == centred.tolist()
+    # train_step sent what the loss takes (its own mask dropped) and its step moved the weights.
+    assert out["sent"] == ["advantages", "logprobs", "target_tokens"]
+    assert out["moved"] > 0, "tinker-cookbook's train_step moved no weight"
+
+    gaps, kl = np.asarray(out["gap"]), out["kl"]
+    generated = sum(int(np.sum(s.loss_mask[1:])) for s in segments)
+    assert gaps.size == generated > 0
+    print(
+        f"tinker-cookbook |train - rollout logprob|: float32 mean {gaps.mean():.3g}, max "
+        f"{gaps.max():.3g} ({gaps.size} tokens); optim/kl_sample_train_v1 "
+        f"{kl['optim/kl_sample_train_v1']:.3g}, _v2 {kl['optim/kl_sample_train_v2']:.3g}"
+    )
+    assert gaps.mean() < GAP_BOUND
+    assert abs(kl["optim/kl_sample_train_v1"]) < GAP_BOUND
+    assert kl["optim/kl_sample_train_v2"] < GAP_BOUND**2
