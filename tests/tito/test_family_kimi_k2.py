@@ -20,6 +20,11 @@ import pytest
 
 from tests.families import family_tokenizer
 from tests.tito.corpus import PROBE, Conversation, corpus
+from tests.tito.test_family_corpus import generated_text, opened_reasoning, output_ids
+from tests.tito.test_family_corpus import parse as parse_corpus
+from tests.tito.test_family_corpus import turns as corpus_turns
+from titoflow.dev.tokenizers import kimi_k2 as recipe
+from titoflow.dev.tokenizers import template_path, tokenizer_dir
 from titoflow.tito.families import detect_family, family_named, grammar
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.kimi_k2 import (
@@ -34,6 +39,7 @@ from titoflow.tito.families.kimi_k2 import (
 from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.output import ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
 from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 MARKERS = (
     "<|im_user|>",
@@ -396,3 +402,90 @@ def test_a_forced_call_is_a_section_with_the_markers_pinned(renderer: ChatRender
             None,
             renderer.token_id,
         )
+
+
+# --- The K2.5/K2.6 template shape ----------------------------------------------------------------
+# templates/kimi_k2_6_kite.jinja (source in titoflow/dev/tokenizers/kimi_k2.py): tools as compact
+# JSON, <think> opened by the generation prompt, past reasoning kept after the last answer without
+# calls (or everywhere with preserve_thinking), no default system prompt.
+
+K2_6 = template_path(recipe.K2_6_TEMPLATE).read_text()
+
+
+def k2_6_renderer() -> ChatRenderer:
+    tokenizer = load_tokenizer(tokenizer_dir("kimi_k2"))
+    tokenizer.chat_template = K2_6
+    return ChatRenderer(tokenizer)
+
+
+def test_the_k2_6_template_is_detected_and_opens_reasoning_in_the_prompt() -> None:
+    assert detect_family(K2_6) is KIMI_K2
+    renderer = k2_6_renderer()
+    assert renderer.family is KIMI_K2
+    user = [Message(role="user", content="hi")]
+    tools = CORPUS[1].tools
+    prompt = renderer.render_text(user, tools, {}, True)
+    compact = json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False)
+    assert prompt.startswith(f"<|im_system|>tool_declare<|im_middle|>{compact}<|im_end|>")
+    assert "You are Kimi" not in prompt, "no default system prompt"
+    assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
+    assert KIMI_K2.reasoning_open(prompt[-40:])
+    closed = renderer.render_text(user, tools, {"thinking": False}, True)
+    assert closed.endswith("<|im_middle|><think></think>")
+    assert not KIMI_K2.reasoning_open(closed[-40:])
+
+
+@pytest.mark.parametrize("conversation", corpus(), ids=lambda c: c.name)
+def test_corpus_on_the_k2_6_template(conversation: Conversation) -> None:
+    """The family's corpus proof (tests/tito/test_family_corpus.py) on this template: each TITO
+    prompt is the full render token for token (its reasoning is the sampled ``R</think>`` after
+    the prompt's ``<think>``, rendered back as written); what it renders as the model's turn
+    parses back to that turn and renders to the same tokens."""
+    renderer = k2_6_renderer()
+    tools = conversation.tools
+    checked = 0
+    for turn in corpus_turns(renderer, conversation):
+        assert turn.prompt == renderer.full_prompt(turn.history, tools, {})
+        assert opened_reasoning(renderer, turn.prompt)
+        text = generated_text(renderer, turn.output)
+        parsed = parse_corpus(KIMI_K2, text, tools, True)
+        assert parsed.parse_error is None, text
+        assert [(c.name, c.arguments_value()) for c in parsed.tool_calls] == [
+            (c.name, c.arguments_value()) for c in turn.answer.tool_calls
+        ], text
+        assert parsed.content == turn.answer.content, text
+        # A final answer's reasoning the template cannot render (``reasoning_dropped``).
+        if turn.answer.reasoning and turn.answer.reasoning in text:
+            assert parsed.reasoning == turn.answer.reasoning, text
+        ids = tuple(
+            c.model_copy(update={"id": a.id})
+            for c, a in zip(parsed.tool_calls, turn.answer.tool_calls, strict=True)
+        )
+        again = Message(
+            role="assistant", content=parsed.content, reasoning=parsed.reasoning, tool_calls=ids
+        )
+        assert output_ids(renderer, turn.history, again, tools, {}) == turn.output, text
+        checked += 1
+    assert checked == sum(m.role == "assistant" for m in conversation.messages)
+
+
+def test_the_k2_6_template_keeps_reasoning_as_declared() -> None:
+    """Reasoning before the last answer without calls is emptied (``reasoning_dropped``) unless
+    ``preserve_thinking``; ``thinking=False`` empties the reasoning after it too."""
+    renderer = k2_6_renderer()
+    conversation = next(c for c in CORPUS if c.name == "tools-thinking")
+    tools = conversation.tools
+    answered = [m for m in conversation.messages if m.role == "assistant" and not m.tool_calls]
+    with_reasoning = [m for m in conversation.messages if m.role == "assistant" and m.reasoning]
+    assert answered and with_reasoning
+    messages = [*conversation.messages, Message(role="user", content="Thanks. One more thing.")]
+    dropped = renderer.render_text(messages, tools, {}, True)
+    kept = renderer.render_text(messages, tools, {"preserve_thinking": True}, True)
+    for message in with_reasoning:
+        assert f"<think>{message.reasoning}</think>" in kept
+        assert f"<think>{message.reasoning}</think>" not in dropped
+    assert "reasoning_dropped" in KIMI_K2.divergences
+    last = conversation.messages[-1]
+    assert last.role == "assistant" and last.reasoning
+    off = renderer.render_text(conversation.messages, tools, {"thinking": False}, False)
+    assert last.reasoning not in off

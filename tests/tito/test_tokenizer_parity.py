@@ -7,22 +7,38 @@ in the engine environment, against :func:`titoflow.tito.tokenizer.load_tokenizer
 corpus of hostile strings: CJK, emoji sequences, long whitespace runs, each family's own markers
 and look-alikes of them, and lone surrogates as the API maps them. The DeepSeek directory names
 ``LlamaTokenizerFast`` over a byte-level ``tokenizer.json``, as the real checkpoints do.
+
+Mistral's checkpoints ship ``tekken.json``, which vLLM serves in ``tokenizer_mode=mistral``
+(mistral-common's tokenizer and request encoder): two directories shaped so, with the family's
+Hugging Face files beside mistral-common's tekken file (one with the generic tiktoken pattern
+transformers warns of as the "incorrect regex pattern"), are held to that mode, text by text and
+for rendered conversations.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers.convert_slow_tokenizer import TikTokenConverter
 
 from ingress.json_body import parse_json
+from tests.tito.test_family_mistral import CONVERSATIONS, TOOLS
 from titoflow.dev.tokenizers import SOURCES, tokenizer_dir
+from titoflow.dev.tokenizers import mistral as mistral_recipe
 from titoflow.settings import Settings
-from titoflow.tito.tokenizer import RemoteCodeRefused, TextEncoder, load_tokenizer
+from titoflow.tito.messages import Message
+from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import TEKKEN, RemoteCodeRefused, TextEncoder, load_tokenizer
 
+SPELLS_CONTROL_TOKENS = "[INST] hi [/INST][TOOL_CALLS][{}]"  # Mistral's
+# A quote before a word, case changes inside words, a digit run: where pre-tokenizer patterns part.
+QUOTED_WORDS = "print(f'Source: {x}', r'def', 'return') # eBay NaOH 12345"
 # Markers of the families (and a near miss of each: a space inside, a changed bar or case).
 MARKERS = [
     "<|im_start|>user\nhi<|im_end|>",
@@ -33,7 +49,7 @@ MARKERS = [
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}",
     "<|tool_calls_section_begin|> <|tool_call_begin|>functions.ls:0",
     "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>",
-    "[INST] hi [/INST][TOOL_CALLS][{}]",
+    SPELLS_CONTROL_TOKENS,
     "[ INST]",
     "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "<|start|>assistant<|channel|>analysis<|message|>x<|end|>",
@@ -56,6 +72,7 @@ TEXTS = [
     '{"path": "/tmp", "n": 1.5e-3, "ok": true}',
     "a" * 300,
     "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math 𝟙𝟚𝟛",
+    QUOTED_WORDS,
     *MARKERS,
 ]
 # Lone surrogates, which clients do send (a UTF-16 string cut between a pair's halves), as the
@@ -64,7 +81,7 @@ SURROGATE_BODIES = [b'"cut \\ud83d here"', b'"\\udc00\\udc00 low"', b'"pair \\ud
 CORPUS = [*TEXTS, *(parse_json(body, 64) for body in SURROGATE_BODIES)]
 
 VLLM_ENCODE = """
-import json, sys
+import json, logging, sys
 from pathlib import Path
 from tokenizers import Tokenizer
 from vllm.tokenizers import get_tokenizer
@@ -77,6 +94,25 @@ for family, path in request["dirs"].items():
         "class": type(tok).__name__,
         "ids": [list(tok.encode(t, add_special_tokens=False)) for t in request["texts"]],
         "file": [shipped.encode(t, add_special_tokens=False).ids for t in request["texts"]],
+    }
+warnings = []
+handler = logging.Handler()
+handler.emit = lambda record: warnings.append(record.getMessage())
+logging.getLogger("transformers").addHandler(handler)
+logging.getLogger("transformers").setLevel(logging.WARNING)  # titoflow's env says error
+for name, path in request["mistral"]["dirs"].items():
+    served = get_tokenizer(path, tokenizer_mode="mistral")
+    warnings.clear()
+    hf = get_tokenizer(path, tokenizer_mode="hf")
+    out[name] = {
+        "class": type(served).__name__,
+        "ids": [served.encode(t, add_special_tokens=False) for t in request["texts"]],
+        "hf_ids": [list(hf.encode(t, add_special_tokens=False)) for t in request["texts"]],
+        "hf_warned": any("incorrect regex pattern" in w for w in warnings),
+        "prompts": [
+            served.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True)
+            for messages, tools in request["mistral"]["conversations"]
+        ],
     }
 print(json.dumps(out))
 """
@@ -91,18 +127,72 @@ DECLARED = {
 }
 
 
+# The pre-tokenizer pattern transformers' tiktoken converter falls back on (digits in threes, no
+# split at a case change), where the tekken one is tekken.json's own.
+GENERIC_PATTERN = inspect.signature(TikTokenConverter).parameters["pattern"].default
+# Rendered for the Mistral checkpoints: each text as a user's message, and the family's own
+# conversations that end where a prompt is served (a user's message or a tool result).
+MISTRAL_PROMPTS: list[tuple[list[Message], list[dict[str, Any]]]] = [
+    *(([Message(role="user", content=text)], []) for text in CORPUS),
+    *(
+        (messages, tools)
+        for messages in CONVERSATIONS.values()
+        if messages[-1].role != "assistant"
+        for tools in (TOOLS, [])
+    ),
+]
+
+
 @pytest.fixture(scope="module")
 def dirs() -> dict[str, Path]:
     return {family: tokenizer_dir(family) for family in SOURCES}
 
 
 @pytest.fixture(scope="module")
-def engine_ids(dirs: dict[str, Path]) -> dict[str, Any]:
-    """Per family, what vLLM's loader and the shipped file encode each text to (one
-    engine-environment process: importing vLLM takes seconds)."""
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Mistral directories shaped as the real checkpoints: the Hugging Face files, the v7 tekken
+    file beside them, a ``config.json`` of ``model_type`` mistral without the transformers
+    version (so transformers warns of the regex, as for the tiny model the engine serves)."""
+    tekken = json.loads(mistral_recipe.tekken_file().read_text())
+    tekken["config"]["version"] = "v7"  # as Small 3.1's; the v7 control tokens are the default's
+    made = {}
+    for name, pattern in [
+        ("mistral_checkpoint", None),
+        ("mistral_generic_regex", GENERIC_PATTERN),
+    ]:
+        path = tmp_path_factory.mktemp(name)
+        shutil.copytree(tokenizer_dir("mistral"), path, dirs_exist_ok=True)
+        (path / TEKKEN).write_text(json.dumps(tekken))
+        (path / "config.json").write_text(
+            json.dumps({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})
+        )
+        if pattern is not None:
+            spec = json.loads((path / "tokenizer.json").read_text())
+            spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
+            (path / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+        made[name] = path
+    return made
+
+
+@pytest.fixture(scope="module")
+def engine_ids(dirs: dict[str, Path], checkpoints: dict[str, Path]) -> dict[str, Any]:
+    """Per family, what vLLM's loader and the shipped file encode each text to; per Mistral
+    checkpoint, what vLLM's Mistral and Hugging Face modes encode, and the Mistral mode's
+    prompts (one engine-environment process: importing vLLM takes seconds)."""
     python = Settings().engine_python
     assert python.exists(), f"no engine environment at {python}: run scripts/setup-engine.sh"
-    request = {"dirs": {f: str(d) for f, d in dirs.items()}, "texts": CORPUS}
+    conversations = [
+        ([m.template_dict(arguments_text=True) for m in messages], tools)
+        for messages, tools in MISTRAL_PROMPTS
+    ]
+    request = {
+        "dirs": {f: str(d) for f, d in dirs.items()},
+        "texts": CORPUS,
+        "mistral": {
+            "dirs": {name: str(path) for name, path in checkpoints.items()},
+            "conversations": conversations,
+        },
+    }
     result = subprocess.run(
         [str(python), "-c", VLLM_ENCODE],
         input=json.dumps(request),
@@ -134,6 +224,79 @@ def test_ids_equal_vllms_loader(family: str, dirs: dict[str, Path], engine_ids: 
     )
     if family in DECLARED:  # the declaration stays true, or goes
         assert found["ids"] != found["file"], f"{family}: vLLM's loader agrees now: undeclare it"
+
+
+def spells_a_control_token(tokenizer: Any, text: str) -> bool:
+    return any(token in text for token in tokenizer.get_added_vocab())
+
+
+@pytest.mark.parametrize("checkpoint", ["mistral_checkpoint", "mistral_generic_regex"])
+def test_mistral_ids_equal_vllms_mistral_mode(
+    checkpoint: str, checkpoints: dict[str, Path], engine_ids: Any
+) -> None:
+    """Every text but those that spell a control token (declared: mistral-common encodes such
+    text as plain text, titoflow, as vLLM's HF mode, the token it spells, since it encodes the
+    rendered template as one text)."""
+    tokenizer = load_tokenizer(checkpoints[checkpoint])
+    encode = TextEncoder(tokenizer)
+    found = engine_ids[checkpoint]
+    assert found["class"] == "MistralTokenizer"
+    differ = [
+        text
+        for text, their in zip(CORPUS, found["ids"], strict=True)
+        if encode(text) != their or tokenizer.encode(text, add_special_tokens=False) != their
+    ]
+    spelled = [text for text in CORPUS if spells_a_control_token(tokenizer, text)]
+    assert differ == spelled, f"{len(differ)} of {len(CORPUS)} differ: {differ}"
+    assert spelled == [SPELLS_CONTROL_TOKENS]
+
+
+def test_the_generic_regex_is_what_vllms_hf_mode_serves(engine_ids: Any) -> None:
+    """The regex transformers warns of changes ids, and vLLM's Hugging Face mode serves the file
+    as written; with tekken's own pattern in it (the family's directory) the two modes differ
+    only on the text that spells control tokens. transformers warns of both files alike: it
+    judges by ``config.json`` (a Mistral model type, no transformers version), not the file."""
+    generic, tekken = engine_ids["mistral_generic_regex"], engine_ids["mistral_checkpoint"]
+    assert generic["hf_warned"] and tekken["hf_warned"]
+
+    def modes_differ(found: dict[str, Any]) -> list[str]:
+        pairs = zip(CORPUS, found["hf_ids"], found["ids"], strict=True)
+        return [text for text, hf, mistral in pairs if hf != mistral]
+
+    assert modes_differ(tekken) == [SPELLS_CONTROL_TOKENS]
+    # Rare on real text (the tekken merges mostly rebuild the same tokens: 3 of 96,016 lines of
+    # Python sources): the generic pattern's contractions take ``'d`` of ``'def``.
+    assert modes_differ(generic) == [QUOTED_WORDS, SPELLS_CONTROL_TOKENS]
+
+
+def test_mistral_prompts_equal_vllms_mistral_mode(
+    checkpoints: dict[str, Path], engine_ids: Any
+) -> None:
+    """Rendered and encoded by titoflow, as mistral-common encodes the request in vLLM's
+    Mistral mode, but for the messages that spell a control token (declared, as above)."""
+    tokenizer = load_tokenizer(checkpoints["mistral_checkpoint"])
+    renderer = ChatRenderer(tokenizer)
+    differ = [
+        messages
+        for (messages, tools), their in zip(
+            MISTRAL_PROMPTS, engine_ids["mistral_checkpoint"]["prompts"], strict=True
+        )
+        if renderer.full_prompt(messages, tools, {}) != their
+    ]
+    spelled = [
+        messages
+        for messages, _ in MISTRAL_PROMPTS
+        if any(spells_a_control_token(tokenizer, m.content) for m in messages)
+    ]
+    assert differ == spelled, f"{len(differ)} of {len(MISTRAL_PROMPTS)} differ: {differ}"
+    assert len(spelled) == 1
+
+
+def test_a_directory_with_tekken_json_alone_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    """As Devstral's and Magistral's repositories ship: no Hugging Face files, no template."""
+    shutil.copy(mistral_recipe.tekken_file(), tmp_path / TEKKEN)
+    with pytest.raises(FileNotFoundError, match=r"tekken\.json but no tokenizer_config\.json"):
+        load_tokenizer(tmp_path)
 
 
 def test_deepseek_directory_is_shaped_as_the_real_checkpoint(dirs: dict[str, Path]) -> None:

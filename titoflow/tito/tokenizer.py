@@ -1,8 +1,24 @@
 """Loads the policy's tokenizer and chat template from a local model directory, never a hub.
 
-Invariant: a directory gives the token ids vLLM's own loader (``AutoTokenizer``) gives for it,
-checked against the engine environment's loader for every family
-(tests/tito/test_tokenizer_parity.py), and a tokenizer's own code runs only when allowed.
+Invariant: a directory gives the token ids vLLM's own loader gives for it, checked against the
+engine environment's loader for every family (tests/tito/test_tokenizer_parity.py), and a
+tokenizer's own code runs only when allowed.
+
+Mistral's checkpoints ship ``tekken.json``, which vLLM reads with mistral-common in
+``tokenizer_mode=mistral``: what Mistral's model cards prescribe and what vLLM picks by itself
+for a directory with ``consolidated*.safetensors``, so the ids a Mistral model is served (and was
+trained) with. Where the directory also has the Hugging Face files, they are loaded with the
+pre-tokenizer tekken.json defines: transformers warns that the ``tokenizer.json`` of Mistral
+Small 3.1 and others has an "incorrect regex pattern" (its tekken converter once wrote the
+generic tiktoken one, whose contractions take the ``'d`` of ``'def``), which encodes some text
+otherwise than tekken, and vLLM's Hugging Face mode serves that file as written. One difference
+from the Mistral mode stays, declared in docs/models.md: text that spells a control token
+(``[INST]``) is plain text to mistral-common and that token here, as in vLLM's Hugging Face
+mode, since titoflow encodes the rendered template as one text.
+A directory with tekken.json alone is refused in one line naming the fix rather than
+converted here: titoflow renders with the directory's Jinja chat template, which tekken.json
+does not carry (vLLM's Mistral mode renders with mistral-common's request encoder instead), so
+a conversion would have to guess the one part whose wording the model was trained on.
 """
 
 from __future__ import annotations
@@ -20,6 +36,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # silences "PyTorch was not found"
 
 import transformers
+from tokenizers import Regex, pre_tokenizers
+
+TEKKEN = "tekken.json"
 
 
 class RemoteCodeRefused(ValueError):
@@ -29,6 +48,14 @@ class RemoteCodeRefused(ValueError):
 def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Any:
     """The tokenizer of ``model_path`` as vLLM loads it (``trust_remote_code`` as its flag)."""
     config_file = model_path / "tokenizer_config.json"
+    tekken = model_path / TEKKEN
+    if not config_file.exists() and tekken.exists():
+        raise FileNotFoundError(
+            f"{model_path} has Mistral's {TEKKEN} but no tokenizer_config.json: titoflow renders "
+            "with the Hugging Face files and their chat template; use the checkpoint's HF-format "
+            "files, or write them into it with transformers' convert_tekken_tokenizer(tekken.json, "
+            "chat_template=mistral-common's generate_chat_template(...)).save_pretrained(dir)"
+        )
     if not config_file.exists():
         raise FileNotFoundError(
             f"no tokenizer at {model_path}: build the local model with `titoflow build-model` "
@@ -45,7 +72,22 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Any:
         return transformers.AutoTokenizer.from_pretrained(
             model_path, local_files_only=True, trust_remote_code=True
         )
-    return _named_class(model_path, config).from_pretrained(model_path, local_files_only=True)
+    tokenizer = _named_class(model_path, config).from_pretrained(model_path, local_files_only=True)
+    if tekken.exists():
+        tokenizer.backend_tokenizer.pre_tokenizer = _tekken_pre_tokenizer(tekken)
+    return tokenizer
+
+
+def _tekken_pre_tokenizer(tekken: Path) -> Any:
+    """The pre-tokenizer of a tekken file as transformers' tekken converter writes it: the
+    file's own pattern, then bytes (tiktoken's pipeline, which mistral-common runs)."""
+    pattern = json.loads(tekken.read_text(encoding="utf-8"))["config"]["pattern"]
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def _named_class(model_path: Path, config: dict[str, Any]) -> Any:
