@@ -2,23 +2,29 @@
 the vision inputs of a Qwen-VL forward pass (titoflow/client/image_inputs.py) equal to what
 transformers' processor, loaded from the tiny VL policy's own preprocessor config, gives for the
 original bytes; ``SegmentDataset`` items carry them with each image's run located in the packed
-layout; the verl and slime converters carry them in the fields those frameworks define; and
-every mismatch between pixels and recorded tokens raises, naming the image."""
+layout; the verl and slime converters carry them in the fields those frameworks define, verl's
+M-RoPE position ids equal to the models' own ``get_rope_index`` and to verl 0.7.1's agent loop;
+and every mismatch between pixels and recorded tokens raises, naming the image."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import itertools
+import json
+import pickle
 import re
 import shutil
+import subprocess
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -35,6 +41,7 @@ from titoflow.client.formats.tinker import to_tinker
 from titoflow.client.formats.verl import to_verl
 from titoflow.client.image_inputs import ImageMismatch, image_inputs
 from titoflow.client.image_processor import processor_for
+from titoflow.client.mrope import mrope_position_ids
 from titoflow.client.torch_data import SegmentDataset
 from titoflow.dev.vl_policy import (
     IMAGE_PAD_ID,
@@ -277,7 +284,7 @@ def test_verl_rows_carry_their_multi_modal_inputs(store: ImageStore) -> None:
     ``images_seqlens`` as its agent loop adds it, ``{}`` for a text row."""
     vl = image_segment("vl", [IMAGES[2], SIDEWAYS])
     text = filled_segment("text", [-0.5, -0.25])
-    batch = to_verl([vl, text], pad_id=PAD, image_store=store)
+    batch = to_verl([vl, text], pad_id=PAD, image_store=store, mrope=True)
     rows = batch.non_tensor_batch["multi_modal_inputs"]
     assert rows.dtype == object and rows.shape == (2,) and rows[1] == {}
     expected = reference_inputs([IMAGES[2], SIDEWAYS])
@@ -293,6 +300,126 @@ def test_verl_rows_carry_their_multi_modal_inputs(store: ImageStore) -> None:
     assert to_verl([text], pad_id=PAD).non_tensor_batch["multi_modal_inputs"].tolist() == [{}]
     with pytest.raises(ValueError, match="seg-vl holds 2 images: pass to_verl\\(\\.\\.\\., image"):
         to_verl([text, vl], pad_id=PAD)
+    # Without mrope=True the rows would get text positions: refused, not guessed.
+    with pytest.raises(ValueError, match=r"seg-vl holds 2 images: .*mrope=True"):
+        to_verl([text, vl], pad_id=PAD, image_store=store)
+
+
+def position_segments() -> list[SegmentFinalized]:
+    """Four images of differing aspects in a first turn (one shown twice) and one in the tool
+    result of a later turn, in the response; one image alone in a later turn; two square-ish
+    images; and two text rows of other lengths."""
+    return [
+        image_segment(
+            "many", [IMAGES[1], SIDEWAYS, IMAGES[4], IMAGES[1], IMAGES[2]], reversed_records=True
+        ),
+        image_segment("later", [IMAGES[0]]),
+        image_segment("two", [IMAGES[3], IMAGES[2]]),
+        filled_segment("text", [-0.5, -0.25]),
+        filled_segment("longer", [-0.5, -0.25, -0.125, -0.0625]),
+    ]
+
+
+def bound(model_class: Any, config: Any) -> Any:
+    """The model's ``get_rope_index`` on a stand-in holding its config, as verl binds it to the
+    processor (verl/utils/tokenizer.py ``hf_processor``): the method needs nothing else."""
+    stand_in = types.SimpleNamespace(config=config)
+    stand_in.get_vision_position_ids = types.MethodType(
+        model_class.get_vision_position_ids, stand_in
+    )
+    return types.MethodType(model_class.get_rope_index, stand_in)
+
+
+@pytest.mark.parametrize("model", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_verl_position_ids_of_a_qwen_vl_policy_are_its_get_rope_index(
+    store: ImageStore, vl_model_dir: Path, model: str
+) -> None:
+    """``mrope=True``: ``[B, 4, P + R]``, the text positions over each row's real tokens, then
+    the model's own M-RoPE rows (transformers' ``get_rope_index``: the policy's Qwen3-VL, and
+    Qwen2-VL's and Qwen2.5-VL's with their default configs' vision ids and merge size)."""
+    segments = position_segments()
+    batch = to_verl(segments, pad_id=PAD, prompt_length_to=300, image_store=store, mrope=True)
+    get_rope_index = {
+        "qwen2_vl": bound(transformers.Qwen2VLModel, transformers.Qwen2VLConfig()),
+        "qwen2_5_vl": bound(transformers.Qwen2_5_VLModel, transformers.Qwen2_5_VLConfig()),
+        "qwen3_vl": bound(
+            transformers.Qwen3VLModel, transformers.AutoConfig.from_pretrained(vl_model_dir)
+        ),
+    }[model]
+    ids, mask = (torch.from_numpy(batch.batch[k]) for k in ("input_ids", "attention_mask"))
+    rows = batch.non_tensor_batch["multi_modal_inputs"]
+    grids = np.concatenate([row["image_grid_thw"] for row in rows if row])
+    assert len(grids) == 8
+    expected, _ = get_rope_index(
+        input_ids=ids,
+        mm_token_type_ids=(ids == IMAGE_PAD_ID).int(),
+        image_grid_thw=torch.from_numpy(grids),
+        attention_mask=mask,
+    )
+    positions = batch.batch["position_ids"]
+    assert positions.dtype == np.int64 and positions.shape == (5, 4, ids.shape[1])
+    real = mask.bool().numpy()
+    for row, segment in enumerate(segments):
+        assert positions[row, 0, real[row]].tolist() == list(range(len(segment.token_ids)))
+        assert positions[row][1:, real[row]].tolist() == expected[:, row][:, real[row]].tolist()
+        assert (positions[row][:, ~real[row]] == 1).all()  # as verl pads them
+        # An image's height row parts from its time row: these are not text positions.
+        assert (positions[row, 2] != positions[row, 1]).any() == bool(segment.images)
+    # prompt_length_to=300: every row starts with padding, and counts from its first real token.
+    assert not real[:, 0].any()
+
+
+def test_an_image_record_that_does_not_fit_its_run_has_no_positions() -> None:
+    segment = image_segment("a", [IMAGES[0], IMAGES[1]])
+    good = segment.images[1]  # grid (1, 8, 12): 4 x 6 merged, 24 pads, then its vision end
+    positions = mrope_position_ids(segment)
+    start = positions[0, good.offset]
+    run = positions[:, good.offset : good.offset + good.length]
+    assert run.max(axis=1).tolist() == [start, start + 3, start + 5]
+    assert positions[:, good.offset + good.length].tolist() == [start + 6] * 3
+    changes: list[dict[str, Any]] = [
+        {"grid_thw": (1, 4, 4)},
+        {"grid_thw": (2, 8, 12)},
+        {"length": 23},
+    ]
+    for changed in changes:
+        bad = good.model_copy(update=changed)
+        moved = segment.model_copy(update={"images": [segment.images[0], bad]})
+        with pytest.raises(ValueError, match=f"image {good.sha256}'s run"):
+            mrope_position_ids(moved)
+
+
+def test_verl_position_ids_are_verl_s_agent_loop_s(
+    store: ImageStore, vl_model_dir: Path, tmp_path: Path
+) -> None:
+    """verl 0.7.1's ``_compute_position_ids``, run in .venv-verl on each row as its agent loop
+    runs it (tests/verl_positions.py): equal to ``to_verl``'s, padding included, for Qwen2-VL,
+    Qwen2.5-VL and Qwen3-VL, and for a text model (no processor) on text rows."""
+    segments = position_segments()
+    vl = to_verl(segments, pad_id=PAD, image_store=store, mrope=True)
+    text, vl_text = (to_verl(segments[3:], pad_id=PAD, mrope=mrope) for mrope in (False, True))
+    batches = {
+        name: {k: made.batch[k] for k in ("input_ids", "attention_mask")}
+        | {"multi_modal_inputs": list(made.non_tensor_batch["multi_modal_inputs"])}
+        for name, made in [("vl", vl), ("text", text)]
+    }
+    source, target = tmp_path / "batches.pkl", tmp_path / "positions.json"
+    source.write_bytes(pickle.dumps({"batches": batches, "policy_path": str(vl_model_dir)}))
+    python = PROJECT_ROOT / ".venv-verl" / "bin" / "python"
+    script = PROJECT_ROOT / "tests" / "verl_positions.py"
+    run = subprocess.run(
+        [str(python), str(script), str(source), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(target.read_text())
+    for model in ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]:
+        assert out["vl"][model] == vl.batch["position_ids"].tolist(), model
+        assert out["text"][model] == vl_text.batch["position_ids"].tolist(), model
+    assert out["text"]["text"] == text.batch["position_ids"].tolist()
+    assert text.batch["position_ids"].shape == text.batch["input_ids"].shape
 
 
 @pytest.mark.parametrize("framework", ["slime", "miles"])

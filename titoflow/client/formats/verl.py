@@ -23,10 +23,13 @@ values with ``verl/utils/model.py`` ``extract_multi_modal_inputs``): ``pixel_val
 ``image_grid_thw`` and ``images_seqlens`` (``repeat_interleave(h * w, t)`` per image), the
 segment's images in token order (:func:`~titoflow.client.image_inputs.image_inputs`, checked
 against the recorded runs); numpy here, torch tensors in verl (``torch.from_numpy`` each
-value). Segments with images and no store raise ValueError. ``position_ids`` stay verl's text
-positions (``[B, P + R]``): for a Qwen-VL policy verl's agent loop makes them ``[B, 4, P + R]``
-(text then M-RoPE's t, h, w, ``_compute_position_ids`` with the model's ``get_rope_index``),
-which is not computed here.
+value). ``position_ids`` are what verl's agent loop makes for the model (``_compute_position_ids``):
+for a text model (no processor) ``[B, P + R]``, ``compute_position_id_with_mask``; for a
+Qwen2/2.5/3-VL policy (``mrope=True``: verl loads its processor) ``[B, 4, P + R]`` on every row,
+text positions (0, 1, ... over the real tokens) then M-RoPE's time, height and width rows (the
+model's ``get_rope_index``: :func:`~titoflow.client.mrope.mrope_position_ids`), 1 on padding as
+there. Segments with images and no store, or without ``mrope=True``, raise ValueError: as text
+positions a Qwen2/2.5-VL actor raises and a Qwen3-VL one trains on wrong image positions.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays, instance_key
 from titoflow.client.formats.common import prompt_length, refuse_images, refuse_other_policies
 from titoflow.client.image_inputs import image_inputs
+from titoflow.client.mrope import mrope_position_ids
 from titoflow.image_store import ImageStore
 
 # uid: verl draws a uuid4 per prompt; a name-based UUID of the instance groups the same rollouts
@@ -64,16 +68,22 @@ def to_verl(
     response_length_to: int | None = None,
     image_store: ImageStore | None = None,
     temperature: float = 1.0,
+    mrope: bool = False,
 ) -> VerlBatch:
     """The batch of ``segments``: prompts padded to ``prompt_length_to`` and responses to
     ``response_length_to`` (verl's ``rollout.prompt_length`` / ``response_length``; default:
     the longest). A segment longer than either raises ValueError (nothing is cut).
     ``image_store``: the store the ingress wrote the images to, for ``multi_modal_inputs``.
-    ``temperature``: verl's ``rollout.temperature``, what its actor divides the logits by."""
+    ``temperature``: verl's ``rollout.temperature``, what its actor divides the logits by.
+    ``mrope``: the policy is a Qwen2/2.5/3-VL model, whose ``position_ids`` are M-RoPE's."""
     if not segments:
         raise ValueError("no segments to batch")
-    if image_store is None:
-        refuse_images(segments, "pass to_verl(..., image_store=) to carry their pixels")
+    if image_store is None or not mrope:
+        refuse_images(
+            segments,
+            "pass to_verl(..., image_store=, mrope=True) for a Qwen-VL policy's pixels and "
+            "M-RoPE position_ids",
+        )
     for segment in segments:
         refuse_other_policies(segment, temperature, "verl")
     arrays = [aligned_arrays(segment) for segment in segments]
@@ -110,19 +120,24 @@ def to_verl(
         if segment.reward is not None and n > 0:
             rm_scores[row, n - 1] = segment.reward
     attention_mask = np.concatenate([prompt_attention, response_attention], axis=1)
+    # First: each image checked against its pixels (ImageMismatch) before its positions are laid.
+    rows = [_multi_modal_inputs(segment, image_store) for segment in segments]
     batch = {
         "prompts": prompts,
         "responses": responses,
         "response_mask": response_mask,
         "input_ids": np.concatenate([prompts, responses], axis=1),
         "attention_mask": attention_mask,
-        # verl's compute_position_id_with_mask: 0 on left padding, then 0, 1, 2...
-        "position_ids": np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None),
+        "position_ids": (
+            _mrope_positions(segments, [p - split for split in splits], p + r)
+            if mrope
+            # verl's compute_position_id_with_mask: 0 on left padding, then 0, 1, 2...
+            else np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
+        ),
         "rollout_log_probs": rollout_log_probs,
     }
     if all(segment.reward is not None for segment in segments):
         batch["rm_scores"] = rm_scores
-    rows = [_multi_modal_inputs(segment, image_store) for segment in segments]
     non_tensor_batch = {
         # GRPO groups rollouts by uid: the prompt each segment samples.
         "uid": _objects([uid(segment) for segment in segments]),
@@ -141,6 +156,19 @@ def to_verl(
 def uid(segment: SegmentFinalized) -> str:
     """verl's ``uid`` of the segment: a UUID string, one per prompt (:func:`instance_key`)."""
     return str(uuid.uuid5(UID_NAMESPACE, instance_key(segment)))
+
+
+def _mrope_positions(
+    segments: Sequence[SegmentFinalized], starts: Sequence[int], width: int
+) -> np.ndarray:
+    """``[B, 4, width]``: each row's tokens, from its ``start``, hold its text positions then
+    its M-RoPE rows; padding holds 1 in all four, as verl's agent loop leaves it."""
+    positions = np.ones((len(segments), 4, width), dtype=np.int64)
+    for row, (segment, start) in enumerate(zip(segments, starts, strict=True)):
+        size = len(segment.token_ids)
+        positions[row, 0, start : start + size] = np.arange(size)
+        positions[row, 1:, start : start + size] = mrope_position_ids(segment)
+    return positions
 
 
 def _multi_modal_inputs(
