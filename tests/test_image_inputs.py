@@ -2,9 +2,11 @@
 the vision inputs of a Qwen-VL forward pass (titoflow/client/image_inputs.py) equal to what
 transformers' processor, loaded from the tiny VL policy's own preprocessor config, gives for the
 original bytes; ``SegmentDataset`` items carry them with each image's run located in the packed
-layout; the verl and slime converters carry them in the fields those frameworks define, verl's
-M-RoPE position ids equal to the models' own ``get_rope_index`` and to verl 0.7.1's agent loop;
-and every mismatch between pixels and recorded tokens raises, naming the image."""
+layout; the verl, slime, OpenRLHF and Tinker converters carry them in the fields those
+frameworks define, verl's M-RoPE position ids equal to the models' own ``get_rope_index`` and to
+verl 0.7.1's agent loop, OpenRLHF's through its own batching and VLM ``Actor`` forward, Tinker's
+image chunks equal to tinker-cookbook's datums for the same sessions; and every mismatch between
+pixels and recorded tokens raises, naming the image."""
 
 from __future__ import annotations
 
@@ -27,17 +29,18 @@ import torch
 import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, ImageOps
 
 from schemas.events import SegmentFinalized
 from schemas.images import ImageProcessorFingerprint, ImageRecord
+from tests.doc_blocks import blocks_run_by
 from tests.images import png, reference_inputs, runs
 from tests.segments import filled_segment, step_segment
 from tests.test_chat_images import PROCESSING
 from tests.test_trainer_formats import DEFINED, Status, conforms
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
-from titoflow.client.formats.tinker import to_tinker
+from titoflow.client.formats.tinker import to_tinker, to_tinker_batch
 from titoflow.client.formats.verl import to_verl
 from titoflow.client.image_inputs import ImageMismatch, image_inputs
 from titoflow.client.image_processor import processor_for
@@ -443,12 +446,190 @@ def test_slime_samples_carry_their_multimodal_train_inputs(
         to_slime([vl], Status)
 
 
-def test_formats_without_images_refuse_a_segment_with_images() -> None:
-    vl = image_segment("vl", [IMAGES[0]])
-    with pytest.raises(ValueError, match="to_openrlhf does not carry images"):
-        to_openrlhf([vl], n_samples_per_prompt=1)
-    with pytest.raises(ValueError, match="to_tinker does not carry images"):
-        to_tinker(vl)
+def openrlhf_segments() -> list[SegmentFinalized]:
+    """One prompt's group of three: two samples with images (one shown twice), one text."""
+    return [
+        segment.model_copy(update={"instance_id": "p", "reward": reward})
+        for segment, reward in [
+            (image_segment("vl", [IMAGES[0], IMAGES[4]]), 1.0),
+            (filled_segment("t", [-0.5, -0.25]), 0.0),
+            (image_segment("vl2", [IMAGES[3], SIDEWAYS, IMAGES[3]]), 0.5),
+        ]
+    ]
+
+
+def test_openrlhf_samples_carry_their_mm_train_inputs(store: ImageStore) -> None:
+    """``mm_train_inputs``: per sample ``[inputs]`` as its agent path sets it, the processor's
+    tensors for a sample with images, ``[None]`` for a text one."""
+    segments = openrlhf_segments()
+    samples = to_openrlhf(segments, n_samples_per_prompt=3, image_store=store)
+    vl, text, vl2 = (s["mm_train_inputs"] for s in samples)
+    assert text == [None]
+    for [inputs], shown in [(vl, [IMAGES[0], IMAGES[4]]), (vl2, [IMAGES[3], SIDEWAYS, IMAGES[3]])]:
+        expected = reference_inputs(shown)
+        assert set(inputs) == {"pixel_values", "image_grid_thw"}
+        assert torch.equal(inputs["pixel_values"], torch.from_numpy(expected["pixel_values"]))
+        assert inputs["image_grid_thw"].dtype == torch.int64
+        assert inputs["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    assert to_openrlhf(segments[1:2], n_samples_per_prompt=1)[0]["mm_train_inputs"] == [None]
+    with pytest.raises(
+        ValueError, match=r"seg-vl holds 2 images: pass to_openrlhf\(\.\.\., image_store="
+    ):
+        to_openrlhf(segments, n_samples_per_prompt=3)
+
+
+def test_openrlhf_batches_and_forwards_the_images_in_its_own_code(
+    store: ImageStore, vl_model_dir: Path, tmp_path: Path
+) -> None:
+    """OpenRLHF 0.11.2 in .venv-openrlhf (tests/openrlhf_images.py): the doc's block makes the
+    ``Experience``s; its concat, split and collation keep each sample's images with it; its
+    ``merge_mm_train_inputs`` gives the images in batch order; its VLM ``Actor`` forward takes
+    them on the tiny Qwen3-VL, whose log probs the pixels move for the samples with images."""
+    samples = to_openrlhf(openrlhf_segments(), n_samples_per_prompt=3, image_store=store)
+    _, to_experiences = blocks_run_by("tests/test_trainer_openrlhf.py")
+    source, target = tmp_path / "samples.pkl", tmp_path / "out.json"
+    source.write_bytes(
+        pickle.dumps(
+            {
+                "samples": samples,
+                "block": to_experiences,
+                "model": str(vl_model_dir),
+                "pad_token_id": PAD,
+            }
+        )
+    )
+    python = PROJECT_ROOT / ".venv-openrlhf" / "bin" / "python"
+    run = subprocess.run(
+        [str(python), "-m", "tests.openrlhf_images", str(source), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=PROJECT_ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(target.read_text())
+    assert out == {
+        "concat": True,
+        "split": True,
+        "merged": True,
+        "shape": True,
+        "finite": True,
+        "moved_by_pixels": [True, False, True],
+    }
+
+
+def test_tinker_datums_hold_an_image_chunk_in_place_of_each_run(store: ImageStore) -> None:
+    """Text chunks around one image chunk per run, ``expected_tokens`` its length, so the input
+    is as long as the arrays; targets inside an image are 0; an upright PNG's bytes are the
+    stored ones, a sideways JPEG's are its upright pixels as a PNG."""
+    shown = [IMAGES[0], SIDEWAYS, IMAGES[2]]
+    segment = image_segment("vl", shown)
+    datum = to_tinker(segment, advantage=1.0, image_store=store)
+    chunks = datum["model_input"]["chunks"]
+    ids = segment.token_ids
+    assert [c["type"] for c in chunks] == ["encoded_text", "image"] * 3 + ["encoded_text"]
+    laid: list[int] = []
+    for chunk in chunks:
+        laid += (
+            chunk["tokens"] if chunk["type"] == "encoded_text" else [-1] * chunk["expected_tokens"]
+        )
+    image_at = np.array(
+        [any(r.offset <= t < r.offset + r.length for r in segment.images) for t in range(len(ids))]
+    )
+    assert laid == [-1 if image else t for t, image in zip(ids[:-1], image_at[:-1], strict=True)]
+    for array in datum["loss_fn_inputs"].values():
+        assert array.shape == (len(laid),)
+    targets = datum["loss_fn_inputs"]["target_tokens"]
+    assert targets.tolist() == np.where(image_at[1:], 0, ids[1:]).tolist()
+    images = [c for c in chunks if c["type"] == "image"]
+    assert [c["expected_tokens"] for c in images] == [r.length for r in segment.images]
+    assert [(c["data"], c["format"]) for c in images[::2]] == [
+        (IMAGES[0], "png"),
+        (IMAGES[2], "png"),
+    ]
+    assert images[1]["format"] == "png"
+    with (
+        Image.open(io.BytesIO(images[1]["data"])) as sent,
+        Image.open(io.BytesIO(SIDEWAYS)) as kept,
+    ):
+        assert not sent.getexif()
+        upright = np.asarray(ImageOps.exif_transpose(kept).convert("RGB"))
+        assert upright.shape == (120, 40, 3)
+        assert np.array_equal(np.asarray(sent), upright)
+    with pytest.raises(
+        ValueError, match=r"seg-vl holds 3 images: pass to_tinker\(\.\.\., image_store="
+    ):
+        to_tinker(segment)
+    # The last token an image's: Tinker's input drops it, and an image chunk is not cut.
+    last = segment.images[-1]
+    first = segment.steps[0]
+    span = slice(first.completion_start, first.completion_end)
+    ending = step_segment(
+        "end",
+        (ids[: first.completion_start], ids[span], segment.logprobs[span]),
+        (ids[first.completion_end : last.offset + last.length], [], []),
+    ).model_copy(update={"images": segment.images})
+    with pytest.raises(ValueError, match=f"seg-end ends in image {last.sha256}"):
+        to_tinker(ending, image_store=store)
+
+
+def test_tinker_datums_are_tinker_cookbook_s_for_the_same_sessions(
+    store: ImageStore, vl_model_dir: Path, tmp_path: Path
+) -> None:
+    """tinker 0.38.0 and tinker-cookbook 0.6.1 in .venv-tinker (tests/tinker_images.py): the
+    datums validate as ``Datum``s whose input is as long as their arrays, equal those cookbook's
+    ``assemble_training_data`` makes from the sessions with ``ImageChunk``s of the stored bytes,
+    and each image chunk's ``expected_tokens`` is what cookbook's ``image_to_chunk`` counts."""
+    segments = [
+        segment.model_copy(update={"instance_id": "p", "reward": reward})
+        for segment, reward in [
+            (image_segment("vl", [IMAGES[1], SIDEWAYS, IMAGES[4]]), 1.0),
+            (filled_segment("t", [-0.5, -0.25]), 0.0),
+        ]
+    ]
+    data, _ = to_tinker_batch(segments, image_store=store)
+
+    def element(segment: SegmentFinalized, t: int) -> Any:
+        for r in segment.images:
+            if t == r.offset:
+                data = store.get(r.sha256)
+                kind = "jpeg" if data == SIDEWAYS else "png"
+                return {"data": data, "format": kind, "expected_tokens": r.length}
+        return None
+
+    groups = []
+    for segment in segments:
+        inside = {t for r in segment.images for t in range(r.offset, r.offset + r.length)}
+        steps = []
+        for step in segment.steps:
+            ob = [
+                element(segment, t) or segment.token_ids[t]
+                for t in range(step.completion_start)
+                if t not in inside or element(segment, t)
+            ]
+            span = slice(step.completion_start, step.completion_end)
+            steps.append((ob, segment.token_ids[span], segment.logprobs[span]))
+        groups.append({"steps": steps, "reward": segment.reward})
+    source, target = tmp_path / "data.pkl", tmp_path / "out.json"
+    source.write_bytes(
+        pickle.dumps({"data": data, "groups": [groups], "policy_path": str(vl_model_dir)})
+    )
+    python = PROJECT_ROOT / ".venv-tinker" / "bin" / "python"
+    script = PROJECT_ROOT / "tests" / "tinker_images.py"
+    run = subprocess.run(
+        [str(python), str(script), str(source), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(target.read_text())
+    assert out == {
+        "images": 3,
+        "aligned": True,
+        "cookbook": True,
+        "expected_tokens": [True, True, True],
+    }
 
 
 def test_the_images_example_of_the_docs_runs_as_written(store: ImageStore) -> None:

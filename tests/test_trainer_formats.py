@@ -326,7 +326,8 @@ def test_openrlhf_takes_one_experience_per_sample_group_by_group() -> None:
     for fields, segment in zip(samples, ordered, strict=True):
         n = len(segment.token_ids)
         names = {"B": 1, "T": n, "A": n - 1}  # READ: action_length T - 1
-        assert set(fields) - tensors == {"index", "info"}
+        assert set(fields) - tensors == {"index", "mm_train_inputs", "info"}
+        assert fields["mm_train_inputs"] == [None]  # a text sample's, as its agent path's
         for name in set(fields) & tensors:
             array = fields[name]
             assert array.dtype == np.dtype(defined["dtypes"][name]), name

@@ -337,7 +337,8 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
 
 def image_tensors(segment: SegmentFinalized, store: ImageStore) -> dict[str, torch.Tensor]:
     """``pixel_values`` and ``image_grid_thw`` of ``segment``'s images in token order, as tensors
-    (what slime's and miles' ``multimodal_train_inputs`` hold)."""
+    (what slime's and miles' ``multimodal_train_inputs`` and OpenRLHF's ``mm_train_inputs``
+    hold)."""
     inputs = image_inputs(segment, store)
     return {
         "pixel_values": torch.from_numpy(inputs.pixel_values),

@@ -18,6 +18,16 @@ Invariants:
 - ``rollout_log_probs`` are what OpenRLHF's ``Actor`` computes, ``log_softmax(logits / T)`` at
   its temperature with no cut, or the segment is refused (as for TRL).
 - Unused samples (nobody continued them; the reward was not earned through them) are left out.
+- ``mm_train_inputs`` is ``[inputs]`` per sample as its agent path sets it (``[None]`` for a
+  text sample; ``concat_experiences`` chains the lists and ``split_experience_batch`` takes
+  entry ``i`` for sample ``i`` only when there is one entry per sample, so no sample lacks it).
+  Given the image store, ``inputs`` of a segment with images is the processor output its VLM
+  ``Actor`` takes (``merge_mm_train_inputs`` ``torch.cat``s each key across samples, in batch
+  order): ``pixel_values`` and ``image_grid_thw`` of its images in token order, checked against
+  the recorded runs (:func:`~titoflow.client.image_inputs.image_inputs`), as torch tensors, as
+  its processor returns them (``return_tensors="pt"``; torch is imported only then). Its
+  ``mm_token_type_ids`` it rebuilds from ``sequences`` itself. A segment with images and no
+  store raises ValueError.
 """
 
 from __future__ import annotations
@@ -30,17 +40,23 @@ import numpy as np
 from schemas.events import SegmentFinalized
 from titoflow.client.batch import aligned_arrays, group_by_instance
 from titoflow.client.formats.common import refuse_images, refuse_other_policies, truncated
+from titoflow.image_store import ImageStore
 
 
 def to_openrlhf(
-    segments: Sequence[SegmentFinalized], n_samples_per_prompt: int, temperature: float = 1.0
+    segments: Sequence[SegmentFinalized],
+    n_samples_per_prompt: int,
+    temperature: float = 1.0,
+    image_store: ImageStore | None = None,
 ) -> list[dict[str, Any]]:
     """The fields of one ``Experience`` per trajectory segment, ordered group by group;
-    ``n_samples_per_prompt`` and ``temperature``: OpenRLHF's (``--rollout.*``)."""
+    ``n_samples_per_prompt`` and ``temperature``: OpenRLHF's (``--rollout.*``).
+    ``image_store``: the store the ingress wrote the images to, for ``mm_train_inputs``."""
     used = [segment for segment in segments if not segment.unused_sample]
     if not used:
         raise ValueError("no segments to convert")
-    refuse_images(used, "to_openrlhf does not carry images (use SegmentDataset or to_verl)")
+    if image_store is None:
+        refuse_images(used, "pass to_openrlhf(..., image_store=) to carry their pixels")
     rewarded = [segment.reward is not None for segment in used]
     if any(rewarded) and not all(rewarded):
         raise ValueError(
@@ -71,6 +87,7 @@ def to_openrlhf(
             "truncated": np.array([truncated(segment)], dtype=bool),
             "total_length": np.array([len(ids)], dtype=np.float32),
             "index": [len(out)],
+            "mm_train_inputs": [_mm_train_inputs(segment, image_store)],
             "info": {},
         }
         if segment.reward is not None:
@@ -78,3 +95,13 @@ def to_openrlhf(
             fields["info"]["reward"] = fields["rewards"].copy()
         out.append(fields)
     return out
+
+
+def _mm_train_inputs(segment: SegmentFinalized, store: ImageStore | None) -> dict[str, Any] | None:
+    if not segment.images or store is None:
+        return None
+    # Here, not at the top: titoflow's torch is an extra (torch_data holds its one import);
+    # OpenRLHF's processes have it.
+    from titoflow.client.torch_data import image_tensors
+
+    return image_tensors(segment, store)
