@@ -2,7 +2,8 @@
 
 Invariant: a directory gives the token ids vLLM's own loader gives for it, checked against the
 engine environment's loader for every family (tests/tito/test_tokenizer_parity.py), and a
-tokenizer's own code runs only when allowed.
+tokenizer's own code runs only when allowed; allowed, it loads as vLLM loads it or not at all
+(tests/tito/test_kimi_remote_code.py).
 
 Mistral's checkpoints ship ``tekken.json``, which vLLM reads with mistral-common in
 ``tokenizer_mode=mistral``: what Mistral's model cards prescribe and what vLLM picks by itself
@@ -45,6 +46,11 @@ class RemoteCodeRefused(ValueError):
     """The directory's tokenizer is its own code (``auto_map``), which was not allowed."""
 
 
+class RemoteCodeFailed(ValueError):
+    """The directory's tokenizer code, allowed, does not import (Kimi's K2-era file names a
+    transformers 4 location): vLLM's loader, the same AutoTokenizer call, fails alike."""
+
+
 def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Any:
     """The tokenizer of ``model_path`` as vLLM loads it (``trust_remote_code`` as its flag)."""
     config_file = model_path / "tokenizer_config.json"
@@ -69,9 +75,15 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool = False) -> Any:
                 "tokenizer_config.json): allow it with TITOFLOW_TRUST_REMOTE_CODE=1, as vLLM's "
                 "--trust-remote-code"
             )
-        return transformers.AutoTokenizer.from_pretrained(
-            model_path, local_files_only=True, trust_remote_code=True
-        )
+        try:
+            return transformers.AutoTokenizer.from_pretrained(
+                model_path, local_files_only=True, trust_remote_code=True
+            )
+        except ImportError as exc:  # else a traceback from inside the directory's module
+            raise RemoteCodeFailed(
+                f"the tokenizer code at {model_path} does not import under transformers "
+                f"{transformers.__version__} (AutoTokenizer, as vLLM loads it): {exc}"
+            ) from exc
     tokenizer = _named_class(model_path, config).from_pretrained(model_path, local_files_only=True)
     if tekken.exists():
         tokenizer.backend_tokenizer.pre_tokenizer = _tekken_pre_tokenizer(tekken)
