@@ -6,21 +6,28 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from schemas.events import LogprobsMode
 from titoflow.dev.engine_process import start_vllm
 from titoflow.settings import Settings
 
 ENGINE_NICENESS = 10
 
 
-def engine_for_tests(running_url_variable: str, model_dir: Path, log_dir: Path) -> Iterator[str]:
+def engine_for_tests(
+    running_url_variable: str,
+    model_dir: Path,
+    log_dir: Path,
+    logprobs_mode: LogprobsMode = "raw_logprobs",
+) -> Iterator[str]:
     """Yield the URL in ``running_url_variable`` if set (developers sharing one machine point
     tests at an engine already serving the same model; CI never sets it), else start vLLM on
-    ``model_dir`` and stop it afterwards."""
+    ``model_dir`` with ``--logprobs-mode logprobs_mode`` and stop it afterwards."""
     running = os.environ.get(running_url_variable)
     if running:
         yield running
         return
-    proc, url = start_vllm(Settings(model_path=model_dir), log_dir=log_dir)
+    settings = Settings(model_path=model_dir, engine_logprobs_mode=logprobs_mode)
+    proc, url = start_vllm(settings, log_dir=log_dir)
     # The engine shares the test host's cores with the stack it serves (a GPU host runs it
     # apart): at normal priority its busy API server and engine core starved the ingress, the
     # broker and the test's own client for seconds on two cores (pauses landing 9 s late, a
