@@ -20,10 +20,8 @@ generated tokens against the engine's, and tinker-cookbook's ``optim/kl_sample_t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import pickle
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -31,51 +29,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 
 from schemas.events import SegmentFinalized
 from tests.doc_blocks import blocks_run_by
+from tests.trainer_rollouts import PROMPTS, REWARDS, rollout_sessions
 from tests.witness import Witness
-from titoflow.client.rollout import RolloutClient
-from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import PROJECT_ROOT, Settings
 
 pytestmark = pytest.mark.engine
 
 PYTHON = PROJECT_ROOT / ".venv-tinker" / "bin" / "python"
-PROMPTS = ["Tell me about /tmp.", "What is in /etc?"]
-REWARDS = [0.0, 0.25, 1.0, 0.5]  # per session, in open order: distinct within each group
 # vLLM CPU and torch CPU on the same float32 weights.
 GAP_BOUND = 1e-3
-
-
-async def agent(base_url: str, prompt: str) -> None:
-    """Two turns, the second after a user turn (context in the datum, mask 0)."""
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    messages: list[Any] = [{"role": "user", "content": prompt}]
-    for turn in range(2):
-        answer = await client.chat.completions.create(
-            model="policy", messages=messages, max_tokens=12
-        )
-        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
-        messages.append({"role": "user", "content": f"and then? ({turn})"})
-    await client.close()
-
-
-async def rollouts(url: str, settings: Settings) -> list[list[SegmentFinalized]]:
-    """Each session's segments, in open order (a, b, a, b)."""
-    prompts = PROMPTS * 2
-    async with RolloutClient(url, settings) as driver:
-        opened = [
-            await driver.open(instance_id=p, sampling={"temperature": 1.0, "top_p": 1.0})
-            for p in prompts
-        ]
-        await asyncio.gather(
-            *(agent(o.openai_base_url, p) for o, p in zip(opened, prompts, strict=True))
-        )
-        for o, reward in zip(opened, REWARDS, strict=True):
-            await driver.finalize(o.session_id, reward=reward)
-        return [await driver.segments(o.session_id, timeout_s=120) for o in opened]
 
 
 def trajectory(segments: list[SegmentFinalized], reward: float) -> dict[str, Any]:
@@ -96,16 +61,7 @@ def trajectory(segments: list[SegmentFinalized], reward: float) -> dict[str, Any
 async def test_a_step_of_tinker_cookbooks_rl_loop_on_titoflow_rollouts(
     stack_settings: Settings, model_dir: Path, witness: Witness, tmp_path: Path
 ) -> None:
-    settings = stack_settings.model_copy(
-        update={"driver_token": secrets.token_urlsafe(32), "model_path": model_dir}
-    )
-    ingress, url = start_ingress(settings, tmp_path)
-    worker = start_worker(settings, tmp_path)
-    try:
-        sessions = await rollouts(url, settings)
-    finally:
-        ingress.stop()
-        worker.stop()
+    sessions = await rollout_sessions(stack_settings, model_dir, tmp_path)
     segments = [s for session in sessions for s in session]
     assert len(segments) == 4 and all(not s.unused_sample for s in segments)
 

@@ -19,11 +19,9 @@ weights the engine serves; reported, with verl's default bf16 autocast.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pickle
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -31,52 +29,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from openai import AsyncOpenAI
 
-from schemas.events import SegmentFinalized
 from tests.doc_blocks import blocks_run_by
+from tests.trainer_rollouts import PROMPTS, rollout_sessions
 from tests.witness import Witness
 from titoflow.client.batch import instance_key
-from titoflow.client.rollout import RolloutClient
-from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import PROJECT_ROOT, Settings
 
 pytestmark = pytest.mark.engine
 
 PYTHON = PROJECT_ROOT / ".venv-verl" / "bin" / "python"
-PROMPTS = ["Tell me about /tmp.", "What is in /etc?"]
-REWARDS = [0.0, 0.25, 1.0, 0.5]  # per session, in open order: distinct within each group
 # vLLM CPU and torch CPU on the same float32 weights; bf16 rounds each weight to 8 bits.
 GAP_BOUND = 1e-3
 BF16_GAP_BOUND = 0.2
-
-
-async def agent(base_url: str, prompt: str) -> None:
-    """Two turns, the second after a user turn (context in the response, loss mask 0)."""
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    messages: list[Any] = [{"role": "user", "content": prompt}]
-    for turn in range(2):
-        answer = await client.chat.completions.create(
-            model="policy", messages=messages, max_tokens=12
-        )
-        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
-        messages.append({"role": "user", "content": f"and then? ({turn})"})
-    await client.close()
-
-
-async def rollouts(url: str, settings: Settings) -> list[SegmentFinalized]:
-    async with RolloutClient(url, settings) as driver:
-        prompts = [prompt for _ in range(2) for prompt in PROMPTS]
-        opened = [
-            await driver.open(instance_id=prompt, sampling={"temperature": 1.0, "top_p": 1.0})
-            for prompt in prompts
-        ]
-        await asyncio.gather(
-            *(agent(o.openai_base_url, p) for o, p in zip(opened, prompts, strict=True))
-        )
-        for o, reward in zip(opened, REWARDS, strict=True):
-            await driver.finalize(o.session_id, reward=reward)
-        return [s for o in opened for s in await driver.segments(o.session_id, timeout_s=120)]
 
 
 def grpo(rewards: list[float | None]) -> np.ndarray:
@@ -89,16 +54,8 @@ def grpo(rewards: list[float | None]) -> np.ndarray:
 async def test_a_ppo_step_in_verl_on_titoflow_rollouts(
     stack_settings: Settings, model_dir: Path, witness: Witness, tmp_path: Path
 ) -> None:
-    settings = stack_settings.model_copy(
-        update={"driver_token": secrets.token_urlsafe(32), "model_path": model_dir}
-    )
-    ingress, url = start_ingress(settings, tmp_path)
-    worker = start_worker(settings, tmp_path)
-    try:
-        segments = await rollouts(url, settings)
-    finally:
-        ingress.stop()
-        worker.stop()
+    sessions = await rollout_sessions(stack_settings, model_dir, tmp_path)
+    segments = [s for session in sessions for s in session]
     assert len(segments) == 4 and all(not s.unused_sample for s in segments)
 
     to_batch, verl_step = blocks_run_by("tests/test_trainer_verl.py")
