@@ -119,6 +119,13 @@ def json_object(arguments: str) -> bool:
         return False
 
 
+def cut_after(text: str, marker: str, rng: random.Random) -> str:
+    """``text`` cut at random after the start of its first ``marker`` (unchanged without one):
+    an output the generation ended inside a call."""
+    start = text.find(marker)
+    return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+
+
 def drop_one(text: str, marker: str, rng: random.Random) -> str:
     """``text`` without one of its ``marker``s, chosen at random (unchanged without one)."""
     spots = [m.start() for m in re.finditer(re.escape(marker), text)]

@@ -20,6 +20,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     json_object,
     mutants,
@@ -93,8 +94,7 @@ def deepseek_bases() -> list[tuple[str, bool]]:
 def deepseek_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder", "trail"])
     if op == "truncate":
-        start = text.find(B)
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, B, rng)
     if op == "drop":
         return drop_one(text, rng.choice([E, CE, CB, SEP, B]), rng)
     if op == "space":

@@ -17,6 +17,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     mutants,
     space_after,
@@ -188,8 +189,7 @@ def glm_bases() -> list[tuple[str, bool]]:
 def glm_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder", "late_think"])
     if op == "truncate":
-        start = text.find("<tool_call>")
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, "<tool_call>", rng)
     if op == "drop":
         closers = ["</tool_call>", "</arg_value>", "</arg_key>", "</think>", "<tool_call>"]
         return drop_one(text, rng.choice(closers), rng)

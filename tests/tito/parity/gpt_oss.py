@@ -17,6 +17,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     json_object,
     mutants,
@@ -233,8 +234,7 @@ def gpt_oss_bases() -> list[tuple[str, bool]]:
 def gpt_oss_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder", "channel"])
     if op == "truncate":
-        start = text.find("to=functions.")
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, "to=functions.", rng)
     if op == "drop":
         return drop_one(text, rng.choice([END, START, CONSTRAIN, MESSAGE, "assistant", "}"]), rng)
     if op == "space":

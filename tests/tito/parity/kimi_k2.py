@@ -14,6 +14,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     json_object,
     mutants,
@@ -152,8 +153,7 @@ def kimi_bases() -> list[tuple[str, bool]]:
 def kimi_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder", "late_think"])
     if op == "truncate":
-        start = text.find(S)
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, S, rng)
     if op == "drop":
         return drop_one(text, rng.choice([E, C, "</think>", S]), rng)
     if op == "space":

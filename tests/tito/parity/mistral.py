@@ -15,6 +15,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     mutants,
     space_after,
@@ -120,8 +121,7 @@ def mistral_bases() -> list[tuple[str, bool]]:
 def mistral_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder", "bare", "trail"])
     if op == "truncate":
-        start = text.find("[TOOL_CALLS]")
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, "[TOOL_CALLS]", rng)
     if op == "drop":
         return drop_one(text, rng.choice(["]", "}", '"', "[TOOL_CALLS]"]), rng)
     if op == "space":

@@ -14,6 +14,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     json_object,
     mutants,
@@ -151,8 +152,7 @@ QWEN3_CLOSERS = ("</tool_call>", "</think>", "<tool_call>", "}")
 def qwen3_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder"])
     if op == "truncate":
-        start = text.find("<tool_call>")
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, "<tool_call>", rng)
     if op == "drop":
         return drop_one(text, rng.choice(QWEN3_CLOSERS), rng)
     if op == "space":

@@ -12,6 +12,7 @@ from tests.tito.parity import (
     Case,
     Difference,
     Family,
+    cut_after,
     drop_one,
     json_object,
     mutants,
@@ -135,8 +136,7 @@ CODER_CLOSERS = ("</parameter>", "</function>", "</tool_call>", "<tool_call>")
 def coder_mutate(text: str, rng: random.Random) -> str:
     op = rng.choice(["truncate", "drop", "space", "reorder"])
     if op == "truncate":
-        start = text.find("<")
-        return text[: rng.randrange(start + 1, len(text))] if start >= 0 else text
+        return cut_after(text, "<", rng)
     if op == "drop":
         return drop_one(text, rng.choice(CODER_CLOSERS), rng)
     if op == "space":
