@@ -26,19 +26,18 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from tests.tito.engine_env import run_in_engine
 from tests.tito.test_family_kimi_k2 import CORPUS as CONVERSATIONS
 from tests.tito.test_tokenizer_parity import CORPUS, QUOTED_WORDS
 from titoflow.dev.model_build import tokenizer_source_dir
 from titoflow.dev.tokenizers import template_path
 from titoflow.dev.tokenizers.kimi_k2 import TEMPLATE
-from titoflow.settings import Settings
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import (
@@ -187,8 +186,6 @@ def renderer(dirs: dict[str, Path]) -> ChatRenderer:
 
 @pytest.fixture(scope="module")
 def engine(dirs: dict[str, Path], renderer: ChatRenderer) -> dict[str, Any]:
-    python = Settings().engine_python
-    assert python.exists(), f"no engine environment at {python}: run scripts/setup-engine.sh"
     family = renderer.family
     conversations = [
         (
@@ -202,16 +199,7 @@ def engine(dirs: dict[str, Path], renderer: ChatRenderer) -> dict[str, Any]:
         "texts": CORPUS,
         "conversations": conversations,
     }
-    result = subprocess.run(
-        [str(python), "-c", VLLM_LOAD],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    found: dict[str, Any] = run_in_engine(VLLM_LOAD, request)
     return found
 
 

@@ -21,12 +21,12 @@ vLLM's parsers take a tokenizer: each family's is the directory
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from tests.tito.engine_env import run_in_engine
 from tests.tito.parity import (
     ENGINE,
     Call,
@@ -43,7 +43,6 @@ from tests.tito.parity import (
     qwen3_coder,
 )
 from titoflow.dev.tokenizers import tokenizer_dir
-from titoflow.settings import Settings
 from titoflow.tito.families import family_named
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.output import ParsedOutput
@@ -59,8 +58,6 @@ def cases_of(family: Family) -> list[Case]:
 @pytest.fixture(scope="module")
 def vllm_calls() -> dict[str, list[list[Call]]]:
     """vLLM's calls for every case of every family, from one engine-environment process."""
-    python = Settings().engine_python
-    assert python.exists(), f"no engine environment at {python}: run scripts/setup-engine.sh"
     job = {
         name: {
             "tokenizer": str(tokenizer_dir(name)),
@@ -72,13 +69,7 @@ def vllm_calls() -> dict[str, list[list[Call]]]:
         }
         for name, family in FAMILIES.items()
     }
-    result = subprocess.run(
-        [str(python), "-c", ENGINE],
-        input=json.dumps(job), capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(x for x in result.stdout.splitlines() if x.startswith("PARITY "))
-    found: dict[str, list[list[list[str]]]] = json.loads(line.removeprefix("PARITY "))
+    found: dict[str, list[list[list[str]]]] = run_in_engine(ENGINE, job, timeout_s=300)
     return {
         name: [[(name_, args) for name_, args in calls] for calls in per_case]
         for name, per_case in found.items()

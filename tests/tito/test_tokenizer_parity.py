@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,10 @@ import pytest
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
 from ingress.json_body import parse_json
+from tests.tito.engine_env import run_in_engine
 from tests.tito.test_family_mistral import CONVERSATIONS, TOOLS
 from titoflow.dev.tokenizers import SOURCES, tokenizer_dir
 from titoflow.dev.tokenizers import mistral as mistral_recipe
-from titoflow.settings import Settings
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import TEKKEN, RemoteCodeRefused, TextEncoder, load_tokenizer
@@ -179,8 +178,6 @@ def engine_ids(dirs: dict[str, Path], checkpoints: dict[str, Path]) -> dict[str,
     """Per family, what vLLM's loader and the shipped file encode each text to; per Mistral
     checkpoint, what vLLM's Mistral and Hugging Face modes encode, and the Mistral mode's
     prompts (one engine-environment process: importing vLLM takes seconds)."""
-    python = Settings().engine_python
-    assert python.exists(), f"no engine environment at {python}: run scripts/setup-engine.sh"
     conversations = [
         ([m.template_dict(arguments_text=True) for m in messages], tools)
         for messages, tools in MISTRAL_PROMPTS
@@ -193,16 +190,7 @@ def engine_ids(dirs: dict[str, Path], checkpoints: dict[str, Path]) -> dict[str,
             "conversations": conversations,
         },
     }
-    result = subprocess.run(
-        [str(python), "-c", VLLM_ENCODE],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    found: dict[str, Any] = run_in_engine(VLLM_ENCODE, request)
     return found
 
 

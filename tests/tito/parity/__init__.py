@@ -69,7 +69,7 @@ for family, job in json.load(sys.stdin).items():
         calls = info.tool_calls if info.tools_called else []
         results.append([[c.function.name, c.function.arguments] for c in calls])
     out[family] = results
-print("PARITY " + json.dumps(out))
+print(json.dumps(out))
 """
 
 
