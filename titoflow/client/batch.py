@@ -85,6 +85,12 @@ def instance_key(segment: SegmentFinalized | SessionDiscarded) -> str:
     return segment.instance_id if segment.instance_id is not None else segment.session_id
 
 
+def rollout_key(segment: SegmentFinalized) -> str:
+    """The rollout a segment belongs to: its ``rollout_id``, else its session (a session split
+    into several segments is one rollout)."""
+    return segment.rollout_id or segment.session_id
+
+
 def group_by_instance(segments: Iterable[SegmentFinalized]) -> dict[str, list[SegmentFinalized]]:
     """Segments grouped by :func:`instance_key`, in arrival order (e.g. for group-relative
     advantages: every rollout of one prompt lands on the same partition of ``.segments``)."""

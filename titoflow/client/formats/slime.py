@@ -53,7 +53,7 @@ from enum import Enum
 from typing import Any
 
 from schemas.events import SegmentFinalized
-from titoflow.client.batch import aligned_arrays, group_by_instance
+from titoflow.client.batch import aligned_arrays, group_by_instance, rollout_key
 from titoflow.client.formats.common import (
     prompt_length,
     refuse_images,
@@ -95,7 +95,7 @@ def to_slime(
         samples = []
         for segment in group:
             refuse_other_policies(segment, temperature, "slime")
-            rollout = rollouts.setdefault(segment.rollout_id or segment.session_id, len(rollouts))
+            rollout = rollouts.setdefault(rollout_key(segment), len(rollouts))
             fields = _fields(segment, status, reward_key, image_store)
             samples.append(
                 {**fields, "group_index": group_index, "index": index, "rollout_id": rollout}

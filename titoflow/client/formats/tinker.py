@@ -44,7 +44,7 @@ from PIL import Image, ImageOps
 
 from schemas.events import SegmentFinalized
 from schemas.images import ImageRecord
-from titoflow.client.batch import aligned_arrays, group_by_instance
+from titoflow.client.batch import aligned_arrays, group_by_instance, rollout_key
 from titoflow.client.formats.common import refuse_images, refuse_other_policies
 from titoflow.client.image_inputs import image_inputs
 from titoflow.image_store import ImageStore
@@ -143,7 +143,7 @@ def to_tinker_batch(
     for group_idx, group in enumerate(group_by_instance(used).values()):
         rollouts: dict[str, list[SegmentFinalized]] = {}
         for segment in group:
-            rollouts.setdefault(segment.rollout_id or segment.session_id, []).append(segment)
+            rollouts.setdefault(rollout_key(segment), []).append(segment)
         rewards = [_reward(key, found) for key, found in rollouts.items()]
         mean = np.mean(np.asarray(rewards, np.float32))  # float32, as compute_advantages' tensor
         for traj_idx, (found, reward) in enumerate(zip(rollouts.values(), rewards, strict=True)):
