@@ -15,7 +15,6 @@ import io
 import itertools
 import json
 import pickle
-import re
 import shutil
 import subprocess
 import tempfile
@@ -633,10 +632,7 @@ def test_tinker_datums_are_tinker_cookbook_s_for_the_same_sessions(
 
 
 def test_the_images_example_of_the_docs_runs_as_written(store: ImageStore) -> None:
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    [example] = re.findall(
-        r"<!-- tested by tests/test_image_inputs\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
+    [example] = blocks_run_by("tests/test_image_inputs.py")
     segments = [image_segment("a", [IMAGES[0], IMAGES[2]]), filled_segment("t", [-0.5])]
     namespace: dict[str, Any] = {"segments": segments, "image_dir": store.root}
     exec(compile(example, "docs/trainer.md", "exec"), namespace)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from schemas.events import SamplingUsed, SegmentFinalized
+from tests.doc_blocks import blocks_run_by
 from tests.segments import filled_segment, step_segment
 from titoflow.client.batch import instance_key
 from titoflow.client.formats.openrlhf import to_openrlhf
@@ -25,7 +26,6 @@ from titoflow.client.formats.slime import group_normalized_rewards, to_slime
 from titoflow.client.formats.tinker import to_tinker, to_tinker_batch
 from titoflow.client.formats.trl import to_trl
 from titoflow.client.formats.verl import to_verl
-from titoflow.settings import PROJECT_ROOT
 
 DEFINED = json.loads(Path(__file__).with_name("trainer_formats.json").read_text())
 PAD = 151643
@@ -439,10 +439,7 @@ def test_a_trained_token_without_a_logprob_is_refused_by_every_converter() -> No
 
 
 def test_the_formats_example_of_the_docs_runs_as_written() -> None:
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    [example] = re.findall(
-        r"<!-- tested by tests/test_trainer_formats\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
+    [example] = blocks_run_by("tests/test_trainer_formats.py")
     segments = [*SEGMENTS[:2], SEGMENTS[2].model_copy(update={"reward": 0.0})]
     namespace: dict[str, Any] = {"segments": segments}
     exec(compile(example, "docs/trainer.md", "exec"), namespace)
