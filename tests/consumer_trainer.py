@@ -15,24 +15,21 @@ import asyncio
 import functools
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from schemas.events import SegmentFinalized
+from tests.doc_blocks import blocks_run_by
 from titoflow.client import consumer
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import Settings
 
 GROUP = "trainer"  # the example's
 
 
 def doc_example() -> str:
-    text = (PROJECT_ROOT / "docs" / "trainer.md").read_text()
-    [example] = re.findall(
-        r"<!-- run by tests/test_consumer_restart\.py -->\s*```python\n(.*?)```", text, re.DOTALL
-    )
-    return str(example)
+    [example] = blocks_run_by("tests/test_consumer_restart.py")
+    return example
 
 
 def load_checkpoint_lines(path: Path) -> list[dict[str, Any]]:
