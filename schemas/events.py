@@ -158,6 +158,11 @@ class SamplingUsed(BaseModel):
         "(TITOFLOW_ENGINE_LOGPROBS_MODE).",
     )
 
+    @property
+    def cut(self) -> bool:
+        """Whether top-p, top-k or min-p cut the distribution sampled from."""
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
 
 class SamplingAsked(BaseModel):
     """The sampling a call asked for, before the driver's overrides and the ingress's clamping

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from titoflow.dev.engine_process import vllm_argv
 from titoflow.settings import PROJECT_ROOT, Settings
 
 COMPOSE_FILE = PROJECT_ROOT / "compose.yaml"
@@ -194,7 +195,11 @@ def test_engines_serve_the_token_api_and_rl_routes() -> None:
         assert "--enable-scale-out" in argv
         assert argv[argv.index("--model") + 1] == "/models/tiny-qwen3-agent"
         # What the ingress records on every step (TITOFLOW_ENGINE_LOGPROBS_MODE, same default).
-        assert argv[argv.index("--logprobs-mode") + 1] == "raw_logprobs"
+        # ... and what `titoflow up` starts its engine with.
+        mode = Settings.model_fields["engine_logprobs_mode"].default
+        up = vllm_argv(Settings(engine_logprobs_mode=mode), 8000)
+        assert argv[argv.index("--logprobs-mode") + 1] == mode == "processed_logprobs"
+        assert up[up.index("--logprobs-mode") + 1] == mode
         assert engine["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
         assert engine["networks"]["default"]["aliases"] == ["engine"]
         assert "/health" in " ".join(engine["healthcheck"]["test"])

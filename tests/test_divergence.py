@@ -1,14 +1,17 @@
 """Divergences on the real stack: httpx → two ingress replicas → real vLLM (CPU) → tansu → a
 worker with ``divergence_policy: recompute`` → the recompute stage → segments.
 
-Five sessions each take a second turn through a full render: a history rewrite (an edited user
-message), a Claude-Code-style ``<system-reminder>`` injected into an earlier user message, a
-changed tool schema, and two cache misses (the turn goes to a replica that never saw the
-session): one whose render repeats the tokens sent (it extends the segment, ``cache_miss``) and
-one whose sampled reply re-encodes to other ids (a divergence). Each is classified; diverged
-segments are rebuilt on the rendered prompt with the first turn recomputed (invariant 1: every
-recomputed logprob equals the engine's own prompt logprob for that token), and replays of the
-recorded steps show the same steps under ``split`` and under ``last-step``.
+Six sessions each take a second turn through a full render: a history rewrite (an edited user
+message), the same sampled at temperature 0.7, a Claude-Code-style ``<system-reminder>`` injected
+into an earlier user message, a changed tool schema, and two cache misses (the turn goes to a
+replica that never saw the session): one whose render repeats the tokens sent (it extends the
+segment, ``cache_miss``) and one whose sampled reply re-encodes to other ids (a divergence). Each
+is classified; diverged segments are rebuilt on the rendered prompt with the first turn
+recomputed (invariant 1: every recomputed logprob equals the engine's own prompt logprob for that
+token), and replays of the recorded steps show the same steps under ``split`` and under
+``last-step``. The engine records processed logprobs (the default): at temperature 1 they are
+the prompt logprobs' own distribution, at 0.7 they are not, so that session's rebuilt turn is
+masked (``recompute_masked_processed``), never given a raw value beside processed ones.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ MAX_TOKENS = 12
 # scenario → (the class its second turn must get, how the second request differs)
 SCENARIOS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "rewrite": ("history_rewrite", {"edit": "List the files in /var."}),
+    "rewrite_t07": ("history_rewrite", {"edit": "List the files in /etc.", "temperature": 0.7}),
     "reminder": ("history_rewrite", {"edit": REMINDER + ASK["content"]}),
     "tools": ("tool_change", {"tools": TOOLS}),
     # A cache miss whose rendered prompt repeats the tokens sent (seed 7's reply re-encodes to
@@ -73,11 +77,13 @@ async def chat(url: str, session: str, messages: list[dict[str, Any]], **extra: 
 
 
 async def run_scenario(urls: tuple[str, str], session: str, change: dict[str, Any]) -> None:
-    reply = await chat(urls[0], session, [SYSTEM, ASK], seed=change.get("seed", 7))
+    sampling = {"temperature": change["temperature"]} if "temperature" in change else {}
+    reply = await chat(urls[0], session, [SYSTEM, ASK], seed=change.get("seed", 7), **sampling)
     first_user = {**ASK, "content": change.get("edit", ASK["content"])}
     messages = [SYSTEM, first_user, {"role": "assistant", "content": reply}, FOLLOW_UP]
     url = urls[1] if change.get("other_replica") else urls[0]
-    await chat(url, session, messages, **({"tools": change["tools"]} if "tools" in change else {}))
+    tools = {"tools": change["tools"]} if "tools" in change else {}
+    await chat(url, session, messages, **tools, **sampling)
 
 
 async def replayed(settings: Settings, session: str) -> list[SegmentFinalized]:
@@ -136,7 +142,7 @@ async def test_divergences_are_classified_recomputed_and_replayed_as_split_or_la
     split_settings = settings.model_copy(update={"divergence_policy": "split"})
     last_step_settings = split_settings.model_copy(update={"build_mode": "last-step"})
     recomputed_total = 0
-    for name, (expected, _) in SCENARIOS.items():
+    for name, (expected, change) in SCENARIOS.items():
         session = sessions[name]
         first, second = await recorded_steps(settings, session, 2)
         assert (first.prefix, second.prefix) == ("rendered", "rendered")
@@ -152,6 +158,16 @@ async def test_divergences_are_classified_recomputed_and_replayed_as_split_or_la
         assert trainable(segment, LOGPROB_SOURCE_SAMPLED)[-len(completion) :] == list(completion)
         assert segment.logprobs[len(prompt) :] == second.completion_logprobs
         assert not any(math.isnan(lp) for lp in segment.logprobs)
+        temperature = change.get("temperature", 1.0)
+        assert {s.sampling.logprobs_mode for s in segment.steps if s.sampling} == {
+            "processed_logprobs"
+        }
+        assert {s.sampling.temperature for s in segment.steps if s.sampling} == {temperature}
+        # Processed logprobs are the prompt logprobs' (raw) distribution only at temperature 1.
+        direct = await engine_prompt_logprobs(settings.engine_url, segment.token_ids)
+        sampled = [segment.logprobs[p] for p in completion]
+        raw = [direct[p] for p in completion]
+        assert (sampled == pytest.approx(raw, abs=1e-4)) == (temperature == 1.0), (sampled, raw)
 
         # Replayed with split: a divergence starts a new segment with only its own turn trainable.
         split = await replayed(split_settings, session)
@@ -165,22 +181,30 @@ async def test_divergences_are_classified_recomputed_and_replayed_as_split_or_la
             assert kept.token_ids == first.prompt_tail_ids + first.completion_ids
             assert fresh.token_ids == segment.token_ids
             assert trainable(fresh, LOGPROB_SOURCE_SAMPLED) == list(completion)
-            # Live (recompute): the first turn stays trainable in the rebuilt context, its
-            # logprobs recomputed — each the engine's own prompt logprob for that token.
-            recomputed = trainable(segment, LOGPROB_SOURCE_RECOMPUTED)
             turn = segment.steps[0]
             assert [s.step_id for s in segment.steps] == [first.step_id, second.step_id]
-            assert recomputed and set(recomputed) <= set(
-                range(turn.completion_start, turn.completion_end)
-            )
             # Tokens up to the first one that differs from what the engine saw keep their
-            # sampled logprobs (same context); the rest of the turn is recomputed.
+            # sampled logprobs (same context); the rest of the turn is recomputed...
             same = common_prefix(kept.token_ids, segment.token_ids)
             span = range(turn.completion_start, turn.completion_end)
-            assert [segment.logprob_source[p] for p in span] == [1 if p < same else 3 for p in span]
-            direct = await engine_prompt_logprobs(settings.engine_url, segment.token_ids)
-            assert [segment.logprobs[p] for p in span] == [direct[p] for p in span]
-            recomputed_total += len(recomputed)
+            rebuilt = [p for p in span if p >= same]
+            if temperature == 1.0:
+                # Live (recompute): the first turn stays trainable in the rebuilt context, its
+                # logprobs recomputed — each the engine's own prompt logprob for that token.
+                recomputed = trainable(segment, LOGPROB_SOURCE_RECOMPUTED)
+                assert recomputed == rebuilt
+                assert [segment.logprob_source[p] for p in span] == [
+                    1 if p < same else 3 for p in span
+                ]
+                assert [segment.logprobs[p] for p in span] == [direct[p] for p in span]
+                recomputed_total += len(recomputed)
+            else:
+                # ...except where prompt logprobs (raw) are not the turn's (processed at 0.7):
+                # masked and counted.
+                assert rebuilt and trainable(segment, LOGPROB_SOURCE_RECOMPUTED) == []
+                assert [segment.loss_mask[p] for p in rebuilt] == [0] * len(rebuilt)
+                assert [segment.logprob_source[p] for p in rebuilt] == [0] * len(rebuilt)
+                assert segment.diagnostics["recompute_masked_processed"] == len(rebuilt)
 
         # Replayed with last-step: the final conversation re-rendered by the chat template.
         lasts = await replayed(last_step_settings, session)

@@ -10,13 +10,17 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 from pydantic import TypeAdapter
 
 from schemas.events import (
+    LOGPROB_SOURCE_NONE,
     LOGPROB_SOURCE_RECOMPUTED,
     BuildMode,
     DeadLetter,
+    LogprobsMode,
     RecomputeRequested,
+    SamplingUsed,
     SegmentFinalized,
     SessionOpened,
     StepRecorded,
@@ -213,6 +217,54 @@ async def test_the_recompute_stage_fills_logprobs_and_versions() -> None:
     assert masked.diagnostics["recompute_masked_disabled"] == len(where)
 
 
+@pytest.mark.parametrize(
+    ("mode", "temperature", "top_p", "recomputed"),
+    [
+        ("raw_logprobs", 1.0, 1.0, True),
+        ("raw_logprobs", 0.7, 1.0, True),
+        ("processed_logprobs", 1.0, 1.0, True),
+        ("processed_logprobs", 0.7, 1.0, False),
+        ("processed_logprobs", 1.0, 0.9, False),
+    ],
+)
+async def test_the_recompute_stage_keeps_each_step_one_policy(
+    mode: LogprobsMode, temperature: float, top_p: float, recomputed: bool
+) -> None:
+    """Prompt logprobs are raw in either engine mode (vLLM's prompt tokens skip the sampling
+    processors): they fill a rebuilt turn whose step recorded raw logprobs, or processed ones
+    that sampling left unchanged (T 1, no cut); any other processed turn is masked, counted,
+    and costs no engine call."""
+    [pending] = run(assembler(recompute=True), FIRST, rewritten())
+    sampling = SamplingUsed(temperature=temperature, top_p=top_p, max_tokens=16, logprobs_mode=mode)
+    pending = pending.model_copy(
+        update={"steps": [s.model_copy(update={"sampling": sampling}) for s in pending.steps]}
+    )
+    where = [p for p, s in enumerate(pending.logprob_source) if s == LOGPROB_SOURCE_RECOMPUTED]
+    first = pending.steps[0]
+    assert where and set(where) <= set(range(first.completion_start, first.completion_end))
+    sampled = range(pending.steps[1].completion_start, len(pending.token_ids))
+    scorer = _Scorer()
+    masked_before = metrics.RECOMPUTE_TOKENS.labels("masked_processed")._value.get()
+    done = await complete(pending, scorer)
+    assert not needs_recompute(done)
+    if recomputed:
+        assert [done.logprobs[p] for p in where] == [-1.0] * len(where)
+        assert {done.logprob_source[p] for p in where} == {LOGPROB_SOURCE_RECOMPUTED}
+        assert {done.loss_mask[p] for p in where} == {1}
+        assert scorer.calls == [pending.token_ids[: where[-1] + 1]]
+        assert "recompute_masked_processed" not in done.diagnostics
+    else:
+        assert {done.loss_mask[p] for p in where} == {0}
+        assert {done.logprob_source[p] for p in where} == {LOGPROB_SOURCE_NONE}
+        assert scorer.calls == []
+        assert done.diagnostics["recompute_masked_processed"] == len(where)
+        masked = metrics.RECOMPUTE_TOKENS.labels("masked_processed")._value.get()
+        assert masked == masked_before + len(where)
+    # The step's own sampled tokens keep their recorded logprobs either way.
+    assert [done.logprobs[p] for p in sampled] == [pending.logprobs[p] for p in sampled]
+    assert {done.loss_mask[p] for p in sampled} == {1}
+
+
 def test_routed_experts_of_a_rebuilt_segment_hold_only_where_the_context_is_unchanged() -> None:
     rows = np.arange(len(SENT) * 4).reshape(len(SENT), 2, 2) % 8
     first = FIRST.model_copy(update={"routed_experts": block(0, rows[: len(SENT) - 1])})
@@ -266,13 +318,17 @@ async def test_the_recompute_stage_under_the_kill_switch_masks_without_an_engine
     assert metrics.DEAD_LETTERS.labels(reason.value)._value.get() == letters_before + 1
 
 
-class _SlowScorer:
-    """A SCRIPTED ENGINE DOUBLE for the recompute stage: slow prompt logprobs, so a segment
-    without pending tokens read after it would be published first if the stage did not keep
-    the order it read."""
+class _Scorer:
+    """A SCRIPTED ENGINE DOUBLE for the recompute stage: prompt logprobs -1.0 after ``delay_s``,
+    the token ids of each call kept."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.calls: list[list[int]] = []
 
     async def prompt_logprobs(self, token_ids: list[int], request_id: str) -> PromptScores:
-        await asyncio.sleep(1.0)
+        self.calls.append(token_ids)
+        await asyncio.sleep(self.delay_s)
         return PromptScores([None] + [-1.0] * (len(token_ids) - 1), "v1")
 
     async def close(self) -> None:
@@ -322,7 +378,9 @@ async def test_a_session_last_segment_never_overtakes_its_segment_in_recompute(
         await publisher.stop()
     stage = RecomputeWorker(staged)
     await stage.engine.close()
-    stage.engine = _SlowScorer()  # type: ignore[assignment]
+    # Slow, so a segment without pending tokens read after it would be published first if the
+    # stage did not keep the order it read.
+    stage.engine = _Scorer(delay_s=1.0)  # type: ignore[assignment]
     stop = asyncio.Event()
     running = asyncio.create_task(stage.run(stop))
     try:

@@ -140,7 +140,9 @@ async def test_group_rollout_with_rewards_becomes_a_padded_batch(
             assert used.stop_token_ids == sent["stop_token_ids"]
             assert (used.top_k, used.stop) == (sent.get("top_k", -1), sent.get("stop", []))
             assert used.constrained == ("structured_outputs" in sent) == (turn < 2)
-            assert used.logprobs_mode == "raw_logprobs"  # what the stack started vLLM with
+            # What the stack records and the shared engine was started with: the default.
+            assert used.logprobs_mode == stack_settings.engine_logprobs_mode
+            assert used.logprobs_mode == "processed_logprobs"
             assert (asked.temperature, asked.top_p) == (0.7, 0.9)
             assert asked.max_tokens == used.max_tokens
 

@@ -149,12 +149,15 @@ class Settings(BaseSettings):
         "(return_routed_experts; their server needs --enable-return-routed-experts too).",
     )
     engine_logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
-        "raw_logprobs",
+        "processed_logprobs",
         description="What the engines' completion logprobs are, recorded on every step: "
-        "raw_logprobs, the model's own distribution (before temperature, top-k/top-p); "
-        "processed_logprobs, the distribution sampled from. `titoflow up` starts vLLM with "
-        "--logprobs-mode set to it; an engine started otherwise must be started with the same "
-        "(docs/engine.md).",
+        "processed_logprobs, the distribution sampled from (log_softmax(logits / T) after "
+        "top-k/top-p/min-p, what verl, OpenRLHF, slime and TRL compute for the old policy); "
+        "raw_logprobs, the model's own distribution (before temperature and cuts). `titoflow "
+        "up` starts vLLM with --logprobs-mode set to it; an engine started otherwise must be "
+        "started with the same (docs/engine.md). Recomputed (rebuilt-prefix) logprobs are raw "
+        "in either mode: with processed logprobs, a rebuilt token whose step sampled at a "
+        "temperature other than 1 or with a cut is masked instead (docs/trainer.md).",
     )
 
     # --- model / tokenizer --------------------------------------------------------------------

@@ -65,7 +65,8 @@ RECOMPUTE_SECONDS = Histogram(
 )
 RECOMPUTE_TOKENS = Counter(
     "titoflow_recompute_tokens_total",
-    "Tokens the recompute stage handled: recomputed, or masked (kill switch, engine refusal).",
+    "Tokens the recompute stage handled: recomputed, or masked_disabled (kill switch), "
+    "masked_refused (engine refusal), masked_processed (processed logprobs at T != 1 or cut).",
     ["outcome"],
 )
 VERSION_MASKED_TOKENS = Counter(

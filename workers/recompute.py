@@ -11,6 +11,12 @@ redeliveries stay byte-identical while the weights are), to ``<prefix>.segments`
 Kill switch (``recompute_disabled``): no engine call; those tokens get loss mask 0 and source 0
 (``none``). So does a token the engine refuses to score: never a silent zero.
 
+One policy per segment step: a filled-in logprob is of the distribution its step's sampling
+record names, like the step's sampled ones. vLLM's prompt logprobs skip the sampling processors,
+so they are raw in either ``--logprobs-mode`` (vllm/v1/worker/gpu_model_runner.py, 0.32); a
+step that recorded processed logprobs at a temperature other than 1, with a cut or a penalty has
+its pending tokens masked (``recompute_masked_processed``) instead of given a raw value.
+
 It is a FastStream batch subscriber (:mod:`workers.subscription`): a batch is acknowledged (its
 offsets committed) once every segment it held is published.
 """
@@ -30,6 +36,7 @@ from pydantic import ValidationError
 from schemas.events import (
     LOGPROB_SOURCE_NONE,
     RecomputeRequested,
+    SamplingUsed,
     SegmentFinalized,
     VersionSpan,
 )
@@ -65,7 +72,7 @@ class PromptScorer(Protocol):
 def fill(segment: SegmentFinalized, scores: PromptScores) -> SegmentFinalized:
     """``segment`` with its pending logprobs taken from ``scores`` (prompt logprobs of its
     tokens); a position the engine gave none for is masked."""
-    logprobs, mask, source = (
+    logprobs, loss_mask, source = (
         list(segment.logprobs),
         list(segment.loss_mask),
         list(segment.logprob_source),
@@ -74,7 +81,7 @@ def fill(segment: SegmentFinalized, scores: PromptScores) -> SegmentFinalized:
     for p in pending_positions(segment):
         value = scores.logprobs[p] if p < len(scores.logprobs) else None
         if value is None:
-            mask[p], source[p], logprobs[p] = 0, LOGPROB_SOURCE_NONE, 0.0
+            loss_mask[p], source[p], logprobs[p] = 0, LOGPROB_SOURCE_NONE, 0.0
         else:
             logprobs[p], scored[p] = value, 1
     versions = list(segment.weight_versions)
@@ -85,45 +92,72 @@ def fill(segment: SegmentFinalized, scores: PromptScores) -> SegmentFinalized:
         ]
     metrics.RECOMPUTE_TOKENS.labels("recomputed").inc(sum(scored))
     return _with_labels(
-        segment, logprobs, mask, source, weight_versions=sorted(versions, key=lambda v: v.start)
+        segment,
+        logprobs,
+        loss_mask,
+        source,
+        weight_versions=sorted(versions, key=lambda v: v.start),
     )
 
 
-def mask_pending(segment: SegmentFinalized, reason: str) -> SegmentFinalized:
-    """``segment`` with its pending tokens masked (loss mask 0, source none)."""
-    where = pending_positions(segment)
-    mask, source = list(segment.loss_mask), list(segment.logprob_source)
+def mask(segment: SegmentFinalized, where: list[int], reason: str) -> SegmentFinalized:
+    """``segment`` with its pending tokens at ``where`` masked (loss mask 0, source none),
+    counted as ``recompute_masked_<reason>``."""
+    loss_mask, source = list(segment.loss_mask), list(segment.logprob_source)
     logprobs = list(segment.logprobs)
     for p in where:
-        mask[p], source[p], logprobs[p] = 0, LOGPROB_SOURCE_NONE, 0.0
+        loss_mask[p], source[p], logprobs[p] = 0, LOGPROB_SOURCE_NONE, 0.0
     diagnostics = dict(segment.diagnostics)
     diagnostics[f"recompute_masked_{reason}"] = len(where)
-    metrics.RECOMPUTE_TOKENS.labels("masked").inc(len(where))
-    return _with_labels(segment, logprobs, mask, source, diagnostics=diagnostics)
+    metrics.RECOMPUTE_TOKENS.labels(f"masked_{reason}").inc(len(where))
+    return _with_labels(segment, logprobs, loss_mask, source, diagnostics=diagnostics)
+
+
+def prompt_logprobs_fit(sampling: SamplingUsed | None) -> bool:
+    """Whether the engine's (raw) prompt logprob of a token is of the distribution its step's
+    logprobs are: raw ones (a step without a record predates processed logprobs), or processed
+    ones where sampling changed nothing — temperature 1, no cut, no penalty."""
+    if sampling is None or sampling.logprobs_mode == "raw_logprobs":
+        return True
+    return sampling.temperature == 1.0 and not sampling.cut and sampling.repetition_penalty == 1.0
+
+
+def unfit_positions(segment: SegmentFinalized, where: list[int]) -> list[int]:
+    """Those of ``where`` in the completion of a step :func:`prompt_logprobs_fit` rejects
+    (pending tokens are only ever in steps' completions: :func:`workers.rebuild.relabel`)."""
+    spans = [
+        (step.completion_start, step.completion_end)
+        for step in segment.steps
+        if not prompt_logprobs_fit(step.sampling)
+    ]
+    return [p for p in where if any(start <= p < end for start, end in spans)]
 
 
 def _with_labels(
     segment: SegmentFinalized,
     logprobs: list[float],
-    mask: list[int],
+    loss_mask: list[int],
     source: list[int],
     **more: Any,
 ) -> SegmentFinalized:
     """``segment`` with new per-token logprobs, loss mask and logprob sources (and ``more``)."""
     return segment.model_copy(
-        update={"logprobs": logprobs, "loss_mask": mask, "logprob_source": source, **more}
+        update={"logprobs": logprobs, "loss_mask": loss_mask, "logprob_source": source, **more}
     )
 
 
 async def complete(segment: SegmentFinalized, scorer: PromptScorer | None) -> SegmentFinalized:
     """The finished segment: pending logprobs recomputed by ``scorer``, or masked without one
-    (the kill switch) or when the engine refuses the request (EngineUnavailable propagates:
-    the caller retries)."""
+    (the kill switch), when the engine refuses the request (EngineUnavailable propagates: the
+    caller retries) or where prompt logprobs are of another policy than their step's."""
+    unfit = unfit_positions(segment, pending_positions(segment))
+    if unfit:
+        segment = mask(segment, unfit, "processed")
     where = pending_positions(segment)
     if not where:
         return segment
     if scorer is None:
-        return mask_pending(segment, "disabled")
+        return mask(segment, where, "disabled")
     request_id = f"recompute-{segment.segment_id}-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     try:
@@ -132,7 +166,7 @@ async def complete(segment: SegmentFinalized, scorer: PromptScorer | None) -> Se
         raise
     except EngineError as exc:
         log.warning("engine refused recompute of %s: %s", segment.segment_id, exc)
-        return mask_pending(segment, "refused")
+        return mask(segment, where, "refused")
     metrics.RECOMPUTE_SECONDS.observe(time.perf_counter() - started)
     return fill(segment, scores)
 

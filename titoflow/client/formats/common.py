@@ -45,9 +45,8 @@ def refuse_other_policies(segment: SegmentFinalized, temperature: float, trainer
         sampled = step.sampling
         if sampled is None:
             continue
-        cut = sampled.top_p < 1.0 or sampled.top_k > 0 or sampled.min_p > 0.0
         raw = sampled.logprobs_mode == "raw_logprobs" and sampled.temperature != 1.0
-        if cut or raw or sampled.temperature != temperature:
+        if sampled.cut or raw or sampled.temperature != temperature:
             raise ValueError(
                 f"segment {segment.segment_id}, step {step.step_id}: its logprobs "
                 f"({sampled.logprobs_mode}, temperature {sampled.temperature}, top_p "
