@@ -18,7 +18,8 @@ Then issue 30's proof (part 4): a screenshot tool loop of four turns with both S
 a worker assembling segments, every segment held to what the engine witnessed (tests/witness.py:
 the expanded prompt, the images' hashes, each image sent by uuid alone once the engine has it);
 the trainer's ``SegmentDataset`` item of those segments holds the screenshots' pixels, as
-transformers' processor gives them for the bytes sent, at their runs.
+transformers' processor gives them for the bytes sent, at their runs, and each segment's M-RoPE
+position ids as the policy's own ``get_rope_index`` gives them.
 The tests share the module's VL engine (a start is ~2 minutes here).
 """
 
@@ -42,7 +43,12 @@ from schemas.events import StepRecorded
 from tests.apps import echoed_choices, serving
 from tests.families import path_tool
 from tests.images import png, reference_inputs, runs
-from tests.test_image_inputs import PAD, check_item_images
+from tests.test_image_inputs import (
+    PAD,
+    check_item_images,
+    check_item_positions,
+    qwen3_vl_rope_index,
+)
 from tests.topics import finalized_segments, recorded_steps
 from tests.witness import Witness, Witnessed, check_segments
 from titoflow.client.image_check import check_image
@@ -309,7 +315,8 @@ async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_se
         assert sent_images(session_calls) == expected_images(images)
         assert segment.loss_mask.count(1) == sum(len(call.completion) for call in session_calls)
     # The trainer's item of both segments packed in one row: the pixels of their six screenshots,
-    # as transformers' processor gives them for the bytes sent, each at its run of pads.
+    # as transformers' processor gives them for the bytes sent, each at its run of pads, and the
+    # policy's M-RoPE positions of each segment.
     both = [segment for found in segments for segment in found]
     store = ImageStore(stack.image_store_dir)
     dataset = SegmentDataset(
@@ -317,9 +324,11 @@ async def test_a_screenshot_tool_loop_with_both_sdks_streamed_is_exact_in_its_se
         pad_id=PAD,
         pack_tokens=sum(len(s.token_ids) for s in both),
         image_store=store,
+        mrope=True,
     )
     [item] = list(dataset)
     check_item_images(item, both, store)
+    check_item_positions(item, both, qwen3_vl_rope_index(vl_model_dir))
     expected = reference_inputs([*shots[0], *shots[1]])
     assert np.array_equal(item["pixel_values"].numpy(), expected["pixel_values"])
     assert item["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()

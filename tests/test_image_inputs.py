@@ -6,7 +6,9 @@ layout; the verl, slime, OpenRLHF and Tinker converters carry them in the fields
 frameworks define, verl's M-RoPE position ids equal to the models' own ``get_rope_index`` and to
 verl 0.7.1's agent loop, OpenRLHF's through its own batching and VLM ``Actor`` forward, Tinker's
 image chunks equal to tinker-cookbook's datums for the same sessions; and every mismatch between
-pixels and recorded tokens raises, naming the image."""
+pixels and recorded tokens raises, naming the image. ``SegmentDataset(..., mrope=True)``'s
+``position_ids`` are each segment's ``get_rope_index`` under its text positions, and the tiny
+Qwen3-VL policy's forward on a packed item gives each segment the logits it has alone."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from titoflow.client.formats.verl import to_verl
 from titoflow.client.image_inputs import ImageMismatch, image_inputs
 from titoflow.client.image_processor import processor_for
 from titoflow.client.mrope import mrope_position_ids
-from titoflow.client.torch_data import SegmentDataset
+from titoflow.client.torch_data import SegmentDataset, block_causal_mask
 from titoflow.dev.vl_policy import (
     IMAGE_PAD_ID,
     VISION_END_ID,
@@ -225,6 +227,35 @@ def check_item_images(item: dict[str, Any], segments: list[SegmentFinalized], st
     assert (patches // FINGERPRINT.merge_size**2).tolist() == item["image_runs"][:, 2].tolist()
 
 
+def qwen3_vl_rope_index(policy: Path) -> Any:
+    """The Qwen3-VL policy's own ``get_rope_index`` (transformers), as verl binds it."""
+    return bound(transformers.Qwen3VLModel, transformers.AutoConfig.from_pretrained(policy))
+
+
+def check_item_positions(
+    item: dict[str, Any], segments: list[SegmentFinalized], get_rope_index: Any
+) -> None:
+    """``mrope=True``: ``[4, rows, length]``, the text positions (0, 1, ... restarting with each
+    segment), then at each segment's place the model's ``get_rope_index`` of it alone; 0 on
+    padding."""
+    positions, sequence_ids = item["position_ids"], item["sequence_ids"]
+    assert positions.dtype == torch.int64
+    assert positions.shape == (4, *item["input_ids"].shape)
+    assert (positions[:, sequence_ids < 0] == 0).all()
+    for index, segment in enumerate(segments):
+        at = sequence_ids == index
+        ids = torch.tensor([segment.token_ids])
+        # The images' grids in token order (the records may be listed in another).
+        grids = [r.grid_thw for r in sorted(segment.images, key=lambda r: r.offset)]
+        expected, _ = get_rope_index(
+            input_ids=ids,
+            mm_token_type_ids=(ids == IMAGE_PAD_ID).int(),
+            image_grid_thw=torch.tensor(grids) if grids else None,
+        )
+        assert positions[0][at].tolist() == list(range(len(segment.token_ids)))
+        assert positions[1:, at].tolist() == expected[:, 0].tolist()
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -233,11 +264,12 @@ def check_item_images(item: dict[str, Any], segments: list[SegmentFinalized], st
     st.one_of(st.none(), st.integers(0, 200)),
 )
 def test_items_carry_their_segments_images_in_order_at_their_runs(
-    store: ImageStore, shown: list[list[int]], extra_budget: int | None
+    store: ImageStore, vl_model_dir: Path, shown: list[list[int]], extra_budget: int | None
 ) -> None:
     """Segments with 0-3 images each, one per row or packed to a budget: every item holds the
     pixels of exactly its segments' images, in row-major token order, each run where its pads
-    are; an item with no image has no image keys."""
+    are, and each segment's M-RoPE positions at its place; an item with no image has no image
+    keys."""
     segments = [
         image_segment(f"s{n}", [IMAGES[i] for i in chosen])
         if chosen
@@ -246,27 +278,46 @@ def test_items_carry_their_segments_images_in_order_at_their_runs(
     ]
     longest = max(len(s.token_ids) for s in segments)
     budget = None if extra_budget is None else longest + extra_budget
-    items = list(SegmentDataset(segments, pad_id=PAD, pack_tokens=budget, image_store=store.root))
+    items = list(
+        SegmentDataset(segments, pad_id=PAD, pack_tokens=budget, image_store=store.root, mrope=True)
+    )
+    get_rope_index = qwen3_vl_rope_index(vl_model_dir)
     handed = iter(segments)
     for item in items:
         mine = list(itertools.islice(handed, len(item["segment_ids"])))
         assert item["segment_ids"] == [s.segment_id for s in mine]
         check_item_images(item, mine, store)
+        check_item_positions(item, mine, get_rope_index)
     assert next(handed, None) is None
 
 
-def test_a_segment_with_images_and_no_store_is_refused_not_trained_as_text(
+def test_a_segment_with_images_and_no_store_or_mrope_is_refused_not_trained_as_text(
     store: ImageStore,
 ) -> None:
     segments = [filled_segment("text", [-0.5]), image_segment("vl", [IMAGES[0], IMAGES[1]])]
     with pytest.raises(ValueError, match=r"seg-vl holds 2 images: pass .*image_store="):
-        list(SegmentDataset(segments, pad_id=PAD, pack_tokens=4096))
+        list(SegmentDataset(segments, pad_id=PAD, pack_tokens=4096, mrope=True))
+    # Text positions would place the images' tokens as text: refused, not guessed.
+    with pytest.raises(ValueError, match=r"seg-vl holds 2 images: .*mrope=True"):
+        list(SegmentDataset(segments, pad_id=PAD, pack_tokens=4096, image_store=store))
     [text] = list(SegmentDataset(segments[:1], pad_id=PAD))  # text alone needs no store
     assert "pixel_values" not in text
+    # mrope=True: a text item has M-RoPE's shape too (a trainer's items all have one), its four
+    # rows the text positions.
+    [vl_text] = list(SegmentDataset(segments[:1], pad_id=PAD, mrope=True))
+    length = len(segments[0].token_ids)
+    assert vl_text["position_ids"].tolist() == [[list(range(length))]] * 4
     # A grouped item of both, with the store: the text row carries nothing, the other its own.
     grouped = [s.model_copy(update={"instance_id": "p", "last_of_session": True}) for s in segments]
     [item] = list(
-        SegmentDataset(grouped, pad_id=PAD, group_by_instance=True, group_size=2, image_store=store)
+        SegmentDataset(
+            grouped,
+            pad_id=PAD,
+            group_by_instance=True,
+            group_size=2,
+            image_store=store,
+            mrope=True,
+        )
     )
     check_item_images(item, grouped, store)
     assert item["image_sequence_ids"].tolist() == [1, 1]
@@ -275,7 +326,65 @@ def test_a_segment_with_images_and_no_store_is_refused_not_trained_as_text(
         update={"images": [segment.images[0].model_copy(update={"grid_thw": (1, 2, 4)})]}
     )
     with pytest.raises(ImageMismatch, match=segment.images[0].sha256):
-        list(SegmentDataset([bad], pad_id=PAD, image_store=store))
+        list(SegmentDataset([bad], pad_id=PAD, image_store=store, mrope=True))
+
+
+def test_a_packed_item_gives_each_segment_the_logits_the_qwen3_vl_policy_gives_it_alone(
+    store: ImageStore, vl_model_dir: Path
+) -> None:
+    """The tiny Qwen3-VL policy (transformers, sdpa) on one packed row of two segments with
+    images and a text one, with the item's ``[4, 1, L]`` position ids and the block-causal mask:
+    each segment's logits are those of a forward on it alone, where the model computes its
+    M-RoPE positions itself (``get_rope_index`` from ``mm_token_type_ids`` and the grids). The
+    text positions alone (what the model expands a 2-D ``position_ids`` to) place the images
+    wrongly."""
+    segments = [
+        image_segment("a", [IMAGES[1], SIDEWAYS]),
+        filled_segment("t", [-0.5, -0.25]),
+        image_segment("b", [IMAGES[2]]),
+    ]
+    total = sum(len(s.token_ids) for s in segments)
+    [item] = list(
+        SegmentDataset(segments, pad_id=PAD, pack_tokens=total, image_store=store, mrope=True)
+    )
+    policy: torch.nn.Module = transformers.AutoModelForImageTextToText.from_pretrained(
+        vl_model_dir, dtype=torch.float32
+    )
+    policy.eval()
+    packed_inputs = {
+        "input_ids": item["input_ids"],
+        "attention_mask": block_causal_mask(item["sequence_ids"]),
+        "pixel_values": item["pixel_values"],
+        "image_grid_thw": item["image_grid_thw"],
+    }
+    with torch.no_grad():
+        packed = policy(**packed_inputs, position_ids=item["position_ids"]).logits[0]
+        as_text = policy(**packed_inputs, position_ids=item["position_ids"][0]).logits[0]
+        alone = []
+        for segment in segments:
+            ids = torch.tensor([segment.token_ids])
+            inputs = image_inputs(segment, store)
+            vision = (
+                {
+                    "pixel_values": torch.from_numpy(inputs.pixel_values),
+                    "image_grid_thw": torch.from_numpy(inputs.image_grid_thw),
+                }
+                if segment.images
+                else {}
+            )
+            alone.append(
+                policy(
+                    input_ids=ids, mm_token_type_ids=(ids == IMAGE_PAD_ID).int(), **vision
+                ).logits[0]
+            )
+    start = 0
+    for segment, own in zip(segments, alone, strict=True):
+        end = start + len(segment.token_ids)
+        assert torch.allclose(packed[start:end], own, atol=1e-4), segment.segment_id
+        # After its first image, a segment's text positions are not its M-RoPE ones.
+        moved = not torch.allclose(as_text[start:end], own, atol=1e-4)
+        assert moved == bool(segment.images), segment.segment_id
+        start = end
 
 
 # --- trainer formats --------------------------------------------------------------------------

@@ -14,7 +14,11 @@ vision inputs (:func:`~titoflow.client.image_inputs.image_inputs`): ``pixel_valu
 ``image_grid_thw`` (``[images, 3]``), the images in row-major token order of the item, and per
 image ``image_sequence_ids`` (its sequence, as ``sequence_ids`` numbers them) and
 ``image_runs`` (``[images, 3]``: row, first column, length of its placeholder run in the
-layout); an item without images has none of these four keys.
+layout); an item without images has none of these four keys. With ``mrope`` (a Qwen2-VL,
+Qwen2.5-VL or Qwen3-VL policy) every item's ``position_ids`` are ``[4, rows, length]``, as
+transformers' Qwen-VL forward takes packed rows: the text positions above, then each sequence's
+time, height and width rows (:func:`~titoflow.client.mrope.mrope_position_ids`, equal to the
+model's ``get_rope_index`` on that sequence alone), 0 on padding.
 
 Invariants: tokens, masks and logprob bits are the segment's own (built by
 :func:`~titoflow.client.batch.segment_arrays`, laid out by :mod:`titoflow.client.packing`,
@@ -28,7 +32,8 @@ discarded sessions); :meth:`SegmentDataset.commit` commits only below every held
 restarts. That needs the consumer in the iterating process: with a group, ``num_workers=0``.
 An image's pixels are in an item only if they match its recorded grid and placeholder run
 (else :class:`~titoflow.client.image_inputs.ImageMismatch`), and a segment with images is never
-handed out without them (no ``image_store``: ValueError).
+handed out without them (no ``image_store``: ValueError) nor with text positions (no ``mrope``:
+ValueError; the model would place its image tokens as text).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from schemas.events import SegmentFinalized, SessionDiscarded
 from titoflow.client.batch import instance_key, segment_arrays, version_array, version_number
 from titoflow.client.groups import GROUP_SIZE_KEY, Group, GroupCollector
 from titoflow.client.image_inputs import image_inputs
+from titoflow.client.mrope import mrope_position_ids
 from titoflow.client.packing import lay_out, pack_greedy
 from titoflow.client.progress import Position, Progress
 from titoflow.client.segment_files import read_jsonl
@@ -86,6 +92,7 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         unused_samples: bool = False,
         clock: Callable[[], float] = time.monotonic,
         image_store: ImageStore | str | Path | None = None,
+        mrope: bool = False,
     ) -> None:
         """``source``: a :class:`~titoflow.client.topic_source.TopicSource`, a JSONL file of
         segments (``titoflow replay``'s output; re-read on every pass), or any iterable of
@@ -95,7 +102,9 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         incomplete group, or a packed row that is not full, that long after its first segment
         (None: wait). Segments marked ``unused_sample`` are skipped unless ``unused_samples``.
         ``image_store``: the image store the ingress wrote (TITOFLOW_IMAGE_STORE_DIR), which an
-        item of segments with images needs for their ``pixel_values``."""
+        item of segments with images needs for their ``pixel_values``. ``mrope``: the policy is
+        a Qwen2/2.5/3-VL model, whose ``position_ids`` are M-RoPE's (``[4, rows, length]``);
+        segments with images need it."""
         if pack_tokens is not None and pack_tokens < 1:
             raise ValueError("pack_tokens must be at least 1")
         self.source = source
@@ -115,6 +124,7 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
             if image_store is None or isinstance(image_store, ImageStore)
             else ImageStore(Path(image_store))
         )
+        self.mrope = mrope
         self._pass: tuple[TopicStream, Progress] | None = None  # the live pass over a topic
         self._resumed: dict[str, Any] | None = None  # where the last pass over it ended
 
@@ -284,55 +294,86 @@ class SegmentDataset(IterableDataset[dict[str, Any]]):
         item["segment_ids"] = [s.segment_id for s in segments]
         item["group"] = group
         item["complete"] = complete
-        if any(s.images for s in segments):
-            item.update(self._images(segments, rows, lengths))
+        placed = _placed(rows, lengths)
+        first = next((s for s in segments if s.images), None)
+        if first is not None:
+            if self.image_store is None:
+                raise ValueError(
+                    f"segment {first.segment_id} holds {len(first.images)} images: pass "
+                    "SegmentDataset(..., image_store=<the ingress's TITOFLOW_IMAGE_STORE_DIR>) "
+                    "to train on their pixels"
+                )
+            if not self.mrope:
+                raise ValueError(
+                    f"segment {first.segment_id} holds {len(first.images)} images: a Qwen-VL "
+                    "policy places them by M-RoPE position ids, pass SegmentDataset(..., "
+                    "mrope=True)"
+                )
+            item.update(_images(segments, placed, self.image_store))
+        if self.mrope:
+            item["position_ids"] = _mrope_positions(segments, placed, item["position_ids"])
         return item
 
-    def _images(
-        self, segments: list[SegmentFinalized], rows: list[list[int]], lengths: list[int]
-    ) -> dict[str, torch.Tensor]:
-        """The vision inputs of the item's images, in row-major token order, and where each
-        image's run sits in the item's layout."""
-        if self.image_store is None:
-            first = next(s for s in segments if s.images)
+
+def _images(
+    segments: list[SegmentFinalized],
+    placed: dict[int, tuple[int, int]],
+    store: ImageStore,
+) -> dict[str, torch.Tensor]:
+    """The vision inputs of the item's images, in row-major token order, and where each
+    image's run sits in the item's layout."""
+    pixels: list[np.ndarray] = []
+    grids: list[np.ndarray] = []
+    sequences: list[int] = []
+    runs: list[tuple[int, int, int]] = []
+    for index, segment in enumerate(segments):
+        if not segment.images:
+            continue
+        inputs = image_inputs(segment, store)
+        if pixels and pixels[0].shape[1] != inputs.pixel_values.shape[1]:
             raise ValueError(
-                f"segment {first.segment_id} holds {len(first.images)} images: pass "
-                "SegmentDataset(..., image_store=<the ingress's TITOFLOW_IMAGE_STORE_DIR>) to "
-                "train on their pixels"
+                f"segment {segment.segment_id}: its images' pixel rows are "
+                f"{inputs.pixel_values.shape[1]} wide, those of segment "
+                f"{segments[sequences[0]].segment_id} {pixels[0].shape[1]}: one item cannot "
+                "mix image processors (keep one policy's segments in a source)"
             )
-        placed: dict[int, tuple[int, int]] = {}  # sequence -> (row, its first column)
-        for r, row in enumerate(rows):
-            column = 0
-            for index in row:
-                placed[index] = (r, column)
-                column += lengths[index]
-        pixels: list[np.ndarray] = []
-        grids: list[np.ndarray] = []
-        sequences: list[int] = []
-        runs: list[tuple[int, int, int]] = []
-        for index, segment in enumerate(segments):
-            if not segment.images:
-                continue
-            inputs = image_inputs(segment, self.image_store)
-            if pixels and pixels[0].shape[1] != inputs.pixel_values.shape[1]:
-                raise ValueError(
-                    f"segment {segment.segment_id}: its images' pixel rows are "
-                    f"{inputs.pixel_values.shape[1]} wide, those of segment "
-                    f"{segments[sequences[0]].segment_id} {pixels[0].shape[1]}: one item cannot "
-                    "mix image processors (keep one policy's segments in a source)"
-                )
-            pixels.append(inputs.pixel_values)
-            grids.append(inputs.image_grid_thw)
-            at_row, column = placed[index]
-            for record in inputs.records:
-                sequences.append(index)
-                runs.append((at_row, column + record.offset, record.length))
-        return {
-            "pixel_values": torch.from_numpy(np.concatenate(pixels, axis=0)),
-            "image_grid_thw": torch.from_numpy(np.concatenate(grids, axis=0)),
-            "image_sequence_ids": torch.tensor(sequences, dtype=torch.int64),
-            "image_runs": torch.tensor(runs, dtype=torch.int64),
-        }
+        pixels.append(inputs.pixel_values)
+        grids.append(inputs.image_grid_thw)
+        at_row, column = placed[index]
+        for record in inputs.records:
+            sequences.append(index)
+            runs.append((at_row, column + record.offset, record.length))
+    return {
+        "pixel_values": torch.from_numpy(np.concatenate(pixels, axis=0)),
+        "image_grid_thw": torch.from_numpy(np.concatenate(grids, axis=0)),
+        "image_sequence_ids": torch.tensor(sequences, dtype=torch.int64),
+        "image_runs": torch.tensor(runs, dtype=torch.int64),
+    }
+
+
+def _placed(rows: list[list[int]], lengths: list[int]) -> dict[int, tuple[int, int]]:
+    """Each sequence's row and first column in the layout."""
+    placed: dict[int, tuple[int, int]] = {}
+    for r, row in enumerate(rows):
+        column = 0
+        for index in row:
+            placed[index] = (r, column)
+            column += lengths[index]
+    return placed
+
+
+def _mrope_positions(
+    segments: list[SegmentFinalized], placed: dict[int, tuple[int, int]], text: torch.Tensor
+) -> torch.Tensor:
+    """``[4, rows, length]``: ``text`` (the layout's restarting positions), then each
+    sequence's M-RoPE rows at its place; 0 on padding."""
+    positions = torch.zeros((4, *text.shape), dtype=torch.int64)
+    positions[0] = text
+    for index, segment in enumerate(segments):
+        row, column = placed[index]
+        span = slice(column, column + len(segment.token_ids))
+        positions[1:, row, span] = torch.from_numpy(mrope_position_ids(segment))
+    return positions
 
 
 def image_tensors(segment: SegmentFinalized, store: ImageStore) -> dict[str, torch.Tensor]:
