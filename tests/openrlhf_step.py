@@ -6,8 +6,10 @@
 INPUT holds the samples ``to_openrlhf`` made, the doc's block that turns them into
 ``Experience``s, the policy's directory, OpenRLHF's settings and the pad id. OUTPUT says what
 OpenRLHF computed: per sample its index, reward and advantage, the train/rollout logprob gap
-of its ``Actor`` (float32, and bf16 as its own loader makes it), the ``vllm_kl`` and filter ratio
-of its ``PolicyLoss`` correction, and how many weights its step moved.
+of its ``Actor`` at the rollout temperature (float32, and bf16 as its own loader makes it), how
+far that ``Actor``'s logprobs are from the same ``Actor``'s at temperature 1 (what a raw engine
+records), the ``vllm_kl`` and filter ratio of its ``PolicyLoss`` correction, and how many weights
+its step moved.
 
 What needs a GPU is stubbed as OpenRLHF's own CPU tests stub it (tests/test_reward_shaping.py,
 test_actor_entropy_temperature.py, test_ppo_trainer.py of its 0.11.2 wheel): ``ray``,
@@ -222,9 +224,15 @@ def main(source: Path, target: Path) -> None:
     )
     made = maker.make_experience_batch(samples)
 
-    out: dict[str, Any] = {"samples": [], "gap_f32": [], "gap_bf16": []}
+    # The same weights without the temperature: the logprobs vLLM's raw mode records.
+    raw = o.Actor(model, temperature=1.0).eval()  # eval, as the experience maker's forward
+    raw.packing_samples = False
+    out: dict[str, Any] = {"samples": [], "gap_f32": [], "gap_bf16": [], "raw_gap": []}
     for exp in made:
         out["gap_f32"] += gap(exp.action_log_probs, exp.rollout_log_probs, exp.action_mask)
+        with torch.no_grad():
+            logprobs = raw(exp.sequences, exp.action_mask, exp.attention_mask)
+        out["raw_gap"] += gap(exp.action_log_probs, logprobs, exp.action_mask)
         for row, index in enumerate(exp.index):
             first = int(exp.action_mask[row].nonzero()[0])
             out["samples"].append(

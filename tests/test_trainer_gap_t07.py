@@ -1,18 +1,25 @@
-"""TRL's forward at temperature 0.7 against a processed_logprobs engine's record (issue 39).
+"""Trainers' forwards at temperature 0.7 against a processed_logprobs engine's record (issue 39).
 
 At T != 1 a trainer's importance ratio needs ``log_softmax(logits / T)``, which vLLM returns only
-with ``--logprobs-mode processed_logprobs`` (its default, raw, is before temperature); the shared
-test engine runs raw, so this module starts its own engine in processed mode on the same random
-tiny Qwen3. The TRL recipe of docs/trainer.md runs with the one change docs/trainer.md asks of a
-T != 1 rollout besides the engine's mode: its ``SAMPLING`` temperature, here 0.7 (which is also
-``GRPOConfig.temperature``, so TRL's forward divides by it). Held:
-- every step records ``processed_logprobs`` at 0.7 with no cut, and every call reached the
-  engine so; the segments hold exactly what the engine answered (the witness);
-- :func:`~titoflow.client.formats.trl.to_trl` at 0.7 takes them, and TRL's own forward at 0.7
-  on the weights that sampled is within :data:`GAP_BOUND` of the recorded logprobs;
-- the same segments saying ``raw_logprobs`` are refused at 0.7; raw logprobs (the model's own,
-  from the same forward without the temperature) are further from TRL's than the bound, so the
-  bound tells the two modes apart.
+with ``--logprobs-mode processed_logprobs`` (vLLM's default, raw, is before temperature), the
+mode titoflow's settings default to and the shared test engine (conftest's ``engine_url``, the
+random tiny Qwen3) runs in. Sessions are sampled at 0.7 with no cut; each trainer's own code
+computes the logprobs of the generated tokens on the weights that sampled, at 0.7 as it applies
+a temperature:
+- TRL: the recipe of docs/trainer.md with the one change docs/trainer.md asks of a T != 1
+  rollout besides the engine's mode, its ``SAMPLING`` temperature (also
+  ``GRPOConfig.temperature``, so TRL's forward divides by it);
+- OpenRLHF: its ``Actor(temperature=...)`` (``--rollout.temperature``), in its experience maker;
+- verl: its actor's ``compute_log_prob`` reads ``meta_info["temperature"]``, which ``to_verl``
+  fills (``rollout.temperature``).
+Each is within :data:`GAP_BOUND` of the recorded logprobs, and the raw logprobs (the same
+forward without the temperature, what vLLM's default records) are further than the bound, so the
+bound tells the two modes apart; the adapters refuse the segments saying ``raw_logprobs``.
+- Tinker has no temperature in its training forward (``forward_backward`` takes none;
+  tinker-cookbook's ``Config.temperature`` reaches only the sampler): ``to_tinker_batch`` refuses
+  the 0.7 segments, and cookbook's own path, which takes them, trains on a ratio whose gap is
+  the raw one, while the same weights' ``log_softmax(logits / 0.7)`` is within the bound. A
+  Tinker user samples at 1 (cookbook's default).
 """
 
 from __future__ import annotations
@@ -20,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +37,15 @@ import pytest
 from cli.main import write_run_env
 from schemas.events import SegmentFinalized
 from tests.doc_blocks import blocks_run_by, run_env
-from tests.engines import engine_for_tests
+from tests.test_trainer_openrlhf import openrlhf_step
+from tests.test_trainer_tinker import tinker_step
+from tests.test_trainer_verl import verl_step
+from tests.trainer_rollouts import rollout_sessions
 from tests.witness import Witness, check_segments
+from titoflow.client.formats.openrlhf import to_openrlhf
+from titoflow.client.formats.tinker import to_tinker_batch
 from titoflow.client.formats.trl import to_trl
+from titoflow.client.formats.verl import to_verl
 from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
 
@@ -44,20 +56,6 @@ TEMPERATURE = 0.7
 GAP_BOUND = 1e-3
 RECIPE_SAMPLING = 'SAMPLING = {"temperature": 1.0,'
 PROMPTS = ["Tell me about /tmp."] * 2  # one group of the recipe's num_generations
-
-
-@pytest.fixture(scope="module")
-def processed_engine_url(
-    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    log_dir = tmp_path_factory.mktemp("vllm-processed")
-    started = time.monotonic()
-    for url in engine_for_tests(
-        "TITOFLOW_TEST_PROCESSED_ENGINE_URL", model_dir, log_dir, "processed_logprobs"
-    ):
-        # What this module adds to the default run (the issue asks for it).
-        print(f"processed_logprobs engine ready in {time.monotonic() - started:.0f} s")
-        yield url
 
 
 def as_raw(segment: SegmentFinalized) -> SegmentFinalized:
@@ -75,7 +73,7 @@ def as_raw(segment: SegmentFinalized) -> SegmentFinalized:
 
 async def test_trl_forward_at_temperature_07_matches_processed_logprobs(
     settings: Settings,
-    processed_engine_url: str,
+    engine_url: str,
     model_dir: Path,
     witness: Witness,
     tmp_path: Path,
@@ -87,7 +85,7 @@ async def test_trl_forward_at_temperature_07_matches_processed_logprobs(
         update={
             "driver_token": secrets.token_urlsafe(32),
             "model_path": model_dir,
-            "engine_url": witness.front(processed_engine_url),
+            "engine_url": witness.front(engine_url),
             "engine_logprobs_mode": "processed_logprobs",
         }
     )
@@ -152,10 +150,90 @@ async def test_trl_forward_at_temperature_07_matches_processed_logprobs(
             on = np.asarray(mask, dtype=bool)
             gaps.append(np.abs(ours[0].numpy()[on] - np.asarray(logprobs, np.float32)[on]))
             raw_gaps.append(np.abs(ours[0].numpy()[on] - raw[:, 0].numpy()[on]))
-    gap, raw_gap = np.concatenate(gaps), np.concatenate(raw_gaps)
+    apart("TRL", np.concatenate(gaps), np.concatenate(raw_gaps))
+
+
+async def test_openrlhf_actor_at_temperature_07_matches_processed_logprobs(
+    stack_settings: Settings, model_dir: Path, tmp_path: Path
+) -> None:
+    segments = recorded(await rollout_sessions(stack_settings, model_dir, tmp_path, TEMPERATURE))
+    with pytest.raises(ValueError, match=f"raw_logprobs, temperature {TEMPERATURE}"):
+        to_openrlhf([as_raw(s) for s in segments], n_samples_per_prompt=2, temperature=TEMPERATURE)
+    samples = to_openrlhf(segments, n_samples_per_prompt=2, temperature=TEMPERATURE)
+    _, to_experiences = blocks_run_by("tests/test_trainer_openrlhf.py")
+    out = openrlhf_step(samples, to_experiences, model_dir, tmp_path, TEMPERATURE)
+
+    print(f"OpenRLHF vllm_kl {out['vllm_kl']:.3g}, is_filter_ratio {out['is_filter_ratio']:.3g}")
+    apart("OpenRLHF", np.asarray(out["gap_f32"]), np.asarray(out["raw_gap"]))
+    assert abs(out["vllm_kl"]) < GAP_BOUND and out["is_filter_ratio"] == 0.0
+    assert out["moved"] > 0
+
+
+async def test_verl_actor_at_temperature_07_matches_processed_logprobs(
+    stack_settings: Settings, model_dir: Path, tmp_path: Path
+) -> None:
+    segments = recorded(await rollout_sessions(stack_settings, model_dir, tmp_path, TEMPERATURE))
+    with pytest.raises(ValueError, match=f"raw_logprobs, temperature {TEMPERATURE}"):
+        to_verl([as_raw(s) for s in segments], pad_id=151643, temperature=TEMPERATURE)
+    batch = to_verl(segments, pad_id=151643, temperature=TEMPERATURE)
+    assert batch.meta_info["temperature"] == TEMPERATURE  # what verl's actor divides by
+    _, step_block = blocks_run_by("tests/test_trainer_verl.py")
+    out = verl_step(batch, step_block, model_dir, tmp_path)
+
+    corr = out["corr_metrics"]
     print(
-        f"TRL at T={TEMPERATURE} |train - rollout logprob|: mean {gap.mean():.3g}, "
+        f"verl rollout_corr/kl {corr['rollout_corr/kl']:.3g}, rollout_corr/log_ppl_abs_diff "
+        f"{corr['rollout_corr/log_ppl_abs_diff']:.3g}"
+    )
+    apart("verl", np.asarray(out["gap_f32"]), np.asarray(out["raw_gap"]))
+    assert abs(corr["rollout_corr/kl"]) < GAP_BOUND
+    assert corr["rollout_corr/log_ppl_abs_diff"] < GAP_BOUND
+    assert np.allclose(out["is_weights"], 1.0, atol=1e-2)
+    assert out["moved"] > 0
+
+
+async def test_tinker_has_no_temperature_in_its_training_forward(
+    stack_settings: Settings, model_dir: Path, tmp_path: Path
+) -> None:
+    sessions = await rollout_sessions(stack_settings, model_dir, tmp_path, TEMPERATURE)
+    segments = recorded(sessions)
+    with pytest.raises(ValueError, match=f"processed_logprobs, temperature {TEMPERATURE}"):
+        to_tinker_batch(segments)
+    _, cookbook_step = blocks_run_by("tests/test_trainer_tinker.py")
+    # cookbook's own datums of the same sessions: it takes logprobs of any temperature.
+    out = tinker_step(sessions, None, cookbook_step, model_dir, tmp_path, TEMPERATURE)
+
+    trained, tempered = np.asarray(out["gap"]), np.asarray(out["gap_at_temperature"])
+    kl = out["kl"]["optim/kl_sample_train_v1"]
+    print(
+        f"Tinker at T={TEMPERATURE}, its forward (no temperature) |train - rollout logprob|: "
+        f"mean {trained.mean():.3g}, max {trained.max():.3g} ({trained.size}), "
+        f"optim/kl_sample_train_v1 {kl:.3g}; log_softmax(logits / {TEMPERATURE}) of the same "
+        f"weights: mean {tempered.mean():.3g}, max {tempered.max():.3g}"
+    )
+    # The records are right; Tinker's forward, the raw one, is what is off.
+    assert trained.size == tempered.size > 0 and tempered.mean() < GAP_BOUND < trained.mean()
+    assert abs(kl) > GAP_BOUND
+
+
+def recorded(sessions: list[list[SegmentFinalized]]) -> list[SegmentFinalized]:
+    """The sessions' segments, each step recorded in processed mode at the test's temperature."""
+    segments = [s for session in sessions for s in session]
+    assert len(segments) == 4 and all(not s.unused_sample for s in segments)
+    for step in (step for s in segments for step in s.steps):
+        assert step.sampling is not None
+        assert step.sampling.logprobs_mode == "processed_logprobs"
+        assert (step.sampling.temperature, step.sampling.top_p) == (TEMPERATURE, 1.0)
+    return segments
+
+
+def apart(trainer: str, gap: np.ndarray, raw_gap: np.ndarray) -> None:
+    """``gap`` (|the trainer's forward at the temperature - the recorded logprobs|) within the
+    bound, ``raw_gap`` (|it - raw logprobs|) beyond it; prints both, as docs/benchmarks.md §8
+    reports them."""
+    print(
+        f"{trainer} at T={TEMPERATURE} |train - rollout logprob|: mean {gap.mean():.3g}, "
         f"max {gap.max():.3g} ({gap.size}); raw logprobs instead: mean {raw_gap.mean():.3g}, "
         f"max {raw_gap.max():.3g}"
     )
-    assert gap.size > 0 and gap.mean() < GAP_BOUND < raw_gap.mean()
+    assert gap.size == raw_gap.size > 0 and gap.mean() < GAP_BOUND < raw_gap.mean()

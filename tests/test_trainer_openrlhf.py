@@ -21,10 +21,6 @@ bf16 weights its own loader makes.
 
 from __future__ import annotations
 
-import json
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +28,36 @@ import numpy as np
 import pytest
 
 from tests.doc_blocks import blocks_run_by
-from tests.trainer_rollouts import PROMPTS, rollout_sessions
+from tests.trainer_rollouts import PROMPTS, rollout_sessions, trainer_step
 from tests.witness import Witness
 from titoflow.client.batch import instance_key
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import Settings
 
 pytestmark = pytest.mark.engine
 
-PYTHON = PROJECT_ROOT / ".venv-openrlhf" / "bin" / "python"
 # vLLM CPU and torch CPU on the same float32 weights; bf16 rounds each weight to 8 bits.
 GAP_BOUND = 1e-3
 BF16_GAP_BOUND = 0.2
+
+
+def openrlhf_step(
+    samples: list[dict[str, Any]],
+    to_experiences: str,
+    model_dir: Path,
+    tmp_path: Path,
+    temperature: float,
+) -> Any:
+    """What tests/openrlhf_step.py computed in OpenRLHF's code from ``samples`` (made by
+    ``to_openrlhf`` at ``temperature``, OpenRLHF's ``--rollout.temperature``)."""
+    given = {
+        "model": str(model_dir),
+        "n_samples_per_prompt": 2,
+        "temperature": temperature,
+        "pad_token_id": 151643,
+        "samples": samples,
+        "block": to_experiences,
+    }
+    return trainer_step(".venv-openrlhf", "openrlhf_step.py", given, tmp_path)
 
 
 def group_norm(rewards: list[float]) -> list[float]:
@@ -66,24 +81,7 @@ async def test_a_ppo_step_in_openrlhf_on_titoflow_rollouts(
     assert order == PROMPTS * 2  # interleaved as opened
     by_index = {s["index"][0]: s for s in samples}
     assert sorted(by_index) == list(range(4))
-    source, target = tmp_path / "samples.pkl", tmp_path / "openrlhf.json"
-    source.write_bytes(
-        pickle.dumps(
-            {
-                "model": str(model_dir),
-                "n_samples_per_prompt": 2,
-                "temperature": 1.0,
-                "pad_token_id": 151643,
-                "samples": samples,
-                "block": to_experiences,
-            }
-        )
-    )
-    step = [str(PYTHON), str(PROJECT_ROOT / "tests" / "openrlhf_step.py"), str(source), str(target)]
-    run = subprocess.run(step, capture_output=True, text=True, timeout=600)
-    sys.stderr.write(run.stderr[-4000:])
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads(target.read_text())
+    out = openrlhf_step(samples, to_experiences, model_dir, tmp_path, 1.0)
 
     # Each group's advantages are GRPO's of its own rewards: the groups are the instances.
     tokens = {tuple(s.token_ids): s for s in segments}

@@ -20,10 +20,6 @@ generated tokens against the engine's, and tinker-cookbook's ``optim/kl_sample_t
 
 from __future__ import annotations
 
-import json
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +28,12 @@ import pytest
 
 from schemas.events import SegmentFinalized
 from tests.doc_blocks import blocks_run_by
-from tests.trainer_rollouts import PROMPTS, REWARDS, rollout_sessions
+from tests.trainer_rollouts import PROMPTS, REWARDS, rollout_sessions, trainer_step
 from tests.witness import Witness
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import Settings
 
 pytestmark = pytest.mark.engine
 
-PYTHON = PROJECT_ROOT / ".venv-tinker" / "bin" / "python"
 # vLLM CPU and torch CPU on the same float32 weights.
 GAP_BOUND = 1e-3
 
@@ -58,6 +53,34 @@ def trajectory(segments: list[SegmentFinalized], reward: float) -> dict[str, Any
     return {"steps": steps, "reward": reward}
 
 
+def tinker_step(
+    sessions: list[list[SegmentFinalized]],
+    made: tuple[list[dict[str, Any]], list[dict[str, int]]] | None,
+    cookbook_step: str,
+    model_dir: Path,
+    tmp_path: Path,
+    temperature: float,
+) -> Any:
+    """What tests/tinker_step.py computed in tinker-cookbook's code from ``made``
+    (``to_tinker_batch``'s, ``None`` where it refused) and ``sessions`` (:data:`PROMPTS` × 2,
+    interleaved, sampled at ``temperature``) as cookbook's rollout records them."""
+    # The groups cookbook's rollout makes: each prompt's sessions, in open order.
+    groups = [
+        [trajectory(sessions[i], REWARDS[i]) for i in range(len(sessions)) if i % 2 == g]
+        for g in range(len(PROMPTS))
+    ]
+    data, metadata = made if made is not None else (None, None)
+    given = {
+        "data": data,
+        "metadata": metadata,
+        "groups": groups,
+        "block": cookbook_step,
+        "policy_path": str(model_dir),
+        "temperature": temperature,
+    }
+    return trainer_step(".venv-tinker", "tinker_step.py", given, tmp_path)
+
+
 async def test_a_step_of_tinker_cookbooks_rl_loop_on_titoflow_rollouts(
     stack_settings: Settings, model_dir: Path, witness: Witness, tmp_path: Path
 ) -> None:
@@ -68,28 +91,8 @@ async def test_a_step_of_tinker_cookbooks_rl_loop_on_titoflow_rollouts(
     to_data, cookbook_step = blocks_run_by("tests/test_trainer_tinker.py")
     namespace: dict[str, Any] = {"segments": segments}
     exec(compile(to_data, "docs/trainer.md", "exec"), namespace)
-    # The groups cookbook's rollout makes: each prompt's sessions, in open order.
-    groups = [
-        [trajectory(sessions[i], REWARDS[i]) for i in range(len(sessions)) if i % 2 == g]
-        for g in range(len(PROMPTS))
-    ]
-    source, target = tmp_path / "data.pkl", tmp_path / "tinker.json"
-    source.write_bytes(
-        pickle.dumps(
-            {
-                "data": namespace["data"],
-                "metadata": namespace["metadata"],
-                "groups": groups,
-                "block": cookbook_step,
-                "policy_path": str(model_dir),
-            }
-        )
-    )
-    step = [str(PYTHON), str(PROJECT_ROOT / "tests" / "tinker_step.py"), str(source), str(target)]
-    run = subprocess.run(step, capture_output=True, text=True, timeout=600)
-    sys.stderr.write(run.stderr[-4000:])
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads(target.read_text())
+    made = namespace["data"], namespace["metadata"]
+    out = tinker_step(sessions, made, cookbook_step, model_dir, tmp_path, 1.0)
 
     # titoflow's datums and groups are the ones tinker-cookbook makes from the same sessions.
     assert out["differences"] == []

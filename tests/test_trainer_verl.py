@@ -15,33 +15,62 @@ verl is stubbed; ray is installed because ``verl.protocol`` imports it, and neve
 The train/rollout gap is verl's: its actor's logprobs of the generated tokens against the
 engine's, and its ``rollout_corr/`` metrics (``kl``, ``log_ppl_abs_diff``), on the float32
 weights the engine serves; reported, with verl's default bf16 autocast.
+
+The same batch then goes through verl's current release (0.9.1, ``.venv-verl/verl-current``):
+docs/trainer.md's block marked ``<!-- run by tests/verl_current_step.py -->``, run there, takes
+it through the trainer's no-padding TensorDict into verl's FSDP model engine on CPU
+(``infer_batch`` for ``old_log_probs``, ``train_batch`` with ``ppo_loss`` and the optimizer
+step), with the same rollout correction and GRPO advantage (by its registry); checked as the
+0.7.1 step is, and its loss against vanilla PPO's at ratio 1.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from schemas.events import SegmentFinalized
 from tests.doc_blocks import blocks_run_by
-from tests.trainer_rollouts import PROMPTS, rollout_sessions
+from tests.trainer_rollouts import PROMPTS, rollout_sessions, trainer_step
 from tests.witness import Witness
 from titoflow.client.batch import instance_key
-from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.settings import Settings
 
 pytestmark = pytest.mark.engine
 
-PYTHON = PROJECT_ROOT / ".venv-verl" / "bin" / "python"
 # vLLM CPU and torch CPU on the same float32 weights; bf16 rounds each weight to 8 bits.
 GAP_BOUND = 1e-3
 BF16_GAP_BOUND = 0.2
+
+
+def verl_step(batch: Any, step_block: str, model_dir: Path, tmp_path: Path) -> Any:
+    """What tests/verl_step.py computed in verl's code from ``batch`` (``to_verl``'s)."""
+    handed = {k: getattr(batch, k) for k in ("batch", "non_tensor_batch", "meta_info")}
+    given = {"batch": handed, "block": step_block, "policy_path": str(model_dir)}
+    return trainer_step(".venv-verl", "verl_step.py", given, tmp_path)
+
+
+def verl_current_step(batch: Any, model_dir: Path, tmp_path: Path) -> Any:
+    """What tests/verl_current_step.py computed in verl 0.9.1's code from ``batch``."""
+    (block,) = blocks_run_by("tests/verl_current_step.py")
+    handed = {k: getattr(batch, k) for k in ("batch", "non_tensor_batch", "meta_info")}
+    given = {"batch": handed, "block": block, "policy_path": str(model_dir)}
+    return trainer_step(".venv-verl", "verl_current_step.py", given, tmp_path)
+
+
+def assert_grpo_by_instance(out: Any, segments: list[SegmentFinalized]) -> None:
+    """verl's GRPO advantage over its uid groups is each instance's own: the uids are the
+    prompts."""
+    by_id = {s.segment_id: s for s in segments}
+    rows = [by_id[segment_id] for segment_id in out["segment_id"]]
+    for prompt in PROMPTS:
+        group = [i for i, s in enumerate(rows) if instance_key(s) == prompt]
+        assert len(group) == 2 and len({out["uid"][i] for i in group}) == 1
+        expected = grpo([rows[i].reward for i in group])
+        assert np.allclose([out["advantages"][i] for i in group], expected, atol=1e-5)
 
 
 def grpo(rewards: list[float | None]) -> np.ndarray:
@@ -58,29 +87,13 @@ async def test_a_ppo_step_in_verl_on_titoflow_rollouts(
     segments = [s for session in sessions for s in session]
     assert len(segments) == 4 and all(not s.unused_sample for s in segments)
 
-    to_batch, verl_step = blocks_run_by("tests/test_trainer_verl.py")
+    to_batch, step_block = blocks_run_by("tests/test_trainer_verl.py")
     namespace: dict[str, Any] = {"segments": segments}
     exec(compile(to_batch, "docs/trainer.md", "exec"), namespace)
     batch = namespace["batch"]
-    source, target = tmp_path / "batch.pkl", tmp_path / "verl.json"
-    handed = {k: getattr(batch, k) for k in ("batch", "non_tensor_batch", "meta_info")}
-    source.write_bytes(
-        pickle.dumps({"batch": handed, "block": verl_step, "policy_path": str(model_dir)})
-    )
-    step = [str(PYTHON), str(PROJECT_ROOT / "tests" / "verl_step.py"), str(source), str(target)]
-    run = subprocess.run(step, capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    sys.stderr.write(run.stderr[-4000:])
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads(target.read_text())
+    out = verl_step(batch, step_block, model_dir, tmp_path)
 
-    # verl's GRPO advantage over its uid groups is each instance's own: the uids are the prompts.
-    by_id = {s.segment_id: s for s in segments}
-    rows = [by_id[segment_id] for segment_id in out["segment_id"]]
-    for prompt in PROMPTS:
-        group = [i for i, s in enumerate(rows) if instance_key(s) == prompt]
-        assert len(group) == 2 and len({out["uid"][i] for i in group}) == 1
-        expected = grpo([rows[i].reward for i in group])
-        assert np.allclose([out["advantages"][i] for i in group], expected, atol=1e-5)
+    assert_grpo_by_instance(out, segments)
     assert out["moved"] > 0, "verl's optimizer step changed no weight"
     assert all(np.isfinite(out["metrics"]["actor/grad_norm"]))
 
@@ -102,3 +115,32 @@ async def test_a_ppo_step_in_verl_on_titoflow_rollouts(
     assert all(abs(kl) < GAP_BOUND for kl in trained["rollout_corr/kl"])
     # The token-level importance weights the loss is multiplied by: 1 at this gap.
     assert np.allclose(out["is_weights"], 1.0, atol=1e-2)
+
+    # verl 0.9.1, its model engine, on the same batch.
+    current = verl_current_step(batch, model_dir, tmp_path)
+    assert_grpo_by_instance(current, segments)
+    assert current["moved"] > 0, "verl 0.9.1's optimizer step changed no weight"
+    loss = current["metrics"]
+    assert np.isfinite(loss["grad_norm"])
+    # train_batch's forward before the step is infer_batch's: the PPO ratio is 1 on every token.
+    assert abs(loss["actor/ppo_kl"]) < 1e-6 and loss["actor/pg_clipfrac"] == 0
+    # So vanilla PPO's loss is -A·w per generated token, over the mini-batch's tokens.
+    generated_per_row = batch.batch["response_mask"].sum(axis=1)
+    advantages = np.repeat(current["advantages"], generated_per_row)
+    weights = np.asarray(current["is_weights"])
+    expected_loss = -(advantages * weights).sum() / generated_per_row.sum()
+    assert np.isclose(loss["actor/pg_loss"], expected_loss, atol=1e-5)
+    gaps, gaps_bf16 = np.asarray(current["gap_f32"]), np.asarray(current["gap_bf16"])
+    assert gaps.size == gaps_bf16.size == generated
+    corr = current["corr_metrics"]
+    print(
+        f"verl 0.9.1 engine |train - rollout logprob|: float32 mean {gaps.mean():.3g}, max "
+        f"{gaps.max():.3g}; bf16 mean {gaps_bf16.mean():.3g}, max {gaps_bf16.max():.3g}; "
+        f"rollout_corr/kl {corr['rollout_corr/kl']:.3g}, rollout_corr/log_ppl_abs_diff "
+        f"{corr['rollout_corr/log_ppl_abs_diff']:.3g}; actor/pg_loss {loss['actor/pg_loss']:.4g}"
+        f", grad_norm {loss['grad_norm']:.4g}"
+    )
+    assert gaps.mean() < GAP_BOUND and gaps_bf16.mean() < BF16_GAP_BOUND
+    assert abs(corr["rollout_corr/kl"]) < GAP_BOUND
+    assert corr["rollout_corr/log_ppl_abs_diff"] < GAP_BOUND
+    assert np.allclose(current["is_weights"], 1.0, atol=1e-2)

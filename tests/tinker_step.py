@@ -3,17 +3,20 @@ in .venv-tinker (scripts/setup-tinker.sh, tinker-cookbook 0.6.1) by tests/test_t
 
     .venv-tinker/bin/python tests/tinker_step.py INPUT.pkl OUTPUT.json
 
-INPUT holds what ``to_tinker_batch`` made (``data``, ``metadata``), the same sessions as a
-cookbook rollout records them (per group, per trajectory: each step's observation, sampled
-tokens and logprobs, and the reward), the doc's block that trains on ``data`` and the policy's
-directory. tinker-cookbook's ``compute_advantages`` and ``assemble_training_data`` turn the
-trajectories into its ``Datum``s, which OUTPUT compares field by field with titoflow's; the
-block runs its ``train_step`` (``importance_sampling``) and ``compute_kl_sample_train`` on
-titoflow's. Tinker trains on a remote service, so ``training_client`` is :class:`TrainingClient`,
-which runs ``forward_backward`` and ``optim_step`` on the policy here (torch, float32, CPU);
-nothing of tinker-cookbook is stubbed. OUTPUT also holds the train/rollout logprob gap of that
-forward on the generated tokens, the KL metrics, each datum's advantage and how many weights the
-step moved.
+INPUT holds what ``to_tinker_batch`` made (``data``, ``metadata``; ``None`` where it refused the
+segments), the same sessions as a cookbook rollout records them (per group, per trajectory: each
+step's observation, sampled tokens and logprobs, and the reward), the doc's block that trains on
+``data``, the policy's directory and the temperature the sessions were sampled at.
+tinker-cookbook's ``compute_advantages`` and ``assemble_training_data`` turn the trajectories
+into its ``Datum``s, which OUTPUT compares field by field with titoflow's; the block runs its
+``train_step`` (``importance_sampling``) and ``compute_kl_sample_train`` on titoflow's, or on
+cookbook's own where titoflow refused (cookbook takes them as they are). Tinker trains on a
+remote service, so ``training_client`` is :class:`TrainingClient`, which runs
+``forward_backward`` and ``optim_step`` on the policy here (torch, float32, CPU); nothing of
+tinker-cookbook is stubbed. OUTPUT also holds the train/rollout logprob gap of that
+forward on the generated tokens, the gap of the same weights' ``log_softmax(logits / T)`` at the
+sampling temperature (what a training forward at that temperature would give; Tinker's has no
+temperature), the KL metrics, each datum's advantage and how many weights the step moved.
 """
 
 from __future__ import annotations
@@ -30,6 +33,23 @@ import torch
 
 async def resolved(value: Any) -> Any:
     return value
+
+
+def logprobs_of(model: Any, datum: tinker.Datum, temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` of ``model`` for each of ``datum``'s targets."""
+    targets = datum.loss_fn_inputs["target_tokens"].to_torch()
+    logits = model(input_ids=torch.tensor([datum.model_input.to_ints()])).logits[0].float()
+    logprobs: torch.Tensor = (logits / temperature).log_softmax(-1).gather(-1, targets[:, None])
+    return logprobs[:, 0]
+
+
+def gap(data: list[tinker.Datum], logprobs: list[torch.Tensor]) -> list[float]:
+    """|``logprobs`` - the sampled logprobs| on each datum's generated tokens (its ``mask``)."""
+    found: list[float] = []
+    for datum, trained in zip(data, logprobs, strict=True):
+        mask = datum.loss_fn_inputs["mask"].to_torch() > 0
+        found += (trained - datum.loss_fn_inputs["logprobs"].to_torch())[mask].abs().tolist()
+    return found
 
 
 class TrainingClient:
@@ -53,9 +73,7 @@ class TrainingClient:
         for datum in data:
             self.loss_fn_inputs.append(set(datum.loss_fn_inputs))
             inputs = {k: v.to_torch() for k, v in datum.loss_fn_inputs.items()}
-            ids = torch.tensor([datum.model_input.to_ints()])
-            logits = self.model(input_ids=ids).logits[0].float()
-            logprobs = logits.log_softmax(-1).gather(-1, inputs["target_tokens"][:, None])[:, 0]
+            logprobs = logprobs_of(self.model, datum)
             loss = -(torch.exp(logprobs - inputs["logprobs"]) * inputs["advantages"]).sum()
             loss.backward()
             total += float(loss.detach())
@@ -137,16 +155,20 @@ def main(source: Path, target: Path) -> None:
         groups, compute_advantages(groups), include_provenance=False
     )
     model = AutoModelForCausalLM.from_pretrained(given["policy_path"], dtype=torch.float32)
+    with torch.no_grad():
+        tempered = [logprobs_of(model, d, given["temperature"]) for d in theirs]
     before = [p.detach().clone() for p in model.parameters()]
     client = TrainingClient(model)
-    namespace: dict[str, Any] = {"data": given["data"], "training_client": client}
+    data = given["data"]
+    if data is None:  # titoflow refused the sessions; cookbook's rollout would train on them
+        data = [
+            {"model_input": d.model_input.model_dump(), "loss_fn_inputs": d.loss_fn_inputs}
+            for d in theirs
+        ]
+    namespace: dict[str, Any] = {"data": data, "training_client": client}
     exec(compile(given["block"], "docs/trainer.md", "exec"), namespace)
     data, logprobs = namespace["data_D"], namespace["training_logprobs_D"]
 
-    gap: list[float] = []
-    for datum, trained in zip(data, logprobs, strict=True):
-        mask = datum.loss_fn_inputs["mask"].to_torch() > 0
-        gap += (trained - datum.loss_fn_inputs["logprobs"].to_torch())[mask].abs().tolist()
     out = {
         "differences": differences(data, theirs),
         "metadata": given["metadata"],
@@ -160,7 +182,8 @@ def main(source: Path, target: Path) -> None:
             for d in data
         ],
         "sent": sorted(set().union(*client.loss_fn_inputs)),
-        "gap": gap,
+        "gap": gap(data, logprobs),
+        "gap_at_temperature": gap(theirs, tempered),
         "kl": namespace["kl_metrics"],
         "moved": sum(
             not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)

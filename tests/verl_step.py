@@ -8,9 +8,11 @@ block that runs verl's step on it and the policy's directory. The block runs as 
 ``batch`` and ``policy_path`` in hand, in a one-process gloo group as verl's own CPU test of
 the actor makes one (tests/workers/actor/test_special_dp_actor.py); nothing of verl is stubbed.
 OUTPUT says what verl computed: per row its advantage and the train/rollout logprob gap of its
-actor's ``compute_log_prob`` (float32 as the block runs it, and bf16, the actor's default
-autocast), the ``rollout_corr/`` metrics of its trainer's correction and of ``update_policy``,
-the IS weights, and how many weights its optimizer step moved.
+actor's ``compute_log_prob`` at ``meta_info["temperature"]`` (float32 as the block runs it, and
+bf16, the actor's default autocast), how far those float32 logprobs are from the same actor's at
+temperature 1 (what a raw engine records), the ``rollout_corr/`` metrics of its trainer's
+correction and of ``update_policy``, the IS weights, and how many weights its optimizer step
+moved.
 """
 
 from __future__ import annotations
@@ -60,9 +62,13 @@ def main(source: Path, target: Path) -> None:
     # verl's default: the actor autocasts its forward to bf16 (fsdp_config.dtype).
     config = dataclasses.replace(actor.config, fsdp_config=FSDPEngineConfig())
     bf16 = DataParallelPPOActor(config, sampled).compute_log_prob(data)["log_probs"]
+    # The same weights without the temperature: the logprobs vLLM's raw mode records.
+    untempered = dataclasses.replace(data, meta_info={**data.meta_info, "temperature": 1.0})
+    raw = DataParallelPPOActor(actor.config, sampled).compute_log_prob(untempered)["log_probs"]
     out = {
         "gap_f32": (data.batch["old_log_probs"] - rollout)[mask].abs().tolist(),
         "gap_bf16": (bf16 - rollout)[mask].abs().tolist(),
+        "raw_gap": (data.batch["old_log_probs"] - raw)[mask].abs().tolist(),
         "advantages": data.batch["advantages"][:, 0].tolist(),  # a generated token's
         "uid": data.non_tensor_batch["uid"].tolist(),
         "segment_id": data.non_tensor_batch["segment_id"].tolist(),
