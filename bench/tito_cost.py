@@ -119,6 +119,11 @@ def reply_ids(
     answer = Message(role="assistant", tool_calls=(call,))
     prompt = renderer.full_prompt(history, tools, {})
     full = renderer.full_prompt([*history, answer], tools, {}, add_generation_prompt=False)
+    if full[: len(prompt)] != prompt and renderer.family.reasoning_opener:
+        # The prompt opened reasoning the template writes back only when there is some
+        # (MiniMax-M2's): the model's call follows a short reasoning block.
+        answer = answer.model_copy(update={"reasoning": "Call it."})
+        full = renderer.full_prompt([*history, answer], tools, {}, add_generation_prompt=False)
     rest = full[len(prompt) :]
     end = next((i for i, token in enumerate(rest) if token in renderer.end_ids), None)
     if end is None:  # GLM ends a turn at the next message's opener: the tool result's

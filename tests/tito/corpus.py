@@ -164,11 +164,14 @@ def corpus() -> list[Conversation]:
 
 def expressible(family: Family, messages: Sequence[Message]) -> tuple[Message, ...]:
     """The messages as the family's template can write them: at most its calls per turn (the
-    results of the others dropped), no text beside calls where it has none."""
+    results of the others dropped), no text beside calls where it has none, no system message
+    after the first where it refuses one."""
     limit, dropped = family.max_calls_per_turn, set()
-    out = []
+    out: list[Message] = []
     for message in messages:
         if message.tool_call_id in dropped:
+            continue
+        if message.role == "system" and out and not family.later_system:
             continue
         if message.tool_calls and limit is not None:
             dropped |= {call.id for call in message.tool_calls[limit:]}

@@ -41,6 +41,7 @@ CORPUS = corpus()
 # The template switch that turns a family's reasoning on or off, where it has one.
 THINKING_SWITCH = {
     "qwen3": "enable_thinking",
+    "qwen35": "enable_thinking",
     "glm45": "enable_thinking",
     "deepseek_v3": "thinking",
 }
@@ -109,9 +110,14 @@ def output_ids(
     opening = prompt[len(bare) :] if prompt[: len(bare)] == bare else prompt[-1:]
     full = renderer.full_prompt([*history, answer], tools, kwargs, add_generation_prompt=False)
     sampled: list[int] = []
-    # A generation prompt that adds nothing (DeepSeek's after a tool result): the turn follows
-    # the history as rendered.
+    # A generation prompt that adds nothing (DeepSeek's after a tool result, Mistral Nemo's): the
+    # turn follows the history's last token (Nemo writes the system prompt into the last message
+    # only, so the history itself is re-rendered once the turn follows it).
     at = _last(full, opening) if opening else len(bare) if full[: len(bare)] == bare else -1
+    if at < 0 and not opening and (last := _last(full, bare[-1:])) >= 0:
+        at = last + 1
+    if 0 <= at < len(bare) and full[: len(bare)] == bare:  # an earlier turn's opening
+        at = -1
     tags = renderer.family.reasoning_tags
     if at < 0 and tags and renderer.family.reasoning_open(renderer.tokenizer.decode(opening)):
         closed = renderer.encode(renderer.tokenizer.decode(opening)[: -len(tags[0])] + tags[1])
@@ -119,6 +125,19 @@ def output_ids(
         if at >= 0:
             opening = closed
             sampled = renderer.encode((answer.reasoning or "") + tags[1])
+    text = renderer.tokenizer.decode(opening)
+    if at < 0 and tags and renderer.family.reasoning_open(text):
+        # A template that writes no block for a turn without reasoning (MiniMax-M2's): the model
+        # closed the block the prompt opened, empty as the template writes one ("\n</think>\n\n").
+        # Found as text: the header's newline merges with what the turn writes next ("\n\n").
+        head = text[: text.rindex(tags[0])]
+        found = renderer.encode(head.rstrip())
+        at = _last(full, found)
+        if at >= 0:
+            gap = len(head) - len(head.rstrip())  # the header's own newline
+            after = renderer.tokenizer.decode(full[at + len(found) :])[gap:]
+            rest = renderer.encode("\n" + tags[1] + "\n\n" + after)
+            return rest[: next(i for i, t in enumerate(rest) if t in renderer.end_ids) + 1]
     assert at >= 0, "the generation prompt opens the assistant turn"
     rest = full[at + len(opening) :]
     end = next((i for i, t in enumerate(rest) if t in renderer.end_ids), None)
@@ -249,6 +268,18 @@ def arguments(call: ToolCall) -> Any:
     return json.loads(call.arguments)
 
 
+# Templates that write every argument as text (Llama 4's pythonic one: k="%s", the value as
+# Jinja formats it), so a call does not read back as given: the parser reads what was written
+# (each value the text written, as Python reads the string) or refuses it with parse_error (a
+# newline or quote inside a value), never a silently changed call.
+ARGUMENTS_AS_TEXT = frozenset({"llama4"})
+
+
+def as_written(call: ToolCall) -> tuple[str, Any]:
+    """``call`` as a template in ``ARGUMENTS_AS_TEXT`` writes it: each value as ``"%s"``."""
+    return call.name, {k: str(v) for k, v in arguments(call).items()}
+
+
 @pytest.mark.parametrize("conversation", CORPUS, ids=lambda c: c.name)
 @pytest.mark.parametrize("name", PROVEN)
 def test_parser_reads_back_what_the_template_renders(name: str, conversation: Conversation) -> None:
@@ -259,10 +290,18 @@ def test_parser_reads_back_what_the_template_renders(name: str, conversation: Co
         text = generated_text(renderer, turn.output)
         parsed = parse(family, text, tools, opened_reasoning(renderer, turn.prompt))
         where = f"turn {len(turn.history)}: {text!r}"
-        assert parsed.parse_error is None, where
-        assert [(c.name, arguments(c)) for c in parsed.tool_calls] == [
-            (c.name, arguments(c)) for c in turn.answer.tool_calls
-        ], where
+        if name in ARGUMENTS_AS_TEXT and turn.answer.tool_calls:
+            if parsed.parse_error is not None:
+                assert parsed.tool_calls == [] and parsed.content == text, where
+                continue
+            assert [as_written(c) for c in parsed.tool_calls] == [
+                as_written(c) for c in turn.answer.tool_calls
+            ], where
+        else:
+            assert parsed.parse_error is None, where
+            assert [(c.name, arguments(c)) for c in parsed.tool_calls] == [
+                (c.name, arguments(c)) for c in turn.answer.tool_calls
+            ], where
         assert parsed.content.strip() == turn.answer.content.strip(), where
         if turn.answer.reasoning and turn.answer.reasoning.strip() in text:
             assert (parsed.reasoning or "").strip() == turn.answer.reasoning.strip(), where
@@ -320,7 +359,7 @@ def test_a_call_cut_off_is_text_with_a_parse_error(name: str) -> None:
 
 # Families whose models open calls before closing their reasoning, and whose parsers read such a
 # call as the reasoning's end, as vLLM's reasoning parsers for them do.
-CALL_ENDS_REASONING = frozenset({"qwen3", "glm45"})
+CALL_ENDS_REASONING = frozenset({"qwen3", "qwen35", "glm45", "minimax_m2", "seed_oss"})
 
 
 @pytest.mark.parametrize("name", PROVEN)

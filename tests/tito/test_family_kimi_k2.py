@@ -405,9 +405,10 @@ def test_a_forced_call_is_a_section_with_the_markers_pinned(renderer: ChatRender
 
 
 # --- The K2.5/K2.6 template shape ----------------------------------------------------------------
-# templates/kimi_k2_6_kite.jinja (source in titoflow/dev/tokenizers/kimi_k2.py): tools as compact
-# JSON, <think> opened by the generation prompt, past reasoning kept after the last answer without
-# calls (or everywhere with preserve_thinking), no default system prompt.
+# templates/kimi_k2_6_kite.jinja (source in titoflow/dev/tokenizers/kimi_k2.py): tools as the
+# TypeScript declarations the family passes (compact JSON without them), <think> opened by the
+# generation prompt, past reasoning kept after the last answer without calls (or everywhere with
+# preserve_thinking), no default system prompt.
 
 K2_6 = template_path(recipe.K2_6_TEMPLATE).read_text()
 
@@ -425,8 +426,10 @@ def test_the_k2_6_template_is_detected_and_opens_reasoning_in_the_prompt() -> No
     user = [Message(role="user", content="hi")]
     tools = CORPUS[1].tools
     prompt = renderer.render_text(user, tools, {}, True)
-    compact = json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False)
-    assert prompt.startswith(f"<|im_system|>tool_declare<|im_middle|>{compact}<|im_end|>")
+    # The tools as Kimi's tokenizer code declares them (tests/tito/test_kimi_tools.py holds the
+    # text to Moonshot's tool_declaration_ts.py), not the JSON the template falls back to.
+    declared = "# Tools\n\n## functions\nnamespace functions {"
+    assert prompt.startswith("<|im_system|>tool_declare<|im_middle|>" + declared)
     assert "You are Kimi" not in prompt, "no default system prompt"
     assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
     assert KIMI_K2.reasoning_open(prompt[-40:])

@@ -9,6 +9,7 @@ mistral-common's ``MistralTokenizer`` (v7) gives for the same request.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from dataclasses import replace
@@ -439,9 +440,10 @@ DEFAULT_SYSTEM = (
 )
 
 
-def checkpoint_renderer() -> ChatRenderer:
+@functools.cache  # loading the tokenizer takes seconds; the renderer is not changed by use
+def checkpoint_renderer(template: str = CHECKPOINT) -> ChatRenderer:
     tokenizer = load_tokenizer(tokenizer_dir("mistral"))
-    tokenizer.chat_template = CHECKPOINT
+    tokenizer.chat_template = template
     # It writes a calling turn's calls alone: the corpus as it can express it.
     return ChatRenderer(tokenizer, replace(MISTRAL, content_with_calls=False))
 
@@ -499,16 +501,20 @@ CHECKPOINT_CORPUS = [c for c in corpus() if not c.name.startswith("system-change
 
 @pytest.mark.parametrize("conversation", CHECKPOINT_CORPUS, ids=lambda c: c.name)
 def test_corpus_on_the_checkpoint_template(conversation: Conversation) -> None:
-    """The family's corpus proof (tests/tito/test_family_corpus.py) on this template: each TITO
-    prompt is the full render (or, where the tool list moved, the full render itself); what it
-    renders as the model's turn parses back to that turn and renders to the same tokens."""
-    renderer = checkpoint_renderer()
+    prove_on_corpus(checkpoint_renderer(), conversation)
+
+
+def prove_on_corpus(renderer: ChatRenderer, conversation: Conversation) -> None:
+    """The family's corpus proof (tests/tito/test_family_corpus.py) on a checkpoint template:
+    each TITO prompt is the full render (or, where the template moved something, the full render
+    itself); what it renders as the model's turn parses back to that turn and renders to the
+    same tokens."""
     tools = conversation.tools
     checked = 0
     for turn in corpus_turns(renderer, conversation):
         assert turn.prompt == renderer.full_prompt(turn.history, tools, {})
         text = generated_text(renderer, turn.output)
-        parsed = parse_corpus(MISTRAL, text, tools, False)
+        parsed = parse_corpus(renderer.family, text, tools, False)
         assert parsed.parse_error is None, text
         assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
             (c.name, json.loads(c.arguments)) for c in turn.answer.tool_calls
@@ -547,3 +553,85 @@ def test_what_the_model_writes_diverges_from_the_checkpoint_template_as_declared
         == '[TOOL_CALLS] [{"name": "run", "arguments": {"command": "x"}, "id": "q1w2e3r4t"}]</s>'
     )
     assert {"call_content_dropped", "call_list_spaced"} <= set(MISTRAL.divergences)
+
+
+# --- Mistral Nemo's own checkpoint template -----------------------------------------------------
+# templates/mistral_nemo.jinja (source in titoflow/dev/tokenizers/mistral.py):
+# Mistral-Nemo-Instruct-2407's, a v3 tekken model. Its reference is mistral-common's v3 encoder
+# over the same tekken file (which declares v3): what vLLM's Mistral mode serves for Nemo.
+
+NEMO = template_path(recipe.NEMO_TEMPLATE).read_text()
+NEMO_CONVERSATIONS = {
+    # mistral-common refuses a turn with both text and calls (tools-user-again), the template a
+    # later system message.
+    **{k: v for k, v in CONVERSATIONS.items() if k in ("chat", "tools", "tools-answer")},
+    "system-user-again": [SYSTEM, USER, ANSWER, AGAIN],
+}
+_STRING_RESULT = re.compile(r'(\[TOOL_RESULTS\]\{"content": )("(?:[^"\\]|\\.)*")(, "call_id": )')
+
+
+def test_nemo_template_is_detected_as_mistral() -> None:
+    assert "[TOOL_CALLS][" in NEMO and "[SYSTEM_PROMPT]" not in NEMO
+    assert detect_family(NEMO) is MISTRAL
+
+
+@pytest.fixture(scope="module")
+def v3_reference() -> Any:
+    """mistral-common's v3 tokenizer over the tekken file as it is (it declares v3)."""
+    return {
+        mode: MistralTokenizer.from_file(str(recipe.tekken_file()), mode=mode)
+        for mode in (ValidationMode.test, ValidationMode.finetuning)
+    }
+
+
+def as_nemo_writes(text: str, messages: list[Message]) -> str:
+    """mistral-common v3's rendering rewritten by every departure of Nemo's template."""
+    # Both write the system prompt into the last user turn; the template only while that turn
+    # is the last message, nowhere once anything follows it.
+    if messages[0].role == "system" and messages[-1].role != "user":
+        text = text.replace(messages[0].content + "\n\n", "", 1)
+    # A string result raw, not as a JSON string (``content|string``).
+    return _STRING_RESULT.sub(lambda m: m[1] + json.loads(m[2]) + m[3], text)
+
+
+@pytest.mark.parametrize("name", sorted(NEMO_CONVERSATIONS))
+@pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
+def test_nemo_template_departs_from_mistral_common_v3_as_declared(
+    tokenizer: Any, v3_reference: Any, name: str, with_tools: bool
+) -> None:
+    messages, tools = NEMO_CONVERSATIONS[name], TOOLS if with_tools else []
+    finished = messages[-1].role == "assistant"
+    v3 = v3_reference[ValidationMode.finetuning if finished else ValidationMode.test]
+    assert type(v3.instruct_tokenizer).__name__ == "InstructTokenizerV3"
+    theirs = v3.encode_chat_completion(reference_request(messages, tools)).tokens
+    renderer = checkpoint_renderer(NEMO)
+    expected = as_nemo_writes(tokenizer.decode(theirs, skip_special_tokens=False), messages)
+    assert renderer.render_text(messages, tools, {}, not finished) == expected
+    if name in ("chat", "system-user-again"):  # no departure: token for token
+        assert renderer.full_prompt(messages, tools, {}, add_generation_prompt=False) == theirs
+
+
+@pytest.mark.parametrize("conversation", CHECKPOINT_CORPUS, ids=lambda c: c.name)
+def test_corpus_on_nemo_template(conversation: Conversation) -> None:
+    prove_on_corpus(checkpoint_renderer(NEMO), conversation)
+
+
+def test_nemo_template_moves_the_system_prompt_as_declared() -> None:
+    """The template writes the system prompt into the last message only, when it is a user
+    turn: a new user turn takes it from the previous one, and after the model's turn (its tool
+    results, or the next user turn's chain) it is gone. No continuation of the chain exists,
+    with or without tools: the ingress renders the turn in full, a new chain
+    (``system_in_last_user_moved``)."""
+    renderer = checkpoint_renderer(NEMO)
+    messages = [SYSTEM, USER, ANSWER, AGAIN]
+    with pytest.raises(NotAppendOnly):
+        renderer.continuation(messages, 3, True, [], {})
+    assert renderer.render_text(messages, [], {}, add_generation_prompt=True) == (
+        f"<s>[INST]{USER.content}[/INST]{ANSWER.content}</s>"
+        f"[INST]{SYSTEM.content}\n\n{AGAIN.content}[/INST]"
+    )
+    calls = [SYSTEM, USER, CALLS, *RESULTS]
+    with pytest.raises(NotAppendOnly):
+        renderer.continuation(calls, 3, True, [], {})
+    assert SYSTEM.content not in renderer.render_text(calls, [], {}, add_generation_prompt=True)
+    assert "system_in_last_user_moved" in MISTRAL.divergences

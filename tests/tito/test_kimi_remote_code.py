@@ -33,11 +33,12 @@ import pytest
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tests.tito.engine_env import run_in_engine
+from tests.tito.hostile import CORPUS, QUOTED_WORDS
 from tests.tito.test_family_kimi_k2 import CORPUS as CONVERSATIONS
-from tests.tito.test_tokenizer_parity import CORPUS, QUOTED_WORDS
 from titoflow.dev.model_build import tokenizer_source_dir
 from titoflow.dev.tokenizers import template_path
 from titoflow.dev.tokenizers.kimi_k2 import TEMPLATE
+from titoflow.tito.families.kimi_tools import deep_sorted
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import (
@@ -157,15 +158,6 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def deep_sorted(value: Any) -> Any:
-    """Tool schemas as Kimi's ``apply_chat_template`` hands them to the template."""
-    if isinstance(value, dict):
-        return {key: deep_sorted(value[key]) for key in sorted(value)}
-    if isinstance(value, list | tuple):
-        return [deep_sorted(item) for item in value]
-    return value
-
-
 def prompts(renderer: ChatRenderer) -> list[tuple[list[Message], list[dict[str, Any]]]]:
     """Each corpus conversation up to its last user message or tool result, with its tools
     in the caller's key order and deep-sorted (one entry each)."""
@@ -175,7 +167,7 @@ def prompts(renderer: ChatRenderer) -> list[tuple[list[Message], list[dict[str, 
         while messages[-1].role == "assistant":
             messages.pop()
         out.append((messages, list(conversation.tools)))
-        out.append((messages, deep_sorted(conversation.tools)))
+        out.append((messages, deep_sorted(list(conversation.tools))))
     return out
 
 
@@ -224,7 +216,7 @@ def test_vllm_without_the_opt_in_serves_another_tokenizer(engine: dict[str, Any]
     """Why titoflow refuses rather than loads what vLLM loads without --trust-remote-code:
     vLLM does not refuse, it serves transformers' conversion of ``tiktoken.model`` (the
     generic tiktoken pattern, not the file's), whose ids differ from the file's on the corpus's
-    case-change text (1 of 33: the stand-in vocabulary has no merges across its words)."""
+    case-change text (1 of 34: the stand-in vocabulary has no merges across its words)."""
     untrusted, trusted = engine["import_moved"]["untrusted"], engine["import_moved"]
     assert untrusted == engine["published"]["untrusted"]  # the code file is never read
     assert untrusted["class"] == "TokenizersBackend"

@@ -19,12 +19,14 @@ Where a full prompt differs, titoflow's is the template's own render
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -36,6 +38,7 @@ from tests.tito.test_family_corpus import CORPUS, in_family_ids, renderer_of, te
 from titoflow.dev.tokenizers import tokenizer_dir
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
+from titoflow.tito.tokenizer import load_tokenizer
 
 # renderers' gpt-oss renderer reads the o200k_harmony ranks through openai-harmony: the family's
 # tokenizer directory holds them, so nothing is downloaded.
@@ -118,6 +121,13 @@ RENDERER_CONFIGS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "kimi_k2": lambda kw: renderers.KimiK2RendererConfig(thinking_retention="all"),
     "llama3": lambda kw: renderers.Llama3RendererConfig(thinking_retention="all"),
     "gpt_oss": lambda kw: renderers.GptOssRendererConfig(thinking_retention="all"),
+    "qwen35": lambda kw: renderers.Qwen35RendererConfig(
+        enable_thinking=kw.get("enable_thinking", True), thinking_retention="all"
+    ),
+    # MiniMax-M2's default system prompt (renderers' default is M2.5's).
+    "minimax_m2": lambda kw: renderers.MiniMaxM2RendererConfig(
+        model_identity="You are a helpful assistant.", thinking_retention="all"
+    ),
 }
 
 
@@ -152,19 +162,41 @@ RENDERERS = Oracle(
 MILES_TYPES = {
     "qwen3": "qwen3",
     "qwen3_coder": "qwen35",
+    "qwen35": "qwen35",
     "glm45": "glm47",
     "kimi_k2": "kimi25",
 }
 
 
+# Where miles ships its own fix of the family's template (its SUPPORTED_TEMPLATES rows name it,
+# and miles' users install it as the policy's template): Qwen3.5's raises "No user query found"
+# on the message lists miles renders to find what new messages add, and miles' copy drops that
+# check. It adds a ``clear_thinking`` switch, which miles' row for user appends turns off
+# (every past think block kept); on, as here, the text is the original template's.
+MILES_FIXED = {"qwen35": "qwen3.5_fixed.jinja"}
+
+
+@functools.cache
+def miles_tokenizer(family: str) -> Any:
+    """The family's tokenizer with miles' fixed template."""
+    tokenizer = load_tokenizer(tokenizer_dir(family))
+    fixed = resources.files("miles_tito_tokenizers") / "templates" / MILES_FIXED[family]
+    tokenizer.chat_template = fixed.read_text()
+    return tokenizer
+
+
 def _miles(renderer: ChatRenderer, conversation: Conversation) -> Any:
     kwargs = template_kwargs(renderer.family, conversation)
-    kind = MILES_TYPES[renderer.family.name]
+    name = renderer.family.name
+    kind = MILES_TYPES[name]
+    tokenizer = renderer.tokenizer
+    if name in MILES_FIXED:
+        tokenizer, kwargs = miles_tokenizer(name), {**kwargs, "clear_thinking": True}
     # The most roles miles supports appending for the family (it refuses the rest).
     for roles in (["tool", "user", "system"], ["tool", "user"]):
         try:
             return get_tito_tokenizer(
-                renderer.tokenizer, kind, chat_template_kwargs=kwargs, allowed_append_roles=roles
+                tokenizer, kind, chat_template_kwargs=kwargs, allowed_append_roles=roles
             )
         except ValueError:
             continue
@@ -194,6 +226,11 @@ LATER_SYSTEM_AFTER = "<|start|>user<|message|>Status?<|end|>"
 RESULT = re.compile(
     r'(to=assistant<\|channel\|>commentary<\|message\|>)("(?:[^"\\]|\\.)*")(<\|end\|>)'
 )
+
+
+def empty_think_kept(text: str) -> str:
+    """Qwen text with an empty think block in every assistant turn that has none."""
+    return re.sub(re.escape(QWEN_OPEN) + "(?!<think>)", QWEN_OPEN + "<think>\n\n</think>\n\n", text)
 
 
 def glm_calls_joined(text: str) -> str:
@@ -227,9 +264,7 @@ PAIRS = [
                 "Qwen3's template writes a think block only after the last user query and only "
                 "with reasoning (`{%- if loop.last or (not loop.last and reasoning_content) %}`)",
                 kinds=("prompt",),
-                change=lambda t: re.sub(
-                    re.escape(QWEN_OPEN) + "(?!<think>)", QWEN_OPEN + "<think>\n\n</think>\n\n", t
-                ),
+                change=empty_think_kept,
             ),
         ),
     ),
@@ -282,6 +317,48 @@ PAIRS = [
         ),
     ),
     Pair(RENDERERS, "llama3"),
+    Pair(
+        RENDERERS,
+        "qwen35",
+        (
+            Difference(
+                "empty_think_kept",
+                "with enable_thinking off, renderers writes the empty <think></think> the "
+                "generation prompt opened into every past assistant turn (its documented choice); "
+                "Qwen3.5's template writes a think block only after the last user query "
+                "(`{%- if loop.index0 > ns.last_query_index %}`)",
+                kinds=("prompt",),
+                change=empty_think_kept,
+            ),
+        ),
+    ),
+    Pair(
+        RENDERERS,
+        "minimax_m2",
+        (
+            Difference(
+                "call_end_unspaced",
+                "renderers mirrors MiniMax's own template, which writes `[e~[` right after a "
+                "turn's calls (`{{- toolcall_end_token}}` then `{%- set ...`); the vendored "
+                "Unsloth copy has a comment line between the two whose line end renders as "
+                "`\\n` (`{# Fix by ochafik ... #}`)",
+                change=lambda t: t.replace(
+                    "</minimax:tool_call>\n[e~[", "</minimax:tool_call>[e~["
+                ),
+            ),
+            Difference(
+                "later_system_written",
+                "renderers' bridge writes a system message after the first as a `]~b]system` "
+                "turn; MiniMax's template renders only the first message as the system prompt "
+                "and has no branch for a later one, which it writes nowhere",
+                kinds=("tito",),
+                change=lambda t: t.replace(
+                    "]~b]user\nStatus?[e~[\n",
+                    f"]~b]user\nStatus?[e~[\n]~b]system\n{LATER_SYSTEM}[e~[\n",
+                ),
+            ),
+        ),
+    ),
     Pair(
         RENDERERS,
         "gpt_oss",
@@ -349,6 +426,7 @@ PAIRS = [
     ),
     Pair(MILES, "qwen3", (MILES_NO_SYSTEM,)),
     Pair(MILES, "qwen3_coder", (MILES_NO_SYSTEM,)),
+    Pair(MILES, "qwen35"),
     Pair(MILES, "glm45"),
     Pair(MILES, "kimi_k2", (MILES_NO_SYSTEM,)),
 ]

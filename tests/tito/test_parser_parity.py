@@ -35,19 +35,40 @@ from tests.tito.parity import (
     deepseek_v3,
     glm45,
     gpt_oss,
+    hermes,
     json_object,
     kimi_k2,
     llama3,
+    llama4,
+    minimax_m2,
     mistral,
+    mistral_v11,
     qwen3,
     qwen3_coder,
+    qwen35,
+    seed_oss,
 )
 from titoflow.dev.tokenizers import tokenizer_dir
 from titoflow.tito.families import family_named
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.output import ParsedOutput
 
-MODULES = (kimi_k2, qwen3_coder, mistral, glm45, deepseek_v3, qwen3, llama3, gpt_oss)
+MODULES = (
+    kimi_k2,
+    qwen3_coder,
+    qwen35,
+    mistral,
+    mistral_v11,
+    glm45,
+    deepseek_v3,
+    qwen3,
+    hermes,
+    llama3,
+    gpt_oss,
+    minimax_m2,
+    llama4,
+    seed_oss,
+)
 FAMILIES = {module.FAMILY.name: module.FAMILY for module in MODULES}
 
 

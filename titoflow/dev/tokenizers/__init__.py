@@ -28,12 +28,18 @@ STAMP = "titoflow-tokenizer.json"
 SOURCES: dict[str, str] = {
     "qwen3": "qwen3",
     "qwen3_coder": "qwen3_coder",
+    "qwen35": "qwen35",
     "glm45": "glm45",
     "llama3": "llama3",
     "gpt_oss": "gpt_oss",
     "kimi_k2": "kimi_k2",
     "mistral": "mistral",
+    "mistral_v11": "mistral_v11",
     "deepseek_v3": "deepseek_v3",
+    "minimax_m2": "minimax_m2",
+    "hermes": "hermes",
+    "seed_oss": "seed_oss",
+    "llama4": "llama4",
 }
 
 

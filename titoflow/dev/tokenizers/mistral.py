@@ -31,6 +31,14 @@ Sources:
   tool results as ``[TOOL_RESULTS] {"content": ..., "call_id": "ID"}[/TOOL_RESULTS]`` rather
   than ``[TOOL_RESULTS]ID[TOOL_CONTENT]...``, ids of 9 or more characters cut to their last 9,
   and no system message after the first.
+- Nemo's checkpoint template: ``templates/mistral_nemo.jinja``, the chat template of
+  mistralai/Mistral-Nemo-Instruct-2407 (a v3 tekken model: the same control tokens and call
+  format), verbatim from the copy ggml-org/llama.cpp keeps at
+  ``models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja`` (read at the ggerganov/llama.cpp
+  mirror, commit 7b5e0803c84435e8005725d8f9ddceb5d1820443; 3945 characters). Detected as this
+  family; the family tests prove the corpus on it and pin its system-prompt move: it writes the
+  first system message only into the last message, when that is a user turn (``[INST]SYSTEM``
+  + two newlines + the user's text), and nowhere once anything follows it.
 
 Invariant: the directory renders and encodes every conversation token for token as
 mistral-common's ``MistralTokenizer`` (v7) encodes the same request (tests/tito/
@@ -50,6 +58,7 @@ STAND_IN = ""
 TEKKEN = "tekken_240911.json"
 TEMPLATE = "mistral.jinja"
 CHECKPOINT_TEMPLATE = "mistral_small_3_1.jinja"
+NEMO_TEMPLATE = "mistral_nemo.jinja"
 
 
 def tekken_file() -> Path:

@@ -12,20 +12,31 @@ from titoflow.tito.families.base import Family
 from titoflow.tito.families.deepseek import DEEPSEEK_V3
 from titoflow.tito.families.glm45 import GLM45
 from titoflow.tito.families.gpt_oss import GPT_OSS
+from titoflow.tito.families.hermes import HERMES
 from titoflow.tito.families.kimi_k2 import KIMI_K2
 from titoflow.tito.families.llama3 import LLAMA3
+from titoflow.tito.families.llama4 import LLAMA4
+from titoflow.tito.families.minimax_m2 import MINIMAX_M2
 from titoflow.tito.families.mistral import MISTRAL
-from titoflow.tito.families.qwen3 import QWEN3, QWEN3_CODER
+from titoflow.tito.families.mistral_v11 import MISTRAL_V11
+from titoflow.tito.families.qwen3 import QWEN3, QWEN3_CODER, QWEN35
+from titoflow.tito.families.seed_oss import SEED_OSS
 
 FAMILIES: tuple[Family, ...] = (
+    QWEN35,
     QWEN3_CODER,
+    HERMES,  # Qwen3's markers and Hermes' own system prompt: before Qwen3
     QWEN3,
     KIMI_K2,
+    MISTRAL_V11,
     MISTRAL,
     DEEPSEEK_V3,
     LLAMA3,
     GPT_OSS,
     GLM45,
+    MINIMAX_M2,  # its markers are its own: no other detector matches it
+    LLAMA4,  # <|header_start|> and the pythonic format's instruction are its own
+    SEED_OSS,  # <seed:bos> and <seed:tool_call> are its own: no other detector matches it
 )
 NAMES: tuple[str, ...] = tuple(sorted(f.name for f in FAMILIES))
 AUTO = "auto"

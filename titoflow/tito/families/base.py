@@ -88,7 +88,8 @@ class Family:
       assistant message as the template writes it in history (harmony's ``<|end|>``).
     - ``max_calls_per_turn`` / ``content_with_calls``: what the template can write of one
       assistant turn (Llama 3.1's one call and no text beside it): a turn beyond that is
-      refused by the template or loses its text in history.
+      refused by the template or loses its text in history. ``later_system``: False where the
+      template refuses a system message after the first (Qwen3.5's ``raise_exception``).
     - ``native_call_id``: set when the model writes its calls' ids itself and the template
       renders them back into history (Kimi's ``functions.NAME:IDX``): the parser returns the
       model's ids, and ``native_call_id(name, index)`` is the id of the conversation's
@@ -111,6 +112,10 @@ class Family:
       message, moves them with every new user turn, which is then not append-only whatever the
       list. tests/tito/test_tools_stand_in.py proves it per family on tool calls and results,
       and that a template reading the tools after the turn needs the real list.
+    - ``template_variables``: what the model's own tokenizer code passes its template beside a
+      non-empty tool list (Kimi K2.5/K2.6's ``tools_ts_str``, the tools as TypeScript
+      declarations), a function of the tools alone; the renderer adds it to every render with
+      tools, so the prompt is the one that code renders.
     """
 
     name: str
@@ -125,6 +130,7 @@ class Family:
     history_closers: tuple[str, ...] = ()
     max_calls_per_turn: int | None = None
     content_with_calls: bool = True
+    later_system: bool = True
     native_call_id: Callable[[str, int], str] | None = None
     reasoning_opener: str | None = None
     reasoning_tags: tuple[str, str] | None = None
@@ -132,6 +138,7 @@ class Family:
     history: str = ""
     divergences: tuple[str, ...] = field(default_factory=tuple)
     tools_stand_in: bool = False
+    template_variables: Callable[[Sequence[dict[str, Any]]], dict[str, Any]] | None = None
 
     def reasoning_open(self, prompt_end: str) -> bool:
         """Whether a prompt ending with ``prompt_end`` (decoded, special tokens kept) leaves the

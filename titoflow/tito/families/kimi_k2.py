@@ -33,6 +33,11 @@ came from. A section that does not parse is returned as text exactly as generate
 
 The template drops the reasoning of every assistant turn up to the last one without tool calls
 (``<think></think>``): a tool loop is append-only until the turn that answers without a call.
+
+K2.5/K2.6's tokenizer code passes its template ``tools_ts_str``, the tools as TypeScript
+declarations, which the template writes instead of their JSON: the family passes the same
+(:mod:`titoflow.tito.families.kimi_tools`), so the prompt is the one a real K2.5/K2.6
+directory renders.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from titoflow.tito.families.base import (
     TokenLookup,
 )
 from titoflow.tito.families.incremental import IncrementalParser, partial_marker
+from titoflow.tito.families.kimi_tools import tools_ts_str
 from titoflow.tito.output import (
     OutputParser,
     ReasoningDelta,
@@ -305,6 +311,13 @@ def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any
     )
 
 
+def _template_variables(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    # Kimi's tokenizer code passes the TypeScript declarations (K2.5/K2.6's templates write
+    # them instead of the JSON; K2's and K2-Thinking's read no such variable).
+    declarations = tools_ts_str(tools)
+    return {} if declarations is None else {"tools_ts_str": declarations}
+
+
 def _is_kimi_k2(template: str) -> bool:
     # Kimi K3 writes <|open|>message tags instead and is not this format.
     return "<|im_assistant|>" in template and "<|im_middle|>" in template
@@ -334,4 +347,5 @@ KIMI_K2 = Family(
     ),
     divergences=("reasoning_dropped",),
     tools_stand_in=True,
+    template_variables=_template_variables,
 )

@@ -56,7 +56,7 @@ _CALL_KEYS = frozenset({"type", "name", "parameters", "arguments"})
 _DECODER = json.JSONDecoder()
 
 
-class _NotACall(ValueError):
+class NotACall(ValueError):
     """JSON that is not a call (content), or a call attempt that does not parse (malformed)."""
 
     def __init__(self, why: str, attempt: bool) -> None:
@@ -66,29 +66,29 @@ class _NotACall(ValueError):
 
 def _call_of(value: object, number: int) -> tuple[str, dict[str, Any]]:
     if not isinstance(value, dict):
-        raise _NotACall(f"call {number}: not a JSON object", attempt=False)
+        raise NotACall(f"call {number}: not a JSON object", attempt=False)
     attempt = "name" in value
     name = value.get("name")
     if not isinstance(name, str) or not name:
-        raise _NotACall(f'call {number}: missing or non-string "name"', attempt)
+        raise NotACall(f'call {number}: missing or non-string "name"', attempt)
     if not _CALL_KEYS.issuperset(value):
         extra = sorted(set(value) - _CALL_KEYS)
-        raise _NotACall(f"call {number}: unexpected keys {extra}", attempt)
+        raise NotACall(f"call {number}: unexpected keys {extra}", attempt)
     if value.get("type", "function") != "function":
-        raise _NotACall(f'call {number}: "type" is not "function"', attempt)
+        raise NotACall(f'call {number}: "type" is not "function"', attempt)
     if "parameters" in value and "arguments" in value:
-        raise _NotACall(f'call {number}: both "parameters" and "arguments"', attempt)
+        raise NotACall(f'call {number}: both "parameters" and "arguments"', attempt)
     # The template writes "parameters"; fine-tunes often write "arguments"; a tool without
     # parameters may be called with neither.
     arguments = value.get("parameters", value.get("arguments", {}))
     if not isinstance(arguments, dict):
-        raise _NotACall(f'call {number}: "parameters" is not an object', attempt)
+        raise NotACall(f'call {number}: "parameters" is not an object', attempt)
     return name, arguments
 
 
 def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
     """The calls of a whole message: JSON objects separated by ``;`` or whitespace, optionally
-    after ``<|python_tag|>``. Raises :class:`_NotACall`."""
+    after ``<|python_tag|>``. Raises :class:`NotACall`."""
     body = text.lstrip()
     tagged = body.startswith(PYTHON_TAG)
     if tagged:
@@ -101,10 +101,10 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
             value, at = _DECODER.raw_decode(body, at)
         except json.JSONDecodeError as exc:
             attempt = tagged or bool(calls) or _CALL_START.match(body, at) is not None
-            raise _NotACall(f"invalid JSON: {exc.msg} at char {exc.pos}", attempt) from None
+            raise NotACall(f"invalid JSON: {exc.msg} at char {exc.pos}", attempt) from None
         try:
             calls.append(_call_of(value, len(calls)))
-        except _NotACall as exc:
+        except NotACall as exc:
             exc.attempt = exc.attempt or tagged or bool(calls)
             raise
         rest = body[at:].lstrip()
@@ -115,11 +115,21 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
             if not body[at:].strip():  # a separator after the last call ends nothing more
                 return calls
         elif not rest.startswith("{"):
-            raise _NotACall(f"unexpected text after call {len(calls) - 1}", attempt=True)
+            raise NotACall(f"unexpected text after call {len(calls) - 1}", attempt=True)
 
 
 class Llama3Parser(IncrementalParser):
-    """Content, or the whole output as calls (see the module's invariants)."""
+    """Content, or the whole output as calls (see the module's invariants). Llama 4's
+    pythonic calls keep the same rules: a subclass names its openers, special tokens, calls
+    in text and reads the calls."""
+
+    OPENERS: tuple[str, ...] = ("{", PYTHON_TAG)  # what a whole-message call starts with
+    SPECIAL: re.Pattern[str] = _SPECIAL
+    CALL_IN_TEXT: re.Pattern[str] = _NAMED_OBJECT
+    CALL_IN_TEXT_ERROR = "tool call: a call-shaped JSON object inside text"
+
+    def _parse_calls(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        return parse_calls(text)
 
     def __init__(self, options: ParserOptions) -> None:
         super().__init__(options)
@@ -132,9 +142,13 @@ class Llama3Parser(IncrementalParser):
     def _advance(self, final: bool) -> None:
         if not self._decided:
             head = self._buf.lstrip()
-            if self._parse_tools and (head.startswith(("{", PYTHON_TAG))):
+            if self._parse_tools and head.startswith(self.OPENERS):
                 self._calls_possible = self._decided = True
-            elif self._parse_tools and not final and PYTHON_TAG.startswith(head):
+            elif (
+                self._parse_tools
+                and not final
+                and any(opener.startswith(head) for opener in self.OPENERS)
+            ):
                 return  # nothing yet, or "<|pyth": undecided
             else:
                 self._decided = True
@@ -154,12 +168,12 @@ class Llama3Parser(IncrementalParser):
     def _check_content(self) -> None:
         """Text holding a call-shaped object carries ``parse_error``: never a silently lost call."""
         content = "".join(self._content)
-        if self._parse_tools and self._error is None and _NAMED_OBJECT.search(content):
-            self._error = "tool call: a call-shaped JSON object inside text"
+        if self._parse_tools and self._error is None and self.CALL_IN_TEXT.search(content):
+            self._error = self.CALL_IN_TEXT_ERROR
 
     def _emit_content(self, raw: str) -> None:
         # No special token spans the cut: their names hold no "<" (see _SPECIAL_START).
-        text = self._ws + _SPECIAL.sub("", raw)
+        text = self._ws + self.SPECIAL.sub("", raw)
         if not self._started:
             text = text.lstrip()  # the template trims content
         body = text.rstrip()
@@ -175,8 +189,8 @@ class Llama3Parser(IncrementalParser):
     def _finish_calls(self) -> None:
         text, self._buf = self._buf, ""
         try:
-            calls = parse_calls(text)
-        except _NotACall as exc:
+            calls = self._parse_calls(text)
+        except NotACall as exc:
             if exc.attempt:
                 self._error = f"tool call: {exc}"
                 self._emit_text(text)  # exactly as generated

@@ -13,7 +13,9 @@ none makes its own, nine hex digits derived from the step (``tool_call_id``), ne
 
 Mistral Small 3.1's own chat template (its checkpoint's, not mistral-common's) writes
 ``[TOOL_CALLS] [`` with a space, and models also write a single call as a bare object after the
-marker; the parser reads both (as vLLM's Mistral parser does), detection knows both templates.
+marker; the parser reads both (as vLLM's Mistral parser does), detection knows both templates,
+and Mistral-Nemo-Instruct-2407's (v3: the same calls, the system prompt written into the last
+user turn).
 
 Invariants: the parser's result depends only on the whole text, never on its chunking (content
 is released only where no marker can still start; the calls, which run to the end of the output,
@@ -46,7 +48,7 @@ from titoflow.tito.output import OutputParser, TextDelta
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ID_LENGTH = 9
-_ID = re.compile(f"[A-Za-z0-9]{{{ID_LENGTH}}}")
+ID_PATTERN = re.compile(f"[A-Za-z0-9]{{{ID_LENGTH}}}")
 _CALL_KEYS = frozenset({"name", "arguments", "id"})
 # The control tokens of the tekken vocabularies besides [TOOL_CALLS]: mistral-common's named
 # ones and the <SPECIAL_n> fillers of the remaining slots.
@@ -102,14 +104,20 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any], str | None]]:
         if not isinstance(arguments, dict):
             raise MalformedCall(f'call {number}: "arguments" is not an object')
         written = call.get("id")
-        if written is not None and not (isinstance(written, str) and _ID.fullmatch(written)):
+        if written is not None and not (isinstance(written, str) and ID_PATTERN.fullmatch(written)):
             raise MalformedCall(f'call {number}: "id" is not {ID_LENGTH} letters or digits')
         calls.append((name, arguments, written))
     return calls
 
 
 class MistralParser(IncrementalParser):
-    """Content up to ``[TOOL_CALLS]``, then the call list to the end of the output."""
+    """Content up to ``[TOOL_CALLS]``, then the call list to the end of the output.
+
+    ``read_calls`` reads what follows the first ``[TOOL_CALLS]``: the format's own (v11's
+    parser sets its own).
+    """
+
+    read_calls = staticmethod(parse_calls)
 
     def __init__(self, options: ParserOptions) -> None:
         super().__init__(options)
@@ -141,7 +149,7 @@ class MistralParser(IncrementalParser):
 
     def _close_calls(self) -> None:
         try:
-            calls = parse_calls(self._buf)
+            calls = self.read_calls(self._buf)
         except MalformedCall as exc:
             self._error = f"{TOOL_CALLS} block 0: {exc}"
             # Exactly as generated: the marker and the list, control tokens and all.
@@ -150,10 +158,10 @@ class MistralParser(IncrementalParser):
             self._out.append(TextDelta(text))
             return
         for name, arguments, written in calls:
-            self._add_call(name, arguments, written or _own_id(self._step_id, len(self._calls)))
+            self._add_call(name, arguments, written or own_id(self._step_id, len(self._calls)))
 
 
-def _own_id(key: str, index: int) -> str:
+def own_id(key: str, index: int) -> str:
     """Nine hex digits (letters and digits, as the format wants), the same for the same key."""
     return tool_call_id(key, index, prefix="")[:ID_LENGTH]
 
@@ -175,7 +183,7 @@ def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any
         )
         for name, parameters in functions
     ]
-    identifier = {"type": "regex", "pattern": _ID.pattern}
+    identifier = {"type": "regex", "pattern": ID_PATTERN.pattern}
     return g.sequence([g.one_of(bodies), g.text(', "id": "'), identifier, g.text('"}')])
 
 
@@ -205,7 +213,7 @@ MISTRAL = Family(
     grammar=Grammar(call=_call, separator=", ", prefix=_opening, suffix=lambda _: [g.text("]")]),
     decode_special_tokens=True,
     # A history holds ids like the ones the model writes (nine letters or digits).
-    native_call_id=_own_id,
+    native_call_id=own_id,
     history=(
         "renders every past turn as sampled (calls with their ids, tool results, system "
         "prompts), but writes the [AVAILABLE_TOOLS] block only before the last user message: "
@@ -213,10 +221,21 @@ MISTRAL = Family(
         "rendered in full (not append-only, a new chain); a call the model wrote without an id "
         "is rendered back with the id the parser gave it. Small 3.1's own checkpoint template "
         "also writes a calling turn as the calls alone (its text dropped) and opens the list "
-        "with '[TOOL_CALLS] [' where the model and mistral-common write '[TOOL_CALLS]['"
+        "with '[TOOL_CALLS] [' where the model and mistral-common write '[TOOL_CALLS]['. "
+        "Nemo's checkpoint template writes the system prompt into the last message only, when "
+        "it is a user turn, and nowhere once anything follows: every turn of a conversation "
+        "with a system prompt is rendered in full (a new chain)"
     ),
     assistant_starts=("[/INST]", "[/TOOL_RESULTS]", "[/SYSTEM_PROMPT]"),
-    # The last two only under Small 3.1's checkpoint template (templates/mistral_small_3_1.jinja).
-    divergences=("tools_moved", "tool_call_id_added", "call_content_dropped", "call_list_spaced"),
+    # call_content_dropped under Small 3.1's and Nemo's checkpoint templates, call_list_spaced
+    # under Small 3.1's (templates/mistral_small_3_1.jinja), system_in_last_user_moved under
+    # Nemo's (templates/mistral_nemo.jinja).
+    divergences=(
+        "tools_moved",
+        "tool_call_id_added",
+        "call_content_dropped",
+        "call_list_spaced",
+        "system_in_last_user_moved",
+    ),
     tools_stand_in=True,
 )

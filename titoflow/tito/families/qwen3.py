@@ -1,5 +1,6 @@
-"""Qwen3 (Hermes-style JSON calls) and Qwen3-Coder (XML calls): ``<think>`` reasoning, each call
-in a ``<tool_call>`` block, ``<|im_end|>`` ending the turn.
+"""Qwen3 (Hermes-style JSON calls), Qwen3-Coder (XML calls) and Qwen3.5/3.6 (Qwen3-Coder's XML
+calls, reasoning on): ``<think>`` reasoning, each call in a ``<tool_call>`` block, ``<|im_end|>``
+ending the turn.
 
 The template drops the reasoning of assistant turns before the last user message: re-rendering
 history would not give the tokens the model sampled, which is why the chain keeps them (TITO).
@@ -75,10 +76,14 @@ _JSON_TYPES = frozenset({"integer", "number", "boolean", "object", "array"})
 
 
 def _schema_type(schema: object) -> str | None:
-    """A property's JSON type; a nullable ``["integer", "null"]`` counts as its one other type."""
+    """A property's JSON type; a nullable ``["integer", "null"]`` (or ``anyOf``/``oneOf`` of one
+    type and null) counts as its one other type."""
     if not isinstance(schema, Mapping):
         return None
     kind = schema.get("type")
+    alternatives = schema.get("anyOf", schema.get("oneOf"))
+    if kind is None and isinstance(alternatives, list):
+        kind = [a.get("type") if isinstance(a, Mapping) else None for a in alternatives]
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
         kind = kinds[0] if len(kinds) == 1 else None
@@ -188,6 +193,18 @@ def _coder_parser(options: ParserOptions) -> OutputParser:
     return TaggedParser(options, _xml_parser(options.tools), CODER_TAGS, implicit_close=True)
 
 
+def _qwen35_parser(options: ParserOptions) -> OutputParser:
+    """Qwen3-Coder's calls after reasoning that a ``<tool_call>`` ends, as vLLM's ``qwen3``
+    reasoning parser (which serves Qwen3.5 with the ``qwen3_coder`` tool parser) ends it."""
+    return TaggedParser(
+        options,
+        _xml_parser(options.tools),
+        CODER_TAGS,
+        implicit_close=True,
+        call_ends_reasoning=True,
+    )
+
+
 def _call_block(token_id: TokenLookup, opening: str, inner: dict[str, Any], closing: str) -> Any:
     return g.sequence(
         [
@@ -236,6 +253,12 @@ def _is_qwen3_coder(template: str) -> bool:
     return _is_qwen3(template) and "<function=" in template and "<parameter=" in template
 
 
+def _is_qwen35(template: str) -> bool:
+    """Qwen3-Coder's call format in a reasoning, vision-language template (Qwen3-Coder's own
+    writes no ``<think>``; Qwen3-VL's calls are JSON)."""
+    return _is_qwen3_coder(template) and "<think>" in template and "<|vision_start|>" in template
+
+
 _HISTORY = (
     "drops the reasoning of assistant turns before the last user message, and writes an empty "
     "<think></think> block only in turns after it"
@@ -264,5 +287,22 @@ QWEN3_CODER = Family(
     reasoning_tags=(TAGS.think_open, TAGS.think_close),
     history=_HISTORY,
     divergences=("reasoning_dropped",),
+    tools_stand_in=True,
+)
+
+QWEN35 = Family(
+    name="qwen35",
+    summary="Qwen3.5/3.6: Qwen3-Coder's XML calls in <tool_call>, <think> opened by the prompt",
+    detect=_is_qwen35,
+    parser=_qwen35_parser,
+    grammar=Grammar(call=_xml_call),
+    reasoning_opener="<think>",
+    reasoning_tags=(TAGS.think_open, TAGS.think_close),
+    history=(
+        "drops the reasoning of assistant turns before the last user message, and writes a "
+        "<think> block (empty without reasoning) in every turn after it"
+    ),
+    divergences=("reasoning_dropped",),
+    later_system=False,
     tools_stand_in=True,
 )
