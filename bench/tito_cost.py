@@ -124,10 +124,22 @@ def reply_ids(
         # (MiniMax-M2's): the model's call follows a short reasoning block.
         answer = answer.model_copy(update={"reasoning": "Call it."})
         full = renderer.full_prompt([*history, answer], tools, {}, add_generation_prompt=False)
+    result = Message(role="tool", content="ok", tool_call_id=call.id)
+    if full[: len(prompt)] != prompt and renderer.family.reasoning_tags:
+        # A template that writes a final assistant message as a prefill of the generation
+        # prompt (Nemotron Nano v2's): the turn as it writes it once the result follows,
+        # after the reasoning block the prompt opened, closed.
+        bare = renderer.full_prompt(history, tools, {}, add_generation_prompt=False)
+        opening, closing = renderer.family.reasoning_tags
+        head = renderer.tokenizer.decode(prompt[len(bare) :])
+        head = head[: head.rindex(opening)]
+        written = renderer.full_prompt([*history, answer, result], tools, {}, False)
+        turn = str(renderer.tokenizer.decode(written[len(bare) :]))[len(head) :]
+        rest = renderer.encode(f"Call it.{closing}\n\n{turn}")
+        return rest[: next(i for i, t in enumerate(rest) if t in renderer.end_ids) + 1]
     rest = full[len(prompt) :]
     end = next((i for i, token in enumerate(rest) if token in renderer.end_ids), None)
     if end is None:  # GLM ends a turn at the next message's opener: the tool result's
-        result = Message(role="tool", content="ok", tool_call_id=call.id)
         after = renderer.full_prompt([*history, answer, result], tools, {}, False)
         return [*rest, next(t for t in after[len(full) :] if t in renderer.end_ids)]
     return rest[: end + 1]

@@ -33,6 +33,7 @@ from tests.tito.parity import (
     Case,
     Family,
     deepseek_v3,
+    gemma3,
     glm45,
     gpt_oss,
     hermes,
@@ -67,6 +68,7 @@ MODULES = (
     gpt_oss,
     minimax_m2,
     llama4,
+    gemma3,
     seed_oss,
 )
 FAMILIES = {module.FAMILY.name: module.FAMILY for module in MODULES}

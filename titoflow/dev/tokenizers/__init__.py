@@ -39,7 +39,9 @@ SOURCES: dict[str, str] = {
     "minimax_m2": "minimax_m2",
     "hermes": "hermes",
     "seed_oss": "seed_oss",
+    "nemotron_nano_v2": "nemotron_nano_v2",
     "llama4": "llama4",
+    "gemma3": "gemma3",
 }
 
 

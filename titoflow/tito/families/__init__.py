@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from titoflow.tito.families.base import Family
 from titoflow.tito.families.deepseek import DEEPSEEK_V3
+from titoflow.tito.families.gemma3 import GEMMA3
 from titoflow.tito.families.glm45 import GLM45
 from titoflow.tito.families.gpt_oss import GPT_OSS
 from titoflow.tito.families.hermes import HERMES
@@ -19,6 +20,7 @@ from titoflow.tito.families.llama4 import LLAMA4
 from titoflow.tito.families.minimax_m2 import MINIMAX_M2
 from titoflow.tito.families.mistral import MISTRAL
 from titoflow.tito.families.mistral_v11 import MISTRAL_V11
+from titoflow.tito.families.nemotron_nano_v2 import NEMOTRON_NANO_V2
 from titoflow.tito.families.qwen3 import QWEN3, QWEN3_CODER, QWEN35
 from titoflow.tito.families.seed_oss import SEED_OSS
 
@@ -36,7 +38,9 @@ FAMILIES: tuple[Family, ...] = (
     GLM45,
     MINIMAX_M2,  # its markers are its own: no other detector matches it
     LLAMA4,  # <|header_start|> and the pythonic format's instruction are its own
+    GEMMA3,  # <start_of_turn> and the pythonic format's instruction are its own
     SEED_OSS,  # <seed:bos> and <seed:tool_call> are its own: no other detector matches it
+    NEMOTRON_NANO_V2,  # <SPECIAL_11>Assistant and <TOOLCALL> are its own
 )
 NAMES: tuple[str, ...] = tuple(sorted(f.name for f in FAMILIES))
 AUTO = "auto"

@@ -113,7 +113,7 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
 class Llama4Parser(Llama3Parser):
     """Content, or the whole output as a pythonic call list."""
 
-    OPENERS = ("[", PYTHON_START)
+    OPENERS: tuple[str, ...] = ("[", PYTHON_START)
     SPECIAL = _SPECIAL
     CALL_IN_TEXT = _CALL_LIST
     CALL_IN_TEXT_ERROR = "tool call: a call list inside text"
