@@ -15,8 +15,8 @@ import pytest
 from llama_models.llama4.tokenizer import Tokenizer  # type: ignore[import-untyped]
 
 from tests.families import family_tokenizer
-from tests.tito.engine_env import run_in_engine
 from tests.tito.hostile import CORPUS
+from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import llama4 as recipe
 from titoflow.dev.tokenizers import template_path, tokenizer_dir
 from titoflow.tito.families import detect_family, grammar
@@ -162,30 +162,8 @@ def test_other_text_is_content(text: str) -> None:
     assert (parsed.content, parsed.tool_calls, parsed.parse_error) == (text, [], None)
 
 
-_XGRAMMAR_CHECK = r"""
-import json, sys
-import xgrammar as xgr
-from transformers import AutoTokenizer
-request = json.load(sys.stdin)
-tok = AutoTokenizer.from_pretrained(request["tokenizer"])
-end = tok.convert_tokens_to_ids("<|eot|>")
-compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
-out = {}
-for name, case in request["cases"].items():
-    grammar = compiler.compile_structural_tag(case["tag"])
-    matcher = xgr.GrammarMatcher(grammar, override_stop_tokens=[end])
-    ids = tok.encode(case["text"], add_special_tokens=False)
-    accepted = all(matcher.accept_token(t) for t in ids)
-    out[name] = accepted and matcher.accept_token(end) and matcher.is_terminated()
-print(json.dumps(out))
-"""
-
-
 def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    name = "run" if choice == "named" else None
-    found = grammar.tool_call_constraint(LLAMA4, TOOLS, choice, name, token_id, **options)
-    assert found is not None
-    return str(found["structured_outputs"]["structural_tag"])
+    return structural_tag(LLAMA4, TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_a_call_list_the_parser_reads() -> None:
@@ -201,11 +179,7 @@ def test_xgrammar_admits_a_call_list_the_parser_reads() -> None:
         "too_long": (constraint("named"), '[run(command="ls -la /tmp/x")]'),
         "text_first": (constraint("required"), "Sure. " + named),
     }
-    request = {
-        "tokenizer": str(tokenizer_dir("llama4")),
-        "cases": {n: {"tag": t, "text": x} for n, (t, x) in cases.items()},
-    }
-    result = run_in_engine(_XGRAMMAR_CHECK, request, timeout_s=300)
+    result = admitted("llama4", "<|eot|>", cases)
     assert result == {
         "named": True,
         "parallel": True,

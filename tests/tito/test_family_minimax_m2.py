@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.families import family_tokenizer
-from tests.tito.engine_env import run_in_engine
+from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.minimax_m2 import CALL_MARKERS, SPECIALS, TEMPLATE
 from titoflow.tito.families import detect_family, grammar
@@ -176,30 +176,8 @@ def test_a_call_opened_in_the_reasoning_ends_it_and_a_bare_invoke_is_a_call() ->
     assert [c.name for c in early.tool_calls] == [c.name for c in bare.tool_calls] == ["list_dir"]
 
 
-_XGRAMMAR_CHECK = r"""
-import json, sys
-import xgrammar as xgr
-from transformers import AutoTokenizer
-request = json.load(sys.stdin)
-tok = AutoTokenizer.from_pretrained(request["tokenizer"])
-end = tok.convert_tokens_to_ids("[e~[")
-compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
-out = {}
-for name, case in request["cases"].items():
-    grammar = compiler.compile_structural_tag(case["tag"])
-    matcher = xgr.GrammarMatcher(grammar, override_stop_tokens=[end])
-    ids = tok.encode(case["text"], add_special_tokens=False)
-    accepted = all(matcher.accept_token(t) for t in ids)
-    out[name] = accepted and matcher.accept_token(end) and matcher.is_terminated()
-print(json.dumps(out))
-"""
-
-
 def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    name = "run" if choice == "named" else None
-    found = grammar.tool_call_constraint(MINIMAX_M2, TOOLS, choice, name, token_id, **options)
-    assert found is not None
-    return str(found["structured_outputs"]["structural_tag"])
+    return structural_tag(MINIMAX_M2, TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
@@ -225,12 +203,8 @@ def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
         # family's `call_end_spaced`): history renders a newline the model did not sample.
         "newline_before_end": (constraint("named"), written(one) + "\n"),
     }
-    request = {
-        "tokenizer": str(tokenizer_dir("minimax_m2")),
-        "cases": {n: {"tag": t, "text": x} for n, (t, x) in cases.items()},
-    }
     assert written(one).startswith("<minimax:tool_call>\n<invoke")
-    result = run_in_engine(_XGRAMMAR_CHECK, request, timeout_s=300)
+    result = admitted("minimax_m2", "[e~[", cases)
     assert result == {
         "named": True,
         "parallel": True,

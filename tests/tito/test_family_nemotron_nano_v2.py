@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from tests.families import family_tokenizer
-from tests.tito.engine_env import run_in_engine
-from tests.tito.test_family_seed_oss import _XGRAMMAR_CHECK
+from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.nemotron_nano_v2 import EOS, MARKERS, SYSTEM, TEMPLATE, TURN
 from titoflow.tito.families import detect_family, grammar
@@ -172,10 +171,7 @@ def test_an_unclosed_list_is_read_and_a_call_opened_in_the_reasoning_ends_it() -
 
 
 def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    name = "run" if choice == "named" else None
-    found = grammar.tool_call_constraint(NEMOTRON_NANO_V2, TOOLS, choice, name, token_id, **options)
-    assert found is not None
-    return str(found["structured_outputs"]["structural_tag"])
+    return structural_tag(NEMOTRON_NANO_V2, TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
@@ -193,12 +189,7 @@ def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
         "undeclared_tool": (constraint("required"), written_one.replace('"run"', '"rm"')),
         "text_for_integer": (constraint("named"), written_one.replace(": 5", ': "five"')),
     }
-    request = {
-        "tokenizer": str(tokenizer_dir("nemotron_nano_v2")),
-        "end": EOS,
-        "cases": {n: {"tag": t, "text": x} for n, (t, x) in cases.items()},
-    }
-    result = run_in_engine(_XGRAMMAR_CHECK, request, timeout_s=300)
+    result = admitted("nemotron_nano_v2", EOS, cases)
     assert result == {
         "named": True,
         "parallel": True,
