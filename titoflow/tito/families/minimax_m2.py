@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from titoflow.tito.families import grammar as g
@@ -35,12 +35,11 @@ from titoflow.tito.families.base import (
     Family,
     Function,
     Grammar,
-    MalformedCall,
     ParserOptions,
     TokenLookup,
 )
-from titoflow.tito.families.qwen3 import parameter_types, typed_value
-from titoflow.tito.families.tagged import BlockParser, TaggedParser, Tags
+from titoflow.tito.families.qwen3 import XmlCalls
+from titoflow.tito.families.tagged import TaggedParser, Tags
 from titoflow.tito.output import OutputParser
 
 INVOKE_OPEN = "<invoke name="
@@ -53,77 +52,30 @@ TAGS = Tags(
     bare_close=INVOKE_CLOSE,
 )
 PARAMETER_OPEN = "<parameter name="
-PARAMETER_CLOSE = "</parameter>"
 # vLLM's parser takes a name double-quoted, single-quoted or bare; the template double-quotes it.
 _NAME = r"""(?:"([^"]*)"|'([^']*)'|([^\s>"']+))"""
 _INVOKE_OPEN = re.compile(r"\s*<invoke name=" + _NAME + r">")
 _PARAMETER_OPEN = re.compile(r"\s*<parameter name=" + _NAME + r"\s*>")
 
 
-def _name(match: re.Match[str]) -> str:
-    return next(group for group in match.groups() if group is not None)
-
-
-def _value_end(body: str, start: int, key: str) -> tuple[int, int]:
-    """(end of the value starting at ``start``, where reading resumes): at its
-    ``</parameter>``, or at the next ``<parameter name=`` when the model skipped the closer. A
-    value running into ``</invoke>`` or the section's end has no known end: refused."""
-    ends = {
-        marker: at
-        for marker in (PARAMETER_CLOSE, PARAMETER_OPEN, INVOKE_CLOSE)
-        if (at := body.find(marker, start)) >= 0
-    }
-    first = min(ends, key=ends.__getitem__) if ends else None
-    if first == PARAMETER_CLOSE:
-        return ends[first], ends[first] + len(PARAMETER_CLOSE)
-    if first == PARAMETER_OPEN:
-        return ends[first], ends[first]
-    raise MalformedCall(f"parameter {key!r} not closed")
-
-
-def _section_parser(tools: Sequence[Mapping[str, Any]]) -> BlockParser:
-    """A section's ``<invoke>`` blocks, one call each; the last one's ``</invoke>`` may be
-    missing (the section's end closes it). A value is kept exactly as written (the template
-    writes it inline, so whitespace in it is data) and typed by the tool's schema."""
-    types = parameter_types(tools)
-
-    def invoke(inner: str, at: int) -> tuple[str, dict[str, Any], int]:
-        opening = _INVOKE_OPEN.match(inner, at)
-        if opening is None:
-            raise MalformedCall(f'expected <invoke name="NAME">: {inner[at:].strip()[:40]!r}')
-        name, at = _name(opening), opening.end()
-        kinds = types.get(name, {})
-        arguments: dict[str, Any] = {}
-        while parameter := _PARAMETER_OPEN.match(inner, at):
-            key = _name(parameter)
-            if key in arguments:
-                raise MalformedCall(f"parameter {key!r} given twice")
-            end, at = _value_end(inner, parameter.end(), key)
-            arguments[key] = typed_value(inner[parameter.end() : end], kinds.get(key))
-        rest = inner[at:].lstrip()
-        if rest.startswith(INVOKE_CLOSE):
-            return name, arguments, len(inner) - len(rest) + len(INVOKE_CLOSE)
-        if rest:
-            raise MalformedCall(f"unexpected text in <invoke name={name!r}>: {rest[:40]!r}")
-        return name, arguments, len(inner)
-
-    def parse(inner: str) -> list[tuple[str, Any]]:
-        calls: list[tuple[str, Any]] = []
-        at = 0
-        while inner[at:].strip():
-            name, arguments, at = invoke(inner, at)
-            calls.append((name, arguments))
-        if not calls:
-            raise MalformedCall("an empty <minimax:tool_call> section")
-        return calls
-
-    return parse
+# A section's ``<invoke>`` blocks, one call each, the last one's ``</invoke>`` possibly missing; a
+# value is kept exactly as written (the template writes it inline: whitespace in it is data).
+_SECTION = XmlCalls(
+    call_open=_INVOKE_OPEN,
+    parameter_open=_PARAMETER_OPEN,
+    parameter_marker=PARAMETER_OPEN,
+    call_close=INVOKE_CLOSE,
+    expected='<invoke name="NAME">',
+    in_call="<invoke name={!r}>",
+    empty="an empty <minimax:tool_call> section",
+    trim_newlines=False,
+)
 
 
 def _parser(options: ParserOptions) -> OutputParser:
     return TaggedParser(
         options,
-        _section_parser(options.tools),
+        _SECTION.parser(options.tools),
         TAGS,
         implicit_close=True,
         call_ends_reasoning=True,  # as vLLM's minimax_m2 reasoning parser ends it there

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from titoflow.tito.families import grammar as g
@@ -123,61 +124,95 @@ def typed_value(value: str, kind: str | None) -> Any:
     return value
 
 
-def _value_end(body: str, start: int, key: str) -> tuple[int, int]:
-    """(end of the value starting at ``start``, where reading resumes): at its
-    ``</parameter>``, or at the next ``<parameter=`` when the model skipped the closer. A value
-    running into ``</function>`` or the block's end has no known end: refused."""
-    ends = {
-        marker: at
-        for marker in (PARAMETER_CLOSE, PARAMETER_OPEN, FUNCTION_CLOSE)
-        if (at := body.find(marker, start)) >= 0
-    }
-    first = min(ends, key=ends.__getitem__) if ends else None
-    if first == PARAMETER_CLOSE:
-        return ends[first], ends[first] + len(PARAMETER_CLOSE)
-    if first == PARAMETER_OPEN:
-        return ends[first], ends[first]
-    raise MalformedCall(f"parameter {key!r} not closed")
+@dataclass(frozen=True)
+class XmlCalls:
+    """Calls written as tags: ``call_open`` naming the function, each parameter opened by
+    ``parameter_open`` naming it and closed by ``parameter_close``, the call by ``call_close``
+    (Qwen3-Coder's and Seed-OSS's ``<function=NAME><parameter=K>``, MiniMax-M2's ``<invoke
+    name="NAME"><parameter name="K">``). A block holds one call or more; its last closer may be
+    missing (the block's end closes it). A value is typed by the tool's schema; one whose
+    ``</parameter>`` was skipped ends at the next ``parameter_marker``; one running into the
+    call's closer or the block's end has no known end: refused, as is a parameter given twice or
+    text between parameters. The patterns' first matching group is the name."""
+
+    call_open: re.Pattern[str]
+    parameter_open: re.Pattern[str]
+    parameter_marker: str
+    call_close: str
+    expected: str  # a call's opener as errors name it
+    in_call: str  # "unexpected text in …", formatted with the call's name
+    empty: str  # the error of a block without a call
+    trim_newlines: bool  # Qwen3-Coder's template writes each value between newlines
+
+    def _value_end(self, body: str, start: int, key: str) -> tuple[int, int]:
+        """(end of the value starting at ``start``, where reading resumes)."""
+        ends = {
+            marker: at
+            for marker in (PARAMETER_CLOSE, self.parameter_marker, self.call_close)
+            if (at := body.find(marker, start)) >= 0
+        }
+        first = min(ends, key=ends.__getitem__) if ends else None
+        if first == PARAMETER_CLOSE:
+            return ends[first], ends[first] + len(PARAMETER_CLOSE)
+        if first == self.parameter_marker:
+            return ends[first], ends[first]
+        raise MalformedCall(f"parameter {key!r} not closed")
+
+    def parser(self, tools: Sequence[Mapping[str, Any]]) -> BlockParser:
+        types = parameter_types(tools)
+
+        def call(inner: str, at: int) -> tuple[str, dict[str, Any], int]:
+            opening = self.call_open.match(inner, at)
+            if opening is None:
+                raise MalformedCall(f"expected {self.expected}: {inner[at:].strip()[:40]!r}")
+            name, at = _first_group(opening), opening.end()
+            kinds = types.get(name, {})
+            arguments: dict[str, Any] = {}
+            while parameter := self.parameter_open.match(inner, at):
+                key = _first_group(parameter)
+                if key in arguments:
+                    raise MalformedCall(f"parameter {key!r} given twice")
+                end, at = self._value_end(inner, parameter.end(), key)
+                raw = inner[parameter.end() : end]
+                if self.trim_newlines:
+                    raw = raw.removeprefix("\n").removesuffix("\n")
+                arguments[key] = typed_value(raw, kinds.get(key))
+            rest = inner[at:].lstrip()
+            if rest.startswith(self.call_close):
+                return name, arguments, len(inner) - len(rest) + len(self.call_close)
+            if rest:
+                raise MalformedCall(
+                    f"unexpected text in {self.in_call.format(name)}: {rest[:40]!r}"
+                )
+            return name, arguments, len(inner)
+
+        def parse(inner: str) -> list[tuple[str, Any]]:
+            calls: list[tuple[str, Any]] = []
+            at = 0
+            while inner[at:].strip():
+                name, arguments, at = call(inner, at)
+                calls.append((name, arguments))
+            if not calls:
+                raise MalformedCall(self.empty)
+            return calls
+
+        return parse
 
 
-def _xml_parser(tools: Sequence[Mapping[str, Any]]) -> BlockParser:
-    """Qwen3-coder: ``<function=NAME><parameter=P>VALUE</parameter>...</function>``; the
-    template writes each value between newlines. A block holds one function or more; its last
-    ``</function>`` may be missing (the block's end closes it)."""
-    types = parameter_types(tools)
+def _first_group(match: re.Match[str]) -> str:
+    return next(group for group in match.groups() if group is not None)
 
-    def function(inner: str, at: int) -> tuple[str, dict[str, Any], int]:
-        opening = _FUNCTION_OPEN.match(inner, at)
-        if opening is None:
-            raise MalformedCall(f"expected <function=NAME>: {inner[at:].strip()[:40]!r}")
-        name, at = opening.group(1), opening.end()
-        kinds = types.get(name, {})
-        arguments: dict[str, Any] = {}
-        while parameter := _PARAMETER_OPEN.match(inner, at):
-            key = parameter.group(1)
-            if key in arguments:
-                raise MalformedCall(f"parameter {key!r} given twice")
-            end, at = _value_end(inner, parameter.end(), key)
-            raw = inner[parameter.end() : end].removeprefix("\n").removesuffix("\n")
-            arguments[key] = typed_value(raw, kinds.get(key))
-        rest = inner[at:].lstrip()
-        if rest.startswith(FUNCTION_CLOSE):
-            return name, arguments, len(inner) - len(rest) + len(FUNCTION_CLOSE)
-        if rest:
-            raise MalformedCall(f"unexpected text in <function={name}>: {rest[:40]!r}")
-        return name, arguments, len(inner)
 
-    def parse(inner: str) -> list[tuple[str, Any]]:
-        calls: list[tuple[str, Any]] = []
-        at = 0
-        while inner[at:].strip():
-            name, arguments, at = function(inner, at)
-            calls.append((name, arguments))
-        if not calls:
-            raise MalformedCall("expected <function=NAME>...</function>")
-        return calls
-
-    return parse
+CODER_CALLS = XmlCalls(
+    call_open=_FUNCTION_OPEN,
+    parameter_open=_PARAMETER_OPEN,
+    parameter_marker=PARAMETER_OPEN,
+    call_close=FUNCTION_CLOSE,
+    expected="<function=NAME>",
+    in_call="<function={}>",
+    empty="expected <function=NAME>...</function>",
+    trim_newlines=True,
+)
 
 
 def _hermes_parser(options: ParserOptions) -> OutputParser:
@@ -190,7 +225,7 @@ CODER_TAGS = Tags(bare_open=FUNCTION_OPEN, bare_close=FUNCTION_CLOSE)
 
 
 def _coder_parser(options: ParserOptions) -> OutputParser:
-    return TaggedParser(options, _xml_parser(options.tools), CODER_TAGS, implicit_close=True)
+    return TaggedParser(options, CODER_CALLS.parser(options.tools), CODER_TAGS, implicit_close=True)
 
 
 def _qwen35_parser(options: ParserOptions) -> OutputParser:
@@ -198,7 +233,7 @@ def _qwen35_parser(options: ParserOptions) -> OutputParser:
     reasoning parser (which serves Qwen3.5 with the ``qwen3_coder`` tool parser) ends it."""
     return TaggedParser(
         options,
-        _xml_parser(options.tools),
+        CODER_CALLS.parser(options.tools),
         CODER_TAGS,
         implicit_close=True,
         call_ends_reasoning=True,

@@ -34,9 +34,9 @@ from typing import Any
 from titoflow.tito.families import grammar as g
 from titoflow.tito.families.base import Family, Function, Grammar, ParserOptions, TokenLookup
 from titoflow.tito.families.qwen3 import (
+    CODER_CALLS,
     FUNCTION_CLOSE,
     FUNCTION_OPEN,
-    _xml_parser,
     parameter_types,
 )
 from titoflow.tito.families.tagged import BlockParser, TaggedParser, Tags
@@ -60,7 +60,7 @@ def _block_parser(tools: Sequence[Mapping[str, Any]]) -> BlockParser:
     Python literal the template writes (its ``string`` filter gives ``{'k': True}``): what a
     model trained on it writes back. Only a literal of the schema's type that JSON can hold
     counts; anything else stays the text, as vLLM passes it on."""
-    parse, types = _xml_parser(tools), parameter_types(tools)
+    parse, types = CODER_CALLS.parser(tools), parameter_types(tools)
 
     def typed(kind: str | None, value: Any) -> Any:
         container = _CONTAINERS.get(kind or "")
