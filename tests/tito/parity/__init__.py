@@ -144,6 +144,22 @@ def space_after(text: str, pattern: str, rng: random.Random) -> str:
     return text[:at] + rng.choice([" ", "\n", "\n\n", "  \n "]) + text[at:]
 
 
+def swap_two(text: str, pattern: str, rng: random.Random) -> str:
+    """``text`` with two of its ``pattern`` matches (a call's parameters), chosen at random,
+    in each other's place (unchanged with fewer than two)."""
+    found = re.findall(pattern, text, re.DOTALL)
+    if len(found) < 2:
+        return text
+    first, second = rng.sample(found, 2)
+    return text.replace(first, "\0").replace(second, first).replace("\0", second)
+
+
+def parameters_lost(text: str, calls: list[Call]) -> bool:
+    """vLLM's calls hold fewer parameters than the text begins (``<parameter``)."""
+    found = sum(len(json.loads(arguments)) for _, arguments in calls if json_object(arguments))
+    return found < text.count("<parameter")
+
+
 def mutants(
     bases: list[tuple[str, bool]], mutate: Callable[[str, random.Random], str], count: int
 ) -> list[Case]:

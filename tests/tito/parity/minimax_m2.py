@@ -4,20 +4,19 @@ reasoning block its generation prompt opened (``]~b]ai\\n<think>\\n``): every ca
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
 from tests.tito.parity import (
-    Call,
     Case,
     Difference,
     Family,
     cut_after,
     drop_one,
-    json_object,
     mutants,
+    parameters_lost,
     space_after,
+    swap_two,
     tool,
 )
 
@@ -137,21 +136,11 @@ def minimax_mutate(text: str, rng: random.Random) -> str:
     if op == "space":
         return space_after(text, r"</?(minimax:tool_call|invoke|parameter)[^>]*>", rng)
     # Parameters in another order.
-    params = re.findall(r'<parameter name="[^"]*">.*?</parameter>\n', text, re.DOTALL)
-    if len(params) < 2:
-        return text
-    first, second = rng.sample(params, 2)
-    return text.replace(first, "\0").replace(second, first).replace("\0", second)
+    return swap_two(text, r'<parameter name="[^"]*">.*?</parameter>\n', rng)
 
 
 def params_of(text: str) -> list[str]:
     return re.findall(r"<parameter name=([^>]*)>", text)
-
-
-def args_lost(text: str, calls: list[Call]) -> bool:
-    """vLLM's calls hold fewer parameters than the text begins."""
-    found = sum(len(json.loads(arguments)) for _, arguments in calls if json_object(arguments))
-    return found < text.count("<parameter")
 
 
 MINIMAX_DIFFERENCES = (  # the first that applies names the case: the specific first
@@ -167,7 +156,7 @@ MINIMAX_DIFFERENCES = (  # the first that applies names the case: the specific f
         "a parameter with no known end (cut off in its name or value, or its value running "
         "into </invoke>): vLLM drops the parameter and calls the tool without it; titoflow "
         "refuses rather than call with an argument missing or guessed",
-        args_lost,
+        parameters_lost,
     ),
     Difference(
         "cut_inside_a_tag",

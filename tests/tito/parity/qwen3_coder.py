@@ -3,20 +3,19 @@ it does not reason)."""
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
 from tests.tito.parity import (
-    Call,
     Case,
     Difference,
     Family,
     cut_after,
     drop_one,
-    json_object,
     mutants,
+    parameters_lost,
     space_after,
+    swap_two,
     tool,
 )
 
@@ -142,21 +141,11 @@ def coder_mutate(text: str, rng: random.Random) -> str:
     if op == "space":
         return space_after(text, r"</?(tool_call|function|parameter)[^>]*>", rng)
     # Parameters in another order.
-    params = re.findall(r"<parameter=[^>]*>\n.*?\n</parameter>\n", text, re.DOTALL)
-    if len(params) < 2:
-        return text
-    first, second = rng.sample(params, 2)
-    return text.replace(first, "\0").replace(second, first).replace("\0", second)
+    return swap_two(text, r"<parameter=[^>]*>\n.*?\n</parameter>\n", rng)
 
 
 def params_of(text: str) -> list[str]:
     return re.findall(r"<parameter=([^>\n]*)>", text)
-
-
-def coder_args_lost(text: str, calls: list[Call]) -> bool:
-    """vLLM's calls hold fewer parameters than the text begins."""
-    found = sum(len(json.loads(arguments)) for _, arguments in calls if json_object(arguments))
-    return found < text.count("<parameter")
 
 
 CODER_DIFFERENCES = (  # the first that applies names the case: the specific first
@@ -172,7 +161,7 @@ CODER_DIFFERENCES = (  # the first that applies names the case: the specific fir
         "a parameter with no known end (cut off in its name or value, or its value running "
         "into </function>): vLLM drops the parameter and calls the tool without it; titoflow "
         "refuses rather than call with an argument missing or guessed",
-        coder_args_lost,
+        parameters_lost,
     ),
     Difference(
         "cut_inside_a_tag",

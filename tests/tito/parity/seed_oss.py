@@ -17,10 +17,10 @@ from tests.tito.parity import (
     cut_after,
     drop_one,
     mutants,
+    parameters_lost,
     space_after,
     tool,
 )
-from tests.tito.parity.minimax_m2 import args_lost
 
 STRING = {"type": "string"}
 SEED_TOOLS = [
@@ -120,7 +120,7 @@ SEED_DIFFERENCES = (  # the first that applies names the case: the specific firs
         "a parameter with no known end (cut off in its name or value, or its value running "
         "into </function>): vLLM drops the parameter or keeps the text so far; titoflow "
         "refuses rather than call with an argument missing or guessed",
-        lambda text, calls: args_lost(text, calls) or text.rstrip().endswith(("cat", "ls")),
+        lambda text, calls: parameters_lost(text, calls) or text.rstrip().endswith(("cat", "ls")),
     ),
     Difference(
         "cut_inside_a_tag",
