@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.families import family_tokenizer, qwen3
+from tests.families import family_token_id, family_tokenizer, qwen3
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.glm45 import ORDINARY, SPECIALS
 from titoflow.settings import Settings
@@ -68,9 +68,7 @@ def tokenizer() -> Any:
     return family_tokenizer("glm45")
 
 
-def token_id(text: str) -> int | None:
-    ids = TextEncoder(tokenizer())(text)
-    return ids[0] if len(ids) == 1 else None
+token_id = family_token_id("glm45")
 
 
 def render(messages: list[Message], template: str | None = None, **kwargs: Any) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from llama_models.llama4.tokenizer import Tokenizer  # type: ignore[import-untyped]
 
-from tests.families import family_tokenizer
+from tests.families import family_token_id, family_tokenizer
 from tests.tito.hostile import CORPUS
 from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import llama4 as recipe
@@ -53,9 +53,7 @@ def tokenizer() -> Any:
     return family_tokenizer("llama4")
 
 
-def token_id(text: str) -> int | None:
-    ids = TextEncoder(tokenizer())(text)
-    return ids[0] if len(ids) == 1 else None
+token_id = family_token_id("llama4")
 
 
 def render(messages: list[Message], **kwargs: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.families import family_tokenizer
+from tests.families import family_token_id, family_tokenizer
 from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.minimax_m2 import CALL_MARKERS, SPECIALS, TEMPLATE
@@ -51,9 +51,7 @@ def tokenizer() -> Any:
     return family_tokenizer("minimax_m2")
 
 
-def token_id(text: str) -> int | None:
-    ids = TextEncoder(tokenizer())(text)
-    return ids[0] if len(ids) == 1 else None
+token_id = family_token_id("minimax_m2")
 
 
 def render(messages: list[Message], **kwargs: Any) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.families import family_tokenizer
+from tests.families import family_token_id, family_tokenizer
 from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.nemotron_nano_v2 import EOS, MARKERS, SYSTEM, TEMPLATE, TURN
@@ -51,9 +51,7 @@ def tokenizer() -> Any:
     return family_tokenizer("nemotron_nano_v2")
 
 
-def token_id(text: str) -> int | None:
-    ids = TextEncoder(tokenizer())(text)
-    return ids[0] if len(ids) == 1 else None
+token_id = family_token_id("nemotron_nano_v2")
 
 
 def render(messages: list[Message], **kwargs: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.families import family_tokenizer
+from tests.families import family_token_id, family_tokenizer
 from tests.tito.xgrammar_check import admitted, structural_tag
 from titoflow.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from titoflow.dev.tokenizers.seed_oss import BOS, EOS, MARKERS, PAD, TEMPLATE
@@ -55,9 +55,7 @@ def tokenizer() -> Any:
     return family_tokenizer("seed_oss")
 
 
-def token_id(text: str) -> int | None:
-    ids = TextEncoder(tokenizer())(text)
-    return ids[0] if len(ids) == 1 else None
+token_id = family_token_id("seed_oss")
 
 
 def render(messages: list[Message], **kwargs: Any) -> str:
