@@ -31,9 +31,9 @@ from typing import Any
 import httpx
 
 from bench.harness import command_line, write_results
-from ingress import anthropic_messages, openai_chat, openai_responses
-from ingress.turn import ChatTurn
-from titoflow.dev.engine_process import start_vllm
+from cli.dev.engine_process import start_vllm
+from ingress.turns.turn import ChatTurn
+from ingress.wire import anthropic_messages, openai_chat, openai_responses
 from titoflow.settings import Settings
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.render import ChatRenderer

@@ -50,11 +50,11 @@ from bench.harness import command_line, group_cpu_seconds, rss_bytes, start_doub
 from bench.memory import _open_sessions
 from bench.overhead import ChatSessions, Workload, _client, drive, no_meter
 from bench.pipeline import wait_assigned
+from cli.dev.broker import start_tansu
+from cli.dev.procs import ManagedProcess, free_port
+from cli.dev.stack import start_ingress, start_worker
 from schemas.events import SegmentFinalized, StepRecorded
 from titoflow.bus import ensure_topics, make_consumer
-from titoflow.dev.broker import start_tansu
-from titoflow.dev.procs import ManagedProcess, free_port
-from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
 
 UTILISATION = 0.6  # of a core per ingress replica or worker: headroom for bursts and p99

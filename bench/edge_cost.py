@@ -1,12 +1,12 @@
 """The HTTP edge's work per request on what real scaffolds send: reading the body
-(``ingress.http.read_json``: parsing, the size and depth bounds) and parsing it into a turn
+(``ingress.wire.http.read_json``: parsing, the size and depth bounds) and parsing it into a turn
 (each adapter's ``parse_request``: validation, tool and session checks).
 
     .venv/bin/python bench/edge_cost.py [--repeat 200] [--rounds 7] [--against PATH]
 
 The bodies are the captured requests of bench/captures (Claude Code, Codex, OpenCode) and a
 long Claude Code history (its messages repeated to 200). Messages are parsed once before timing,
-as a replica has parsed a re-sent history (``ingress.known_messages``). A round runs in a child
+as a replica has parsed a re-sent history (``ingress.wire.known_messages``). A round runs in a child
 process with the measured checkout first on the path and reports, per body, the CPU µs per
 request over ``--repeat`` calls; the figure is the median over rounds. With ``--against`` the
 same rounds run, interleaved, on another checkout (e.g. a git worktree of the previous main;
@@ -29,7 +29,7 @@ import asyncio, json, sys, time
 from pathlib import Path
 from types import SimpleNamespace
 from fastapi import Request
-from ingress import anthropic_messages, http, openai_chat, openai_responses
+from ingress.wire import anthropic_messages, http, openai_chat, openai_responses
 from titoflow.settings import Settings
 
 captures, repeat = Path(sys.argv[1]), int(sys.argv[2])

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from bench.harness import command_line, write_results
+from cli.dev.broker import start_tansu
 from schemas.events import SegmentFinalized, SegmentStep
 from titoflow.bus import Publisher, ensure_topics
 from titoflow.client.export import ParquetWriter, parquet_to_datasets, read_segments, require
-from titoflow.dev.broker import start_tansu
 from titoflow.settings import Settings
 from workers.export.run import export
 from workers.export.sources import from_jsonl, from_topic

@@ -3,7 +3,7 @@ without start-up's objects frozen out of the walk (titoflow/gc_pauses.py).
 
     PYTHONPATH=. .venv/bin/python bench/gc_pause.py [--sessions 200 1000] [--turns 40] [--rounds 5]
 
-In process, as the ingress holds them: one :class:`~ingress.service.ChatService` (the SCRIPTED
+In process, as the ingress holds them: one :class:`~ingress.turns.service.ChatService` (the SCRIPTED
 ENGINE DOUBLE of bench/tito_cost.py, answering at once with a tool call; steps dropped) takes
 ``--turns`` agent turns of each of ``--sessions`` sessions (bench/overhead.py's tool results),
 round-robin, so its chain cache holds every session's conversation. Each case runs in a fresh
@@ -30,7 +30,7 @@ from bench.harness import command_line, write_results
 def _case(sessions: int, turns: int, freeze: bool, rounds: int) -> dict[str, Any]:
     from bench.overhead import tool_output
     from bench.tito_cost import OPENING, TOOL_LISTS, doubled_service
-    from ingress.turn import ChatTurn, SessionRef
+    from ingress.turns.turn import ChatTurn, SessionRef
     from titoflow.gc_pauses import FULL_COLLECTION_SECONDS, freeze_startup, watch_full_collections
     from titoflow.tito.messages import Message
 

@@ -32,10 +32,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import command_line, write_results
-from titoflow.dev.broker import start_tansu
-from titoflow.dev.engine_process import start_vllm
-from titoflow.dev.procs import ManagedProcess
-from titoflow.dev.stack import start_ingress
+from cli.dev.broker import start_tansu
+from cli.dev.engine_process import start_vllm
+from cli.dev.procs import ManagedProcess
+from cli.dev.stack import start_ingress
 from titoflow.settings import Settings
 
 ROUTINGS = {"session": False, "group": True}  # name: engine_group_routing

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from titoflow.dev.procs import ManagedProcess, free_port
+from cli.dev.procs import ManagedProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

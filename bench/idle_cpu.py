@@ -18,9 +18,9 @@ from pathlib import Path
 
 from bench.harness import group_cpu_seconds, start_double
 from bench.overhead import profile
-from titoflow.dev.broker import start_tansu
-from titoflow.dev.procs import ManagedProcess
-from titoflow.dev.stack import start_ingress
+from cli.dev.broker import start_tansu
+from cli.dev.procs import ManagedProcess
+from cli.dev.stack import start_ingress
 from titoflow.settings import Settings
 
 

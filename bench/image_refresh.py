@@ -1,4 +1,4 @@
-"""What marking an image named costs the ingress (ingress/recording.py): per image,
+"""What marking an image named costs the ingress (ingress/turns/recording.py): per image,
 :meth:`~titoflow.image_store.ImageStore.refresh` (its name checked, one ``os.utime``) beside the
 existence check it replaced (``has``, one stat), on ``--images`` stored images of a directory of
 the file system to measure; per step, the thread hop that carries them off the event loop.

@@ -24,10 +24,10 @@ import httpx
 from bench.harness import command_line, rss_bytes, start_double, write_results
 from bench.overhead import ChatSessions, Workload, drive, no_meter
 from bench.pipeline import session_events, wait_assigned
+from cli.dev.broker import start_tansu
+from cli.dev.procs import free_port
+from cli.dev.stack import start_ingress, start_worker
 from titoflow.bus import Publisher, ensure_topics
-from titoflow.dev.broker import start_tansu
-from titoflow.dev.procs import free_port
-from titoflow.dev.stack import start_ingress, start_worker
 from titoflow.settings import Settings
 
 

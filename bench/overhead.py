@@ -71,9 +71,9 @@ from bench.harness import (
     summary_ms,
     write_results,
 )
-from titoflow.dev.broker import start_tansu
-from titoflow.dev.procs import ManagedProcess
-from titoflow.dev.stack import start_ingress
+from cli.dev.broker import start_tansu
+from cli.dev.procs import ManagedProcess
+from cli.dev.stack import start_ingress
 from titoflow.settings import Settings
 from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.render import ChatRenderer

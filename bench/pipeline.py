@@ -37,12 +37,12 @@ from typing import Any
 
 from bench.encoding import json_lists
 from bench.harness import command_line, group_cpu_seconds, summary_ms, write_results
+from cli.dev.broker import start_tansu
+from cli.dev.procs import ManagedProcess
+from cli.dev.stack import start_worker
 from schemas.events import SessionFinalized, StepRecorded, VersionSpan, step_id_for
 from titoflow.bus import Publisher, ensure_topics, make_consumer, pin_to_end
 from titoflow.client.consumer import ASSIGNMENT_TIMEOUT_S
-from titoflow.dev.broker import start_tansu
-from titoflow.dev.procs import ManagedProcess
-from titoflow.dev.stack import start_worker
 from titoflow.settings import Settings
 
 VOCAB = 151_000

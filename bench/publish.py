@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import command_line, write_results
+from cli.dev.broker import start_tansu
 from titoflow.bus import Publisher, RecordPublisher, StreamPublisher, ensure_topics, service_broker
-from titoflow.dev.broker import start_tansu
 from titoflow.settings import Settings
 
 

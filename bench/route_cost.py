@@ -1,6 +1,6 @@
 """The ingress' HTTP stack per request, in process: the whole app of ``ingress.app.create_app``
 called as ASGI (no server, no socket) with a turn route's POST that its handler refuses at once
-(a 400: its messages are not a list), with its hot routes (``ingress/hot_routes.py``) and
+(a 400: its messages are not a list), with its hot routes (``ingress/wire/hot_routes.py``) and
 without them (FastAPI's middleware and router serving every route), interleaved rounds, CPU µs
 a request (median over rounds). What differs is the stack's cost alone: the same handler runs.
 
@@ -18,7 +18,7 @@ from typing import Any, cast
 from fastapi import FastAPI
 
 from ingress.app import create_app
-from ingress.hot_routes import HotRoutes
+from ingress.wire.hot_routes import HotRoutes
 from titoflow.settings import Settings
 
 BODY = b'{"model": "m", "messages": "not a list"}'

@@ -4,9 +4,9 @@
         [--tools two claude-code]
 
 One session of an agent loop (system prompt, two tools, each turn a tool call and a ~600-char
-tool result) runs through the ingress core (:class:`ingress.service.ChatService`, a family's
+tool result) runs through the ingress core (:class:`ingress.turns.service.ChatService`, a family's
 tokenizer and chat template — by default the local model's, else those of
-``titoflow/dev/tokenizers`` — an in-process engine answering a fixed tool call in the family's
+``cli/dev/tokenizers`` — an in-process engine answering a fixed tool call in the family's
 format, a publisher that drops events) up to the largest turn asked. At each asked turn it
 times, on the same cached state:
 
@@ -38,10 +38,10 @@ from typing import Any
 from bench.engine_double import ARGUMENTS, TOOL
 from bench.harness import command_line, write_results
 from bench.overhead import SYSTEM, TOOLS, tool_output
-from ingress.chains import ChainStore
-from ingress.service import ChatService, ServiceOptions, SessionEvent
-from ingress.turn import ChatTurn, SessionRef
-from titoflow.dev.tokenizers import SOURCES, tokenizer_dir
+from cli.dev.tokenizers import SOURCES, tokenizer_dir
+from ingress.turns.chains import ChainStore
+from ingress.turns.service import ChatService, ServiceOptions, SessionEvent
+from ingress.turns.turn import ChatTurn, SessionRef
 from titoflow.engine.api import GenerateParams, Generation
 from titoflow.settings import Settings
 from titoflow.tito.families import NAMES

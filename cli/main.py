@@ -165,7 +165,7 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     _check_broker(settings)
     _check_engines(settings, _engine_urls(settings))
     if settings.otel_traces:
-        from ingress.tracing import install_otlp_exporter
+        from ingress.turns.tracing import install_otlp_exporter
 
         install_otlp_exporter()
 
@@ -292,7 +292,7 @@ SUPERVISE_INTERVAL_S = 0.2
 
 def cmd_up(args: argparse.Namespace) -> int:
     from cli.demo import run_demo
-    from titoflow.dev.stack import LocalStack
+    from cli.dev.stack import LocalStack
 
     # A token of its own unless one is given, before the settings are checked: implicit
     # sessions off (compose's posture) needs one.
@@ -798,8 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv else ""
     try:
-        if command == "build-model":  # its own parser, in titoflow.dev.model_build
-            from titoflow.dev.model_build import main as build_main
+        if command == "build-model":  # its own parser, in cli.dev.model_build
+            from cli.dev.model_build import main as build_main
 
             return build_main(argv[1:])
         args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Renders deploy/nginx.conf.template into a working nginx.conf and runs nginx (the compose `lb`
-# service), or only renders it (`lb-entrypoint.sh render`, used by tests/test_topology.py).
+# service), or only renders it (`lb-entrypoint.sh render`, used by tests/e2e/test_topology.py).
 #
 # nginx OSS resolves upstream host names once, when it loads its configuration, and cannot
 # discover compose replicas by itself. So the upstream list is written from the replica count

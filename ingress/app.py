@@ -2,7 +2,7 @@
 wires the service, the session operations, discovery and health routes.
 
 Invariants: every request is answered in its API's shape (a route's own errors by the route;
-an unknown route, the wrong plane or a bug by :mod:`ingress.errors`), and every session event
+an unknown route, the wrong plane or a bug by :mod:`ingress.wire.errors`), and every session event
 is published keyed by its session: its end (``session_ended``) and its budget
 (``session_budgeted``) to the ended topic, all others to the steps topic."""
 
@@ -19,28 +19,28 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ingress import (
+from ingress.control.control_state import ControlState, PauseGate
+from ingress.control.engine_driver import EngineDriver
+from ingress.control.log_follower import LogFollower, control_log, ended_log
+from ingress.control.pausable_engine import PausableEngine
+from ingress.control.pool_control import apply_to_pool
+from ingress.turns import metrics
+from ingress.turns.budgets import SessionBudgets
+from ingress.turns.chains import ChainStore
+from ingress.turns.ended_sessions import EndedSessions
+from ingress.turns.service import ChatService, ServiceOptions, SessionEvent
+from ingress.turns.tracing import CallTracer
+from ingress.wire import (
     admin_routes,
     anthropic_messages,
-    metrics,
     openai_chat,
     openai_responses,
     session_routes,
     token_api,
 )
-from ingress.budgets import SessionBudgets
-from ingress.chains import ChainStore
-from ingress.control_state import ControlState, PauseGate
-from ingress.ended_sessions import EndedSessions
-from ingress.engine_driver import EngineDriver
-from ingress.errors import unexpected_error_response, unknown_route_response
-from ingress.hot_routes import HotRoutes
-from ingress.log_follower import LogFollower, control_log, ended_log
-from ingress.pausable_engine import PausableEngine
-from ingress.planes import PlaneSplit
-from ingress.pool_control import apply_to_pool
-from ingress.service import ChatService, ServiceOptions, SessionEvent
-from ingress.tracing import CallTracer
+from ingress.wire.errors import unexpected_error_response, unknown_route_response
+from ingress.wire.hot_routes import HotRoutes
+from ingress.wire.planes import PlaneSplit
 from schemas.events import SessionBudgeted, SessionEnded, StepRecorded
 from schemas.images import ImageProcessorFingerprint
 from titoflow.bus import BrokerUnavailable, EventTooLarge, Publisher, ensure_topics

@@ -12,7 +12,7 @@ pip=("$py" -m pip --quiet --disable-pip-version-check)
 
 # Vision extras (docs/engine.md, "Images"): Qwen-VL's processor needs torchvision, which the
 # engine environment goes without. The registry's wheel is a CUDA build whose ops do not load
-# beside CPU torch; titoflow/dev/engine_site/sitecustomize.py lets it import anyway. Kept out of
+# beside CPU torch; cli/dev/engine_site/sitecustomize.py lets it import anyway. Kept out of
 # the venv (7.7 MB wheel, 24 MB installed) so text engines never import it.
 vision_extras() {
     local extras="$root/.engine-vl"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create <repo>/.venv-openrlhf: OpenRLHF's own code for tests/test_trainer_openrlhf.py, which runs
+# Create <repo>/.venv-openrlhf: OpenRLHF's own code for tests/trainers/test_trainer_openrlhf.py, which runs
 # its experience maker, Actor and PPO training step on CPU. OpenRLHF pins GPU-only packages (ray,
 # deepspeed, flash-attn, vllm) it does not need for that, so it goes in --no-deps with a pinned
 # minimal set; the test stubs the GPU parts as OpenRLHF's own CPU tests do.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Install the real agent scaffolds used by the opt-in tests (tests/test_scaffolds.py) and described
+# Install the real agent scaffolds used by the opt-in tests (tests/e2e/test_scaffolds.py) and described
 # in docs/scaffolds.md, at pinned versions, into a project-local prefix: <repo>/.tools/npm
 # (binaries in .tools/npm/bin). Uses the machine's node/npm and the npm registry; nothing global.
 # Idempotent: a client whose installed binary already reports the pinned version is skipped.
 #
-#   bash scripts/setup-scaffolds.sh        # then: TITOFLOW_SCAFFOLD_TESTS=1 pytest tests/test_scaffolds.py
+#   bash scripts/setup-scaffolds.sh        # then: TITOFLOW_SCAFFOLD_TESTS=1 pytest tests/e2e/test_scaffolds.py
 #
 # Override a pin with CLAUDE_CODE_VERSION / OPENCODE_VERSION / CODEX_VERSION (not recommended:
 # these are the versions whose requests are documented in docs/scaffolds.md).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create <repo>/.venv-tinker: tinker-cookbook's own code for tests/test_trainer_tinker.py, which
+# Create <repo>/.venv-tinker: tinker-cookbook's own code for tests/trainers/test_trainer_tinker.py, which
 # runs its RL data path (compute_advantages, assemble_training_data), train_step and
 # compute_kl_sample_train against a training client that runs on CPU. tinker-cookbook's
 # requirements carry service, logging and tokenizer packages that path never imports, so it

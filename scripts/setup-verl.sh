@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Create <repo>/.venv-verl: verl's own code for tests/test_trainer_verl.py, which runs its FSDP
+# Create <repo>/.venv-verl: verl's own code for tests/trainers/test_trainer_verl.py, which runs its FSDP
 # actor (DataParallelPPOActor: compute_log_prob, update_policy), GRPO advantage and rollout
 # correction on CPU. verl 0.7.1 is the last release that ships that actor (0.8 dropped
 # verl/workers/actor); it pulls in GPU, logging and dataset packages that path never imports,
 # so it goes in --no-deps with a pinned minimal set. ray stays in: verl/protocol.py imports it.
 # verl's current release (0.9.1: model-engine workers, numpy>=2, transformers 5) goes in
-# <venv>/verl-current (pip --target), first on sys.path for tests/verl_current_step.py, over the
+# <venv>/verl-current (pip --target), first on sys.path for tests/support/verl_current_step.py, over the
 # same torch, tensordict and ray: only what its data path, losses and FSDP engine import.
 # Idempotent: does nothing when that python already imports what the tests use.
 set -euo pipefail

@@ -23,7 +23,7 @@ bash scripts/setup-verl.sh     # verl's own code, for its trainer test
 bash scripts/setup-tinker.sh   # tinker-cookbook's own code, for its trainer test
 # SGLang's own request/response definitions (pinned wheel, a few files extracted, never
 # installed) for the SGLang backend's contract tests.
-.venv/bin/python -m tests.sglang_reference
+.venv/bin/python -m tests.support.sglang_reference
 .venv/bin/titoflow build-model >/dev/null          # the agentic policy the local stack serves
 .venv/bin/titoflow build-model --random >/dev/null # the random-weight model of the pipeline tests
 bash scripts/setup-scaffolds.sh                    # Claude Code, OpenCode, Codex (the scaffold tests)

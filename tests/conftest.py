@@ -1,7 +1,8 @@
-"""Shared fixtures: a real broker (tests/kafka_fixtures.py) and a real vLLM CPU engine serving
+"""Shared fixtures: a real broker (tests/support/kafka_fixtures.py) and a real vLLM CPU engine
+serving
 the tiny deterministic model, each started once per test session; and, per end-to-end test, the
-engine-side witness (tests/witness.py): a recording proxy in front of the engine, and after the
-test the check that every segment on its topic holds exactly what the engine sampled."""
+engine-side witness (tests/support/witness.py): a recording proxy in front of the engine, and after
+the test the check that every segment on its topic holds exactly what the engine sampled."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ from typing import Any, TypeVar
 import hypothesis
 import pytest
 
+from cli.dev.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
+from cli.dev.vl_policy import build_vl_policy
 from schemas.events import SegmentFinalized, segments_topic_adapter
-from tests.engines import engine_for_tests
-from tests.topics import read_all
-from tests.witness import Witness, check_segments
-from titoflow.dev.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
-from titoflow.dev.vl_policy import build_vl_policy
+from tests.support.engines import engine_for_tests
+from tests.support.topics import read_all
+from tests.support.witness import Witness, check_segments
 from titoflow.settings import Settings
 
-pytest_plugins = ["tests.kafka_fixtures"]
+pytest_plugins = ["tests.support.kafka_fixtures"]
 
 # CI draws the same examples every run (a red CI is a finding, not luck); locally they vary.
 hypothesis.settings.register_profile("ci", derandomize=True)
@@ -61,7 +62,7 @@ def agent_engine_url(
 
 @pytest.fixture(scope="session")
 def vl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny vision-language policy (titoflow/dev/vl_policy.py), built for this session."""
+    """The tiny vision-language policy (cli/dev/vl_policy.py), built for this session."""
     return build_vl_policy(tmp_path_factory.mktemp("vl") / "tiny-qwen3-vl")
 
 

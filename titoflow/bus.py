@@ -34,7 +34,7 @@ from titoflow.settings import Settings
 from titoflow.shutdown import drain_budget
 
 # The client types and errors the services name (imported as X as X above) are theirs to import
-# from here: this module stays the only one that imports aiokafka (tests/test_layering.py).
+# from here: this module stays the only one that imports aiokafka (tests/project/test_layering.py).
 Consumer = AIOKafkaConsumer
 RebalanceListener = ConsumerRebalanceListener
 

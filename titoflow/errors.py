@@ -4,7 +4,7 @@ workers and the ingress alike.
 Invariant: an error says what failed (``code``, machine-readable), which input it concerns
 (``param``), whether trying again may help (``retryable``) and any further facts
 (:meth:`TitoflowError.details`), and nothing about transport: no class carries an HTTP status.
-The ingress maps classes to statuses and error bodies in ``ingress/errors.py``, so an engine or
+The ingress maps classes to statuses and error bodies in ``ingress/wire/errors.py``, so an engine or
 template error raised in a worker means the same thing there as in a request.
 """
 

@@ -16,7 +16,7 @@ that already yielded tokens is not.
 
 Run time changes (:meth:`EnginePool.add`, :meth:`drain`, :meth:`remove`) are idempotent and
 take effect at once (no await between them), so replaying them in order (a replica reading the
-control log from the start, see ingress/pool_control.py) ends in the same pool. Drained
+control log from the start, see ingress/control/pool_control.py) ends in the same pool. Drained
 engines take no new calls, their in-flight calls finish, and their sessions' next steps go to
 their next engine (a TITO step there: only the engine's prefix cache misses).
 A removed engine is closed once its last call has finished.

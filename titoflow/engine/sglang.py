@@ -14,7 +14,7 @@ base64 int32 ``routed_experts`` of positions ``[routed_experts_start_len, prompt
 
 No SGLang server runs on the machines this was written on: the shapes come from SGLang's own
 definitions (its generated JSON contract ``sglang/api/v1/api_types.py`` and the tokenizer
-manager), pinned by tests/test_sglang_contract.py; see docs/engine.md.
+manager), pinned by tests/titoflow/engine/test_sglang_contract.py; see docs/engine.md.
 """
 
 from __future__ import annotations

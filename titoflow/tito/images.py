@@ -51,7 +51,7 @@ def data_url(data: bytes, media_type: str) -> str:
 
 def image_to_fetch(url: str, at: int) -> MessageImage:
     """An image named by an http(s) ``url``, not read yet: no hash, no size, until the ingress
-    fetches it (ingress/image_urls.py) and replaces it with :func:`image_of` its bytes."""
+    fetches it (ingress/turns/image_urls.py) and replaces it with :func:`image_of` its bytes."""
     return MessageImage(at=at, sha256="", height=0, width=0, url=url)
 
 

@@ -13,8 +13,8 @@ the length of the history. Nor on the tool list's, where the family declares tha
 template writes after an assistant turn (wherever that turn is append-only) is the same under
 any non-empty list (``Family.tools_stand_in``): the reduced conversation is then rendered under a
 one-tool stand-in, so the template neither writes a long list nor is the key of the real one
-needed (tests/tito/test_tools_stand_in.py proves the declaration for every family on tool calls
-and results, and that a template reading the tools after the turn needs the real list).
+needed (tests/titoflow/tito/test_tools_stand_in.py proves the declaration for every family on tool
+calls and results, and that a template reading the tools after the turn needs the real list).
 """
 
 from __future__ import annotations

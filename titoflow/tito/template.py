@@ -3,8 +3,8 @@ what only changes with the tool list.
 
 Invariant: :meth:`ChatTemplate.render` returns exactly the text of
 ``tokenizer.apply_chat_template(messages, tools=list(tools) or None, add_generation_prompt=...,
-tokenize=False, **template_kwargs)`` (tests/tito/test_template.py holds it for every family on
-generated conversations and tool lists): the same compiled template, in an overlay of
+tokenize=False, **template_kwargs)`` (tests/titoflow/tito/test_template.py holds it for every family
+on generated conversations and tool lists): the same compiled template, in an overlay of
 transformers' own sandboxed environment, given equal inputs. What changes is when they are made:
 the tools' plain copy, the template switches with the special tokens, and each tool's ``tojson``
 text once per tool list, kept, instead of on every call (a 62 KB tool list was copied and

@@ -1,9 +1,9 @@
 """Loads the policy's tokenizer and chat template from a local model directory, never a hub.
 
 Invariant: a directory gives the token ids vLLM's own loader gives for it, checked against the
-engine environment's loader for every family (tests/tito/test_tokenizer_parity.py), and a
+engine environment's loader for every family (tests/titoflow/tito/test_tokenizer_parity.py), and a
 tokenizer's own code runs only when allowed; allowed, it loads as vLLM loads it or not at all
-(tests/tito/test_kimi_remote_code.py).
+(tests/titoflow/tito/test_kimi_remote_code.py).
 
 Mistral's checkpoints ship ``tekken.json``, which vLLM reads with mistral-common in
 ``tokenizer_mode=mistral``: what Mistral's model cards prescribe and what vLLM picks by itself

@@ -2,7 +2,7 @@
 agent loop hands a rollout to its trainer (``verl/experimental/agent_loop/agent_loop.py``,
 ``_postprocess``) and its trainer hands it on to the actor (``verl/trainer/ppo/ray_trainer.py``,
 ``fit``); verl's own ``DataParallelPPOActor`` and GRPO advantage run on it
-(tests/test_trainer_verl.py).
+(tests/trainers/test_trainer_verl.py).
 
 Invariant: ``input_ids`` is ``prompts`` (left-padded to one length) followed by ``responses``
 (right-padded), every ``[batch, ...]`` array aligned to it as verl aligns them; the reward sits

@@ -110,8 +110,8 @@ class Family:
       (the system block, gpt-oss's developer message, Llama's first user message) and reads no
       more of them afterwards than whether there are any; Mistral's, before the last user
       message, moves them with every new user turn, which is then not append-only whatever the
-      list. tests/tito/test_tools_stand_in.py proves it per family on tool calls and results,
-      and that a template reading the tools after the turn needs the real list.
+      list. tests/titoflow/tito/test_tools_stand_in.py proves it per family on tool calls and
+      results, and that a template reading the tools after the turn needs the real list.
     - ``template_variables``: what the model's own tokenizer code passes its template beside a
       non-empty tool list (Kimi K2.5/K2.6's ``tools_ts_str``, the tools as TypeScript
       declarations), a function of the tools alone; the renderer adds it to every render with

@@ -7,8 +7,8 @@ raises, it passes nothing and the template falls back to the JSON. This is titof
 rendering of the same text.
 
 Invariant: :func:`tools_ts_str` returns exactly what Moonshot's ``tool_declaration_ts.py`` returns
-for the deep-sorted tools, or None where it raises (tests/tito/test_kimi_tools.py holds it to
-that file, vendored as a test fixture, on the corpus's tools and on schemas built to reach every
+for the deep-sorted tools, or None where it raises (tests/titoflow/tito/test_kimi_tools.py holds it
+to that file, vendored as a test fixture, on the corpus's tools and on schemas built to reach every
 branch: nested objects, arrays with documented items, enums, unions, ``anyOf``, ``$defs`` and
 ``$ref`` (``#`` included), ``additionalProperties``, defaults, constraints).
 """

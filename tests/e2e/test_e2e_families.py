@@ -1,0 +1,149 @@
+"""Every model family end to end: a tiny random-weight model with the family's own tokenizer
+and template (cli/dev/family_models.py) served by real vLLM CPU, titoflow's ingress and
+worker on tansu, the OpenAI SDK running a linear tool loop (a named forced call, a required
+streamed call, free text), and the witness holding the segment to what the engine sampled.
+
+One engine at a time, started and stopped by each family's test; Qwen3-Coder, whose vocabulary
+is Qwen3's, runs on the session's Qwen3 engine. Qwen3, the default policy's family, runs end to
+end in every other engine test of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+from cli.dev.engine_process import start_vllm
+from cli.dev.family_models import build_family_model
+from cli.dev.stack import start_ingress, start_worker
+from cli.dev.tokenizers import SOURCES, tokenizer_dir
+from tests.conftest import witnessed
+from tests.support.topics import finalized_segments, recorded_steps
+from tests.support.witness import Witness
+from titoflow.settings import Settings
+from titoflow.tito.families import FAMILIES
+
+pytestmark = pytest.mark.engine
+
+# Every family with a tokenizer recipe and a tool-call grammar (the loop forces its calls).
+SERVED = sorted(
+    f.name for f in FAMILIES if f.name in SOURCES and f.grammar is not None and f.name != "qwen3"
+)
+# Families whose tokenizer is Qwen3's, token for token: the session's engine serves them.
+QWEN3_VOCABULARY = {"qwen3_coder"}
+# Bounded strings: a random model rarely closes an unbounded one (it runs to max_tokens).
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name} a path",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string", "maxLength": 12}},
+                "required": ["path"],
+            },
+        },
+    }
+    for name in ("ls", "cat")
+]
+
+
+@pytest.fixture
+def family_settings(
+    request: pytest.FixtureRequest, settings: Settings, witness: Witness, tmp_path: Path
+) -> Iterator[Settings]:
+    family = request.param
+    if family in QWEN3_VOCABULARY:  # the session's Qwen3 engine, the family's own template
+        url = request.getfixturevalue("engine_url")
+        yield from witnessed(settings, url, tokenizer_dir(family), witness, request)
+        return
+    model = build_family_model(family)
+    engine, url = start_vllm(settings.model_copy(update={"model_path": model}), log_dir=tmp_path)
+    try:
+        yield from witnessed(settings, url, model, witness, request)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("family_settings", SERVED, indirect=True)
+async def test_a_linear_tool_loop_is_one_exact_segment(
+    family_settings: Settings, tmp_path: Path
+) -> None:
+    ingress, url = start_ingress(family_settings, tmp_path)
+    worker = start_worker(family_settings, tmp_path)
+    session = f"family-{uuid.uuid4().hex[:8]}"
+    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a shell agent."},
+        {"role": "user", "content": "What is in /tmp? Ünïcode 🙂"},
+    ]
+    names: list[list[str]] = []
+    try:
+        first = await client.chat.completions.create(
+            model="policy",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "ls"}},
+            max_tokens=96,
+            seed=7,
+        )
+        [call] = first.choices[0].message.tool_calls or []
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
+        assert call.function.name == "ls" and first.choices[0].finish_reason == "tool_calls"
+        assert isinstance(json.loads(call.function.arguments), dict)
+        names.append([call.function.name])
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "notes.txt"},
+        ]
+        stream = await client.chat.completions.create(
+            model="policy",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice="required",
+            max_tokens=96,
+            seed=8,
+            stream=True,
+        )
+        streamed = [
+            tc
+            async for chunk in stream
+            if chunk.choices
+            for tc in chunk.choices[0].delta.tool_calls or []
+        ]
+        [second] = streamed
+        assert second.function is not None and second.function.name in {"ls", "cat"}
+        names.append([second.function.name])
+        calls = [{"id": second.id, "type": "function", "function": second.function.model_dump()}]
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "tool_call_id": second.id, "content": "hello"},
+        ]
+        stream = await client.chat.completions.create(
+            model="policy", messages=messages, tools=TOOLS, max_tokens=16, seed=9, stream=True
+        )
+        async for _ in stream:
+            pass
+        names.append([])
+        segments = await finalized_segments(family_settings, url, session)
+    finally:
+        await client.close()
+        ingress.stop()
+        worker.stop()
+
+    steps = await recorded_steps(family_settings, session, 3)
+    assert [s.prefix for s in steps] == ["rendered", "tito", "tito"]  # the chain was extended
+    assert [s.parent_step_id for s in steps] == [None, steps[0].step_id, steps[1].step_id]
+    assert [
+        [c["function"]["name"] for c in s.response_message.get("tool_calls", [])] for s in steps
+    ] == names
+    [segment] = [s for s in segments if s.session_id == session]
+    assert [s.step_id for s in segment.steps] == [s.step_id for s in steps]

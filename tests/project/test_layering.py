@@ -1,0 +1,124 @@
+"""The package layering, checked on the import statements of every module (an AST pass, so an
+import inside a function counts as much as one at the top):
+
+    schemas/   the event contract: imports nothing of ours
+    titoflow/  the library (tito, engine clients, bus, trainer client, settings, errors):
+               imports schemas only, never a service
+    ingress/   one deployable: schemas and titoflow, never workers; inside it, ``turns/`` (a
+               turn, free of HTTP and Kafka) imports nothing of ``wire/``, ``control/`` or the bus
+    workers/   the other: schemas and titoflow, never ingress
+    cli/       the commands and the local stack (``cli/dev/``) on top: anything
+
+and aiokafka is imported by ``titoflow/bus.py`` alone, torch (the optional extra
+``titoflow[torch]``, never a core dependency) by ``titoflow/client/torch_data.py`` alone. The
+second half shows the check finds a planted violation, so it cannot pass by reading nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from titoflow.settings import PROJECT_ROOT
+
+PACKAGES = ("schemas", "titoflow", "ingress", "workers", "cli")
+MAY_IMPORT = {
+    "schemas": {"schemas"},
+    "titoflow": {"schemas", "titoflow"},
+    "ingress": {"schemas", "titoflow", "ingress"},
+    "workers": {"schemas", "titoflow", "workers"},
+    "cli": set(PACKAGES),
+}
+KAFKA_CLIENT_HOME = Path("titoflow/bus.py")
+TURNS = Path("ingress/turns")
+TURNS_MAY_NOT = ("ingress.wire", "ingress.control", "ingress.app", "ingress.server", "titoflow.bus")
+TORCH_HOME = Path("titoflow/client/torch_data.py")
+
+
+def imported(source: str) -> Iterator[tuple[int, str]]:
+    """(line, module) of every absolute import in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root)
+            for line, module in imported(path.read_text()):
+                top = module.split(".")[0]
+                if top in PACKAGES and top not in MAY_IMPORT[package]:
+                    found.append(f"{relative}:{line} imports {module}")
+                if relative.is_relative_to(TURNS) and module.startswith(TURNS_MAY_NOT):
+                    found.append(f"{relative}:{line} imports {module} (turns/ is below it)")
+                if top == "aiokafka" and relative != KAFKA_CLIENT_HOME:
+                    found.append(f"{relative}:{line} imports {module} (only {KAFKA_CLIENT_HOME})")
+                if top == "torch" and relative != TORCH_HOME:
+                    found.append(f"{relative}:{line} imports {module} (only {TORCH_HOME})")
+    return found
+
+
+def test_every_package_imports_only_what_lies_below_it() -> None:
+    for package in PACKAGES:
+        assert any((PROJECT_ROOT / package).rglob("*.py")), f"{package}/ has no modules"
+    assert violations(PROJECT_ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "workers/x.py",
+            "from ingress.turns.service import ChatService\n",
+            "imports ingress.turns.service",
+        ),
+        ("ingress/x.py", "def f():\n    import workers.worker\n", "imports workers.worker"),
+        ("titoflow/x.py", "from ingress import app\n", "imports ingress"),
+        ("titoflow/tito/x.py", "from cli.main import main\n", "imports cli.main"),
+        ("schemas/x.py", "from titoflow.settings import Settings\n", "imports titoflow.settings"),
+        ("workers/x.py", "from aiokafka import TopicPartition\n", "(only titoflow/bus.py)"),
+        ("ingress/turns/x.py", "from ingress.wire.sse import x\n", "(turns/ is below it)"),
+        ("ingress/turns/x.py", "import titoflow.bus\n", "(turns/ is below it)"),
+        ("titoflow/client/x.py", "import torch\n", "(only titoflow/client/torch_data.py)"),
+    ],
+)
+def test_a_planted_violation_is_found(
+    tmp_path: Path, module: str, source: str, expected: str
+) -> None:
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / module).write_text(source)
+    [found] = violations(tmp_path)
+    assert found.startswith(module) and expected in found
+
+
+def test_the_services_never_import_torch() -> None:
+    """torch is the trainer's optional extra (installed here by the setup): an ingress or worker
+    that loaded it would pay its second of start-up and its memory in every replica."""
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("torch") is not None, "the setup installs titoflow[torch]"
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "import ingress.app, workers.worker\n"
+        "from titoflow.tito.tokenizer import load_tokenizer\n"
+        "from titoflow.settings import PROJECT_ROOT\n"
+        "load_tokenizer(PROJECT_ROOT / '.models' / 'tiny-qwen3-agent')\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout[:120]

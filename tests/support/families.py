@@ -1,0 +1,45 @@
+"""Tokenizers of the model families (cli/dev/tokenizers), loaded once per test session."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from cli.dev.model_build import tokenizer_source_dir
+from cli.dev.tokenizers import tokenizer_dir
+from titoflow.tito.tokenizer import TextEncoder, load_tokenizer
+
+
+@functools.cache
+def family_tokenizer(family: str) -> Any:
+    """The family's tokenizer and chat template (built once into ``.models/tokenizers``)."""
+    return load_tokenizer(tokenizer_dir(family))
+
+
+def family_token_id(family: str) -> Callable[[str], int | None]:
+    """The id of a text the family's vocabulary holds as one token, else None (the lookup a
+    grammar names its markers with, as ``ChatRenderer.token_id``)."""
+
+    def token_id(text: str) -> int | None:
+        ids = TextEncoder(family_tokenizer(family))(text)
+        return ids[0] if len(ids) == 1 else None
+
+    return token_id
+
+
+@functools.cache
+def qwen3() -> Any:
+    return load_tokenizer(tokenizer_source_dir())
+
+
+def path_tool(name: str, description: str) -> dict[str, Any]:
+    """An OpenAI function tool taking one string ``path``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }

@@ -1,0 +1,72 @@
+"""The family registry: every family's template is detected as that family and no other, a
+template of no known family and an unknown setting are refused with one line naming the known
+families, and the services say so before they start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.dev.tokenizers import SOURCES, tokenizer_dir
+from tests.support.families import family_tokenizer
+from titoflow.settings import PROJECT_ROOT, Settings
+from titoflow.tito.families import AUTO, FAMILIES, NAMES, detect_family, resolve_family
+from titoflow.tito.render import template_source
+
+
+def test_the_family_list_is_written_once() -> None:
+    assert len(NAMES) == len(set(NAMES)) == len(FAMILIES)
+    assert set(SOURCES) == set(NAMES)  # every family has a tokenizer recipe to be proven with
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_template_is_detected_as_its_family_only(name: str) -> None:
+    template = template_source(family_tokenizer(name))
+    assert detect_family(template).name == name
+    others = [f.name for f in FAMILIES if f.name != name and f.detect(template or "")]
+    # A refinement may also match its base families (Qwen3-Coder's template is Qwen3's kind,
+    # Qwen3.5's Qwen3-Coder's); the registry order puts the refinement first.
+    assert others in ([], ["qwen3"], ["qwen3_coder", "qwen3"])
+
+
+def test_an_unknown_template_or_setting_names_the_known_families() -> None:
+    with pytest.raises(ValueError, match=", ".join(NAMES)):
+        detect_family("{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(ValueError, match="known: " + ", ".join(NAMES)):
+        resolve_family("nonesuch", None)
+    assert resolve_family(AUTO, template_source(family_tokenizer("llama3"))).name == "llama3"
+    with pytest.raises(ValueError, match="unknown model family 'nonesuch'"):
+        Settings(model_family="nonesuch")
+
+
+def _ingress(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "titoflow"), "ingress"],
+        env={**os.environ, **env},
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_service_refuses_an_unknown_family_in_one_line(tmp_path: Path) -> None:
+    bad = _ingress({"TITOFLOW_MODEL_FAMILY": "nonesuch"})
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    [line] = bad.stderr.strip().splitlines()
+    assert line.startswith("titoflow ingress: TITOFLOW_MODEL_FAMILY: ") and "qwen3" in line
+
+    config = {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_bytes(
+        (tokenizer_dir("qwen3") / "tokenizer.json").read_bytes()
+    )
+    unknown = _ingress({"TITOFLOW_MODEL_PATH": str(tmp_path)})
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    [line] = unknown.stderr.strip().splitlines()
+    assert "no known model family" in line and "TITOFLOW_MODEL_FAMILY" in line
