@@ -1,7 +1,7 @@
 """How often the tiny agentic policy completes a tool loop, per real scaffold, greedy and at
 temperature 1.0, on the real vLLM CPU engine.
 
-    .venv/bin/python bench/agent_policy.py [-n 20] [--url ENGINE_URL] [--only NAME]
+    .venv/bin/python -m bench.agent_policy [-n 20] [--url ENGINE_URL] [--only NAME]
 
 Each scenario is a real scaffold's captured requests (``bench/captures/<client>/``: Claude Code
 2.1.197 ``--bare`` and default mode, OpenCode 1.18.33 and its title call, Codex 0.169.0, each run
@@ -32,7 +32,7 @@ import httpx
 
 from bench.harness import command_line, write_results
 from cli.dev.engine_process import start_vllm
-from ingress.turns.turn import ChatTurn
+from ingress.turns.turn import ChatTurn, SessionRef
 from ingress.wire import anthropic_messages, openai_chat, openai_responses
 from titoflow.settings import Settings
 from titoflow.tito.families.base import ParserOptions
@@ -42,7 +42,7 @@ from titoflow.tito.tokenizer import load_tokenizer
 CAPTURES = Path(__file__).resolve().parent / "captures"
 CAPTURED_COMMAND = "echo hello"  # what the captures' tasks and tool calls say
 IM_END = 151645
-Parse = Callable[[Any, str | None, dict[str, str]], tuple[ChatTurn, Any]]
+Parse = Callable[[Any, SessionRef], tuple[ChatTurn, Any]]
 PARSERS: dict[str, Parse] = {
     "messages": anthropic_messages.parse_request,
     "responses": openai_responses.parse_request,
@@ -118,8 +118,7 @@ class Evaluator:
         raw = raw.replace(CAPTURED_COMMAND, json.dumps(command)[1:-1])
         captured = json.loads(raw)
         api = capture.rsplit("-", 1)[-1].removesuffix(".json")
-        headers = {k.lower(): v for k, v in captured["headers"].items()}
-        turn, _ = PARSERS[api](captured["body"], "bench", headers)
+        turn, _ = PARSERS[api](captured["body"], SessionRef(session_id="bench"))
         text = self.renderer.render_text(turn.messages, turn.tools, turn.template_kwargs, True)
         return self.renderer.encode(text), turn
 

@@ -1,7 +1,7 @@
 """The worker's per-step cost in process: ``Assembler.apply`` over encoded TITO steps, without
 Kafka, so a change to assembly is measured apart from the broker's noise.
 
-    .venv/bin/python bench/assembly.py [--tokens 1000 16000] [--sessions 50] [--against PATH]
+    .venv/bin/python -m bench.assembly [--tokens 1000 16000] [--sessions 50] [--against PATH]
 
 The events are ``bench/pipeline.py``'s (sessions of 8 TITO-chained steps, each adding ``tokens``
 tokens, packed as the ingress packs them), encoded first; each round applies all of them to a

@@ -1,7 +1,7 @@
 """Capacity model: per-unit figures measured on one ingress and one worker, the model's table
 for 1k / 10k / 100k concurrent sessions, and a check of the model's prediction at a large load.
 
-    .venv/bin/python bench/capacity.py [--burst 200] [--unit-sessions 500] [--sessions 2000] \
+    .venv/bin/python -m bench.capacity [--burst 200] [--unit-sessions 500] [--sessions 2000] \
         [--turns 4] [--period 40] [--turn-every 30] [--context 32000] [--session-turns 50]
 
 Everything runs on real tansu with one real ingress and one real worker process, and the

@@ -2,7 +2,7 @@
 (``ingress.wire.http.read_json``: parsing, the size and depth bounds) and parsing it into a turn
 (each adapter's ``parse_request``: validation, tool and session checks).
 
-    .venv/bin/python bench/edge_cost.py [--repeat 200] [--rounds 7] [--against PATH]
+    .venv/bin/python -m bench.edge_cost [--repeat 200] [--rounds 7] [--against PATH]
 
 The bodies are the captured requests of bench/captures (Claude Code, Codex, OpenCode) and a
 long Claude Code history (its messages repeated to 200). Messages are parsed once before timing,

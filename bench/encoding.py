@@ -1,6 +1,6 @@
 """Bytes and CPU of a segment's token arrays under each candidate wire encoding, side by side.
 
-    .venv/bin/pip install msgpack && .venv/bin/python bench/encoding.py [--tokens 1000 16000]
+    .venv/bin/pip install msgpack && .venv/bin/python -m bench.encoding [--tokens 1000 16000]
 
 Segments are built like real ones: Qwen3 vocabulary ids (context tokens skew to frequent ids,
 generated ones from the tiny model's near-uniform sampling), float32 logprobs, a uint8 mask and

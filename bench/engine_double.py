@@ -10,7 +10,7 @@ a benchmark measures only what sits between a client and the engine:
 - ``GET /health``; ``GET /is_paused``, always false: an ingress driving its engines' pause
   state (the default) settles on it instead of retrying an unknown route every second.
 
-    .venv/bin/python bench/engine_double.py --port 8000 [--model-path .models/tiny-qwen3]
+    .venv/bin/python -m bench.engine_double --port 8000 [--model-path .models/tiny-qwen3]
 """
 
 from __future__ import annotations

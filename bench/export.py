@@ -2,7 +2,7 @@
 on a real tansu broker to Parquet, Parquet to a Hugging Face ``datasets`` directory, and reading
 an export back, all in one run on the same segments.
 
-    .venv/bin/python bench/export.py [--segments 2000] [--tokens 4000] [--rounds 3]
+    .venv/bin/python -m bench.export [--segments 2000] [--tokens 4000] [--rounds 3]
 
 The segments are made first (``--tokens`` tokens each: a 20 % completion with random float32
 logprobs, the rest context), written as ``titoflow replay --out`` writes them and published to

@@ -9,7 +9,7 @@ once the broker acknowledged it. No chat parsing, no template, no tokens, no ste
 added latency it shows is the HTTP hop plus the acknowledged publish, the floor under titoflow's.
 Without ``--topic`` it publishes nothing: a plain pass-through, the HTTP hop alone.
 
-    .venv/bin/python bench/floor_proxy.py --port 8001 --engine-url URL [--bootstrap HOST:PORT \
+    .venv/bin/python -m bench.floor_proxy --port 8001 --engine-url URL [--bootstrap HOST:PORT \
         --topic NAME]
 """
 

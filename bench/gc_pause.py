@@ -1,7 +1,7 @@
 """The garbage collector's full-collection pause of an ingress holding many sessions, with and
 without start-up's objects frozen out of the walk (titoflow/gc_pauses.py).
 
-    PYTHONPATH=. .venv/bin/python bench/gc_pause.py [--sessions 200 1000] [--turns 40] [--rounds 5]
+    .venv/bin/python -m bench.gc_pause [--sessions 200 1000] [--turns 40] [--rounds 5]
 
 In process, as the ingress holds them: one :class:`~ingress.turns.service.ChatService` (the SCRIPTED
 ENGINE DOUBLE of bench/tito_cost.py, answering at once with a tool call; steps dropped) takes
@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import command_line, write_results
+from bench.harness import ROOT, command_line, write_results
 
 
 def _case(sessions: int, turns: int, freeze: bool, rounds: int) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def _case(sessions: int, turns: int, freeze: bool, rounds: int) -> dict[str, Any
         cpu = time.process_time()
         for turn in range(1, turns + 1):
             for s, messages in enumerate(conversations):
-                result = await service.complete(
+                [result] = await service.complete(
                     ChatTurn(
                         session=SessionRef(session_id=f"s{s}"),
                         api="openai.chat",
@@ -116,10 +116,11 @@ def main() -> None:
     for sessions in args.sessions:
         for freeze in (False, True):
             case = json.dumps([sessions, freeze])
-            command = [sys.executable, __file__, "--case", case]
+            command = [sys.executable, "-m", "bench.gc_pause", "--case", case]
             command += ["--turns", str(args.turns), "--rounds", str(args.rounds)]
             out = subprocess.run(
                 command,
+                cwd=ROOT,
                 check=True,
                 capture_output=True,
                 text=True,

@@ -1,8 +1,8 @@
 """Prefill a GRPO group saves with group routing (TITOFLOW_ENGINE_GROUP_ROUTING), against
 session-only routing, in one run on two vLLM CPU engines.
 
-    .venv/bin/python bench/group_prefill.py          # starts two vLLM CPU engines (the policy)
-    .venv/bin/python bench/group_prefill.py --engine-urls URL,URL --model .models/tiny-qwen3
+    .venv/bin/python -m bench.group_prefill          # starts two vLLM CPU engines (the policy)
+    .venv/bin/python -m bench.group_prefill --engine-urls URL,URL --model .models/tiny-qwen3
 
 Two ingress replicas run on the same two engines and the same tansu broker: one routes by
 instance id, the other by session id (the default). Each round, each replica in turn (the

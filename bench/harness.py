@@ -1,4 +1,5 @@
-"""What the benchmarks share: the processes they run, what they read of them, and results.
+"""What the benchmarks share: the processes they run, what they read of them, results, and the
+captured Claude Code tool list (the TITO-cost benchmark's and the template tests' long one).
 
 Processes are the real ones (tansu, the ingress and workers as ``titoflow`` starts them, LiteLLM's
 proxy from ``.venv-bench``), plus the zero-latency engine double of ``bench/engine_double.py``.
@@ -23,6 +24,23 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BENCH_VENV = ROOT / ".venv-bench"
 _TICKS = os.sysconf("SC_CLK_TCK")
+CLAUDE_CODE = ROOT / "bench/captures/claude-default/001-sess-x-v-messages.json"
+
+
+def claude_code_tools() -> tuple[dict[str, Any], ...]:
+    """Claude Code's default tool list as its captured request sent it, as OpenAI tools."""
+    tools = json.loads(CLAUDE_CODE.read_text())["body"]["tools"]
+    return tuple(
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t["input_schema"],
+            },
+        }
+        for t in tools
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -95,7 +113,9 @@ def write_results(name: str, command: str, data: dict[str, Any], table: str) -> 
 
 
 def command_line() -> str:
-    return " ".join([".venv/bin/python", *sys.argv])
+    """The command as run: ``.venv/bin/python -m bench.<name> ARGS`` (``sys.argv[0]`` is the
+    module's file)."""
+    return " ".join([".venv/bin/python", "-m", f"bench.{Path(sys.argv[0]).stem}", *sys.argv[1:]])
 
 
 def wait_http(proc: ManagedProcess, url: str, timeout_s: float = 120) -> None:

@@ -4,7 +4,7 @@ from /proc. What it measures is the background work every replica does forever (
 logs' fetch loops); ``--against`` runs another checkout's ingress on the same broker too,
 sampled over the same seconds.
 
-    PYTHONPATH=. .venv/bin/python bench/idle_cpu.py --seconds 20 --against /tmp/base
+    .venv/bin/python -m bench.idle_cpu --seconds 20 --against /tmp/base
 """
 
 from __future__ import annotations

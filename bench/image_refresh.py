@@ -3,7 +3,7 @@
 existence check it replaced (``has``, one stat), on ``--images`` stored images of a directory of
 the file system to measure; per step, the thread hop that carries them off the event loop.
 
-    PYTHONPATH=. .venv/bin/python bench/image_refresh.py [--dir /mnt/images/bench] [--rounds 20]
+    .venv/bin/python -m bench.image_refresh [--dir /mnt/images/bench] [--rounds 20]
 
 Prints the best and the median of five timed passes, in µs; the directory is removed after.
 """

@@ -21,7 +21,7 @@ budgets, no sampling record, no metrics, no control log, no trace; one process, 
 evicted. So its added cost is the floor's plus the TITO work itself, and titoflow's above it is
 what titoflow's ingress does besides (bench/overhead.py prints the three apart).
 
-    .venv/bin/python bench/lean_turn.py --port 8002 --engine-url URL --bootstrap HOST:PORT \
+    .venv/bin/python -m bench.lean_turn --port 8002 --engine-url URL --bootstrap HOST:PORT \
         --topic NAME
 """
 

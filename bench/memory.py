@@ -1,6 +1,6 @@
 """Ingress RSS per cached session and worker RSS per open session, at 1k and 10k sessions.
 
-    .venv/bin/python bench/memory.py [--sessions 1000 10000] [--turns 2] [--tokens 1000]
+    .venv/bin/python -m bench.memory [--sessions 1000 10000] [--turns 2] [--tokens 1000]
 
 Ingress: sessions of ``--turns`` agent turns (``bench/overhead.py``'s workload) through a real
 ingress on the ZERO-LATENCY ENGINE DOUBLE and tansu, with a session cache big enough to keep
@@ -23,11 +23,11 @@ import httpx
 
 from bench.harness import command_line, rss_bytes, start_double, write_results
 from bench.overhead import ChatSessions, Workload, drive, no_meter
-from bench.pipeline import session_events, wait_assigned
+from bench.pipeline import session_events, wait_assigned, worker_topics
 from cli.dev.broker import start_tansu
 from cli.dev.procs import free_port
 from cli.dev.stack import start_ingress, start_worker
-from titoflow.bus import Publisher, ensure_topics
+from titoflow.bus import Publisher
 from titoflow.settings import Settings
 
 
@@ -62,15 +62,7 @@ def ingress_rss(
 def worker_rss(
     bootstrap: str, log_dir: Path, sessions: int, steps: int, tokens: int
 ) -> dict[str, Any]:
-    run_id = uuid.uuid4().hex[:8]
-    settings = Settings(
-        bootstrap_servers=bootstrap,
-        topic_prefix=f"bench-{run_id}",
-        worker_group=f"bench-{run_id}",
-        idle_finalize_s=3600,
-        worker_metrics_port=free_port(),
-    )
-    asyncio.run(ensure_topics(settings))
+    run_id, settings = worker_topics(bootstrap, worker_metrics_port=free_port())
     proc = start_worker(settings, log_dir, f"worker-{run_id}")
     try:
         asyncio.run(wait_assigned([proc], settings.steps_partitions, 120))

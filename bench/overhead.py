@@ -1,8 +1,8 @@
 """Added latency and CPU of titoflow's ingress and of LiteLLM's proxy, side by side in one run.
 
     bash scripts/setup-bench.sh    # LiteLLM's proxy in .venv-bench (without it: skipped, and said)
-    .venv/bin/python bench/overhead.py                            # zero-latency engine double
-    .venv/bin/python bench/overhead.py --engine-url URL --sessions 8 --turns 10   # a real vLLM
+    .venv/bin/python -m bench.overhead                            # zero-latency engine double
+    .venv/bin/python -m bench.overhead --engine-url URL --sessions 8 --turns 10   # a real vLLM
 
 The workload is an agent loop: ``--sessions`` sessions of ``--turns`` turns, a system prompt and
 two tools, each reply a tool call answered with a tool result, so the history grows every turn.

@@ -1,7 +1,7 @@
 """Steps/s from publish to consumed segments with 1 and 2 workers, finalize→segment latency, and
 broker bytes per token, on a real tansu broker and real worker processes.
 
-    .venv/bin/python bench/pipeline.py [--workers 1 2] [--tokens 1000 16000] [--steps 8000 800] \
+    .venv/bin/python -m bench.pipeline [--workers 1 2] [--tokens 1000 16000] [--steps 8000 800] \
         [--against PATH [--rounds N]]
 
 Per (step size, worker count): ``--steps`` StepRecorded events (sessions of ``--steps-per-session``
@@ -111,6 +111,21 @@ def encode_load(
     return load, per_token
 
 
+def worker_topics(bootstrap: str, **fields: Any) -> tuple[str, Settings]:
+    """A run id and the settings of a worker group on topics of its own, made on the broker;
+    sessions are never closed for idling. ``fields`` set any other setting."""
+    run_id = uuid.uuid4().hex[:8]
+    settings = Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"bench-{run_id}",
+        worker_group=f"bench-{run_id}",
+        idle_finalize_s=3600,
+        **fields,
+    )
+    asyncio.run(ensure_topics(settings))
+    return run_id, settings
+
+
 async def wait_assigned(workers: list[ManagedProcess], partitions: int, timeout_s: float) -> None:
     """Until the workers' latest assignments split every partition of the steps topic."""
     deadline = time.monotonic() + timeout_s
@@ -195,14 +210,7 @@ def measure(
     per_session: int,
     code: Path | None = None,
 ) -> dict[str, Any]:
-    run_id = uuid.uuid4().hex[:8]
-    settings = Settings(
-        bootstrap_servers=bootstrap,
-        topic_prefix=f"bench-{run_id}",
-        worker_group=f"bench-{run_id}",
-        idle_finalize_s=3600,
-    )
-    asyncio.run(ensure_topics(settings))
+    run_id, settings = worker_topics(bootstrap)
     procs = [start_worker(settings, log_dir, f"worker-{run_id}-{i}", code) for i in range(workers)]
     try:
         asyncio.run(wait_assigned(procs, settings.steps_partitions, 120))

@@ -2,7 +2,7 @@
 aiokafka (``titoflow.bus.Publisher``) and through FastStream (``titoflow.bus.StreamPublisher``
 on a service broker), same run, on a real tansu.
 
-    .venv/bin/python bench/publish.py [--bytes 2000 50000] [--records 70] [--calls 100] [--rounds 6]
+    .venv/bin/python -m bench.publish [--bytes 2000 50000] [--records 70] [--calls 100] [--rounds 6]
 
 Each call publishes ``--records`` records of ``--bytes`` bytes under as many keys (segments of
 as many sessions) to ``<prefix>.segments`` and waits for every ack; a round times ``--calls``

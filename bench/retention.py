@@ -1,7 +1,7 @@
 """Bytes a topic holds per token: what a retention window of N days costs in disk
 (docs/operations.md, "Retention").
 
-    .venv/bin/python bench/retention.py [--tokens 250 1000 4000] [--steps-per-session 8]
+    .venv/bin/python -m bench.retention [--tokens 250 1000 4000] [--steps-per-session 8]
 
 Steps: sessions of TITO-chained ``StepRecorded`` events as ``bench/pipeline.py`` makes them (80 %
 prompt tail, 20 % completion, packed as the ingress packs them), serialized as published.

@@ -4,7 +4,7 @@ called as ASGI (no server, no socket) with a turn route's POST that its handler 
 without them (FastAPI's middleware and router serving every route), interleaved rounds, CPU µs
 a request (median over rounds). What differs is the stack's cost alone: the same handler runs.
 
-    PYTHONPATH=. .venv/bin/python bench/route_cost.py [--calls 3000] [--rounds 7]
+    .venv/bin/python -m bench.route_cost [--calls 3000] [--rounds 7]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bytes per token of routed experts on the wire: JSON lists vs titoflow's packed block.
 
-    .venv/bin/python bench/routing.py [--tokens 4000]
+    .venv/bin/python -m bench.routing [--tokens 4000]
 
 For a few MoE shapes (layers x top-k, expert count), random expert ids for ``--tokens`` positions
 are encoded as a JSON nested list ``[[[e, ...], ...], ...]`` and as the

@@ -1,6 +1,6 @@
 """Per-turn render + tokenize cost along a long agent conversation: TITO versus full re-render.
 
-    .venv/bin/python bench/tito_cost.py [--turns 1 10 50 200] [--repeat 30] [--family F ...|all]
+    .venv/bin/python -m bench.tito_cost [--turns 1 10 50 200] [--repeat 30] [--family F ...|all]
         [--tools two claude-code]
 
 One session of an agent loop (system prompt, two tools, each turn a tool call and a ~600-char
@@ -32,11 +32,10 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.engine_double import ARGUMENTS, TOOL
-from bench.harness import command_line, write_results
+from bench.harness import claude_code_tools, command_line, write_results
 from bench.overhead import SYSTEM, TOOLS, tool_output
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from ingress.turns.chains import ChainStore
@@ -84,25 +83,6 @@ OPENING = (
     Message(role="system", content=SYSTEM),
     Message(role="user", content="Task: the test test_handler fails; find out why."),
 )
-
-
-CLAUDE_CODE = Path(__file__).parent / "captures/claude-default/001-sess-x-v-messages.json"
-
-
-def claude_code_tools() -> tuple[dict[str, Any], ...]:
-    """Claude Code's default tool list as its captured request sent it, as OpenAI tools."""
-    tools = json.loads(CLAUDE_CODE.read_text())["body"]["tools"]
-    return tuple(
-        {
-            "type": "function",
-            "function": {
-                "name": t["name"],
-                "description": t.get("description", ""),
-                "parameters": t["input_schema"],
-            },
-        }
-        for t in tools
-    )
 
 
 TOOL_LISTS = {"two": lambda: TOOLS, "claude-code": claude_code_tools}
@@ -204,7 +184,7 @@ async def play(turns: list[int], family: str | None, tool_list: str) -> Session:
                 service.chains.advance(own.session_id, None, found[0])
             asked[turn] = request.model_copy(update={"session": own})
             prompt_tokens[turn] = len(renderer.full_prompt(request.messages, tools, {}))
-        result = await service.complete(request)
+        [result] = await service.complete(request)
         answer = result.parsed.tool_calls[0]
         messages.append(Message(role="assistant", tool_calls=(answer,)))
         messages.append(

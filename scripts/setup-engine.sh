@@ -5,10 +5,7 @@
 # Idempotent: does nothing when that python already imports vllm and the extras are there.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv-engine"
-py="$venv/bin/python"
-pip=("$py" -m pip --quiet --disable-pip-version-check)
+source "$(dirname "${BASH_SOURCE[0]}")/lib/side-venv.sh" .venv-engine
 
 # Vision extras (docs/engine.md, "Images"): Qwen-VL's processor needs torchvision, which the
 # engine environment goes without. The registry's wheel is a CUDA build whose ops do not load
@@ -18,8 +15,7 @@ vision_extras() {
     local extras="$root/.engine-vl"
     if [[ ! -f "$extras/torchvision/__init__.py" ]]; then
         # 0.28.0 is the release built against torch 2.13.
-        "${pip[@]}" install --no-deps --target "$extras" "torchvision==0.28.0" 2>&1 \
-            | grep -v "is ignored: it is neither a file nor a directory" || true
+        pip_install --no-deps --target "$extras" "torchvision==0.28.0"
         [[ -f "$extras/torchvision/__init__.py" ]] || { echo "torchvision install failed" >&2; exit 1; }
     fi
     echo "engine vision extras ready: $extras"

@@ -14,7 +14,7 @@ cd "$root"
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,otel,torch,export]" 2>&1 \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,otel,torch,export,stack]" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import titoflow, aiokafka, transformers, torch" # fails loudly if the install did
 bash scripts/setup-engine.sh

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import hypothesis
 import pytest
 
-from cli.dev.model_build import RANDOM_MODEL_DIR, build_agent_policy, build_tiny_model
+from cli.dev.model_build import RANDOM_MODEL_DIR, build_tiny_model
+from cli.dev.models import build_agent_policy
 from cli.dev.vl_policy import build_vl_policy
 from schemas.events import SegmentFinalized, segments_topic_adapter
 from tests.support.engines import engine_for_tests

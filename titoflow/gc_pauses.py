@@ -11,7 +11,7 @@ stops for a noticeable time whenever the collector decides to. Two things here:
   a bench can read them. The young generations, collected many times a turn, cost the callback
   one comparison each.
 - :func:`freeze_startup` moves what start-up made (modules, the tokenizer, templates, the app:
-  ~115k objects, most of a full collection's pause at a few hundred sessions, §5b) out of every
+  most of a full collection's pause at a few hundred sessions, §5b) out of every
   later collection's walk (``gc.freeze``). Call it once start-up is done; objects made later are
   collected as before. What start-up made and later drops is freed by reference counting as
   before, and only its cyclic garbage would stay (start-up's cyclic garbage is collected first).

@@ -23,8 +23,8 @@ from typing import Any
 from schemas.events import LOGPROB_SOURCE_NONE, LOGPROB_SOURCE_RECOMPUTED, VersionSpan
 from titoflow.errors import TemplateError
 from titoflow.tito.image_grid import ImageProcessing
-from titoflow.tito.images import IMAGE_PAD, expand
 from titoflow.tito.messages import Message
+from titoflow.tito.prompt_images import IMAGE_PAD, expand
 from titoflow.tito.render import ChatRenderer
 
 Span = tuple[int, int]

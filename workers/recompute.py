@@ -17,8 +17,8 @@ so they are raw in either ``--logprobs-mode`` (vllm/v1/worker/gpu_model_runner.p
 step that recorded processed logprobs at a temperature other than 1, with a cut or a penalty has
 its pending tokens masked (``recompute_masked_processed``) instead of given a raw value.
 
-It is a FastStream batch subscriber (:mod:`workers.subscription`): a batch is acknowledged (its
-offsets committed) once every segment it held is published.
+It is a FastStream batch subscriber (:mod:`titoflow.bus.subscription`): a batch is acknowledged
+(its offsets committed) once every segment it held is published.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from faststream.kafka.annotations import KafkaMessage
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
@@ -42,7 +41,8 @@ from schemas.events import (
 )
 from schemas.reasons import DeadLetterReason
 from titoflow.bus import (
-    CommitFailedError,
+    Batch,
+    BatchSubscription,
     ConsumerRecord,
     RecordPublisher,
     StreamPublisher,
@@ -55,7 +55,6 @@ from titoflow.settings import Settings
 from workers import metrics
 from workers.assembly.pending import pending_positions
 from workers.rebuild import runs
-from workers.subscription import BatchSubscription, Records
 from workers.worker import publish_dead_letter
 
 log = logging.getLogger("titoflow.recompute")
@@ -204,7 +203,8 @@ class RecomputeWorker:
     async def _start(self) -> None:
         await ensure_topics(self.settings)
 
-    async def _apply(self, message: KafkaMessage, records: Records) -> None:
+    async def _apply(self, batch: Batch) -> None:
+        records = batch.records
         self.in_flight = len(records)
         await self._observe()
         # Engine calls run concurrently; results are published in the order read, so a
@@ -213,10 +213,8 @@ class RecomputeWorker:
         for record, result in zip(records, finished, strict=True):
             await self._publish(record, result)
         self.in_flight = 0
-        try:  # everything fetched is published: its offsets may go (bounded as the worker's)
-            async with asyncio.timeout(self.settings.publish_timeout_s):
-                await message.ack()
-        except CommitFailedError:  # rebalanced meanwhile: the next owner redoes it
+        # Everything fetched is published: its offsets may go (bounded as the worker's).
+        if not await batch.commit(self.settings.publish_timeout_s):
             log.info("commit lost to a rebalance; segments will be republished")
         await self._observe()
 

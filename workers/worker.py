@@ -1,5 +1,5 @@
 """The assembly worker: a consumer-group member on ``<prefix>.steps`` publishing segments, as a
-FastStream batch subscriber with manual acknowledgement (:mod:`workers.subscription`).
+FastStream batch subscriber with manual acknowledgement (:mod:`titoflow.bus.subscription`).
 
 Crash safety (at-least-once, deterministic output): segments are published (acked) before
 offsets are committed, and a partition's committed offset never passes the first event of a
@@ -16,16 +16,13 @@ start them mid-way, and a commit after it would pass their first events.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import Iterable
 
-from faststream.kafka.annotations import KafkaMessage
 from prometheus_client import start_http_server
 
 from schemas.events import (
-    DeadLetter,
     RecomputeRequested,
     SegmentFinalized,
     SessionDiscarded,
@@ -35,12 +32,15 @@ from schemas.events import (
 )
 from schemas.reasons import DeadLetterReason
 from titoflow.bus import (
+    Batch,
+    BatchSubscription,
     ConsumerRecord,
     RebalanceListener,
     RecordPublisher,
     StreamPublisher,
     TopicPartition,
     ensure_topics,
+    send_to_dlq,
 )
 from titoflow.gc_pauses import freeze_startup, watch_full_collections
 from titoflow.settings import Settings
@@ -52,7 +52,6 @@ from workers.assembler import Assembler
 from workers.assembly.pending import needs_recompute
 from workers.partitions import PartitionLedger, Verdict
 from workers.rebuild import Rebuilder
-from workers.subscription import BatchSubscription, Records
 
 log = logging.getLogger("titoflow.worker")
 
@@ -107,22 +106,10 @@ async def publish_dead_letter(
     reason: DeadLetterReason,
     detail: str = "",
 ) -> None:
-    """Send ``record`` to the DLQ: its bytes, where it came from, and why (counted by why)."""
+    """Send ``record`` to the DLQ (logged, and counted by why)."""
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     log.warning("dead letter %s: %s %s", where, reason, detail)
-    letter = DeadLetter(
-        reason=reason,
-        detail=detail,
-        source_topic=record.topic,
-        source_partition=record.partition,
-        source_offset=record.offset,
-        key=record.key.decode("utf-8", "replace") if record.key else None,
-        value_b64=base64.b64encode(record.value or b"").decode("ascii"),
-        event_time=time.time(),
-    )
-    await publisher.publish(
-        settings.topic("dlq"), letter.key or "", letter.model_dump_json().encode()
-    )
+    await send_to_dlq(publisher, settings, record, reason, detail)
     metrics.DEAD_LETTERS.labels(reason.value).inc()
 
 
@@ -189,7 +176,7 @@ class Worker:
         await self.steps.run(
             stop,
             starting=[self._start],
-            tick=lambda: self._apply(None, ()),
+            tick=lambda: self._apply(Batch()),
             last=self.commit,
         )
 
@@ -200,10 +187,10 @@ class Worker:
         watch_full_collections()
         freeze_startup()  # the tokenizer and the app: out of every full collection's walk
 
-    async def _apply(self, _message: KafkaMessage | None, records: Records) -> None:
+    async def _apply(self, batch: Batch) -> None:
         segments: list[Output] = []
         stale: set[int] = set()  # partitions whose reading this batch does not continue
-        for record in records:
+        for record in batch.records:
             partition = record.partition
             if partition in stale:
                 continue
@@ -222,7 +209,7 @@ class Worker:
                 "records of partitions %s not applied: fetched before their assignment", stale
             )
         segments += self._finalize_idle()
-        if records or segments:
+        if batch.records or segments:
             await self._publish_segments(segments)
             await self.commit()
         self._observe()

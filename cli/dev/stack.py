@@ -16,7 +16,7 @@ import httpx
 
 from cli.dev.broker import start_tansu
 from cli.dev.engine_process import launch_vllm, start_vllm
-from cli.dev.model_build import build_default_model
+from cli.dev.models import model_for_up
 from cli.dev.procs import ManagedProcess, free_port, stop_all
 from cli.dev.supervisor import DEFAULT_POLICY, RestartPolicy, Supervisor
 from titoflow.bus import ensure_topics
@@ -141,13 +141,15 @@ class LocalStack:
 
     def start(self, workers: int = 1) -> LocalStack:
         try:
+            own_engine = not (self.settings.engine_url or self.settings.engine_urls)
+            if own_engine:  # a model path it cannot serve is refused before anything starts
+                model_for_up(self.settings)
             if not self.settings.bootstrap_servers:
                 broker, bootstrap = start_tansu(self.log_dir)
                 self.supervisor.add("broker", broker, None, BROKER_DEATH)
                 self.settings = self.settings.model_copy(update={"bootstrap_servers": bootstrap})
             asyncio.run(ensure_topics(self.settings))
-            if not (self.settings.engine_url or self.settings.engine_urls):
-                build_default_model(self.settings)
+            if own_engine:
                 engine, engine_url = start_vllm(self.settings, log_dir=self.log_dir)
                 port = int(engine_url.rsplit(":", 1)[1])
                 self.supervisor.add(

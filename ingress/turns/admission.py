@@ -1,5 +1,9 @@
 """Whether a call may reach the engine, how many tokens it may ask for, and the sampling the
-rollout driver forces on its session (:mod:`ingress.turns.sampling`).
+rollout driver forces on its session (:mod:`ingress.turns.sampling`), in three phases the
+service calls in order: :meth:`Admission.enter` (before rendering: budget, bounds in flight, an
+open session), :meth:`Admission.fit` (the prompt known: step limit, max_tokens, token budget
+and the driver's sampling in one clamp), :meth:`Admission.admit` (the pause gate, the session
+still open, the weight version).
 
 Invariants:
 - Every refusal (a session that already ended, the session's step limit or budget, the context
@@ -23,12 +27,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ingress.turns import sampling
 from ingress.turns.budgets import SessionBudgets
-from ingress.turns.chains import Chain
 from ingress.turns.ended_sessions import EndedSessions
+from ingress.turns.prompts import PreparedCall
 from ingress.turns.service_options import ServiceOptions
 from ingress.turns.turn import ChatTurn, TokenCall
 from titoflow.errors import (
@@ -38,9 +42,6 @@ from titoflow.errors import (
     SessionStepLimit,
     TrajectoryVersionChanged,
 )
-
-if TYPE_CHECKING:
-    from ingress.turns.prompts import PreparedCall
 
 R = TypeVar("R", ChatTurn, TokenCall)
 
@@ -120,7 +121,7 @@ _ROLE = attrgetter("role")
 def turn_number(turn: ChatTurn) -> int:
     """The call's place in its conversation, read from the call alone (so every replica reads
     the same): one more than the assistant turns its history holds."""
-    return 1 + list(map(_ROLE, turn.messages)).count("assistant")  # 400 messages: ~24 µs
+    return 1 + list(map(_ROLE, turn.messages)).count("assistant")  # C loops: docs/benchmarks.md §9
 
 
 @dataclass(frozen=True)
@@ -134,57 +135,59 @@ class Admission:
     engines: Capacity | None = None  # None: the engines' room is not bounded
 
     def enter(self, session_id: str, turn: Callable[[], int], samples: int = 1) -> Slot:
-        """Admit a call of ``session_id`` (its ``turn()``-th in its conversation, counted only
-        for a session with a turn budget) of ``samples`` engine calls within its budget and the
-        bounds on calls in flight: before any rendering, so a refusal costs next to nothing.
-        The caller releases the slot when the call ends."""
+        """Phase one, before any rendering, so a refusal costs next to nothing: a call of
+        ``session_id`` (its ``turn()``-th in its conversation, counted only for a session with
+        a turn budget) of ``samples`` engine calls, within its budget and the bounds on calls
+        in flight, of a session still open. The caller releases the slot when the call ends."""
         self.budgets.check(session_id, turn, time.time())
         if self.engines is None:
-            return self.in_flight.acquire(places=samples)
-        if samples == 1:
-            return self.in_flight.acquire(also=self.engines.reserve())
-        reserved: list[Callable[[], None]] = []
+            slot = self.in_flight.acquire(places=samples)
+        elif samples == 1:
+            slot = self.in_flight.acquire(also=self.engines.reserve())
+        else:
+            reserved: list[Callable[[], None]] = []
 
-        def free_all() -> None:
-            for free in reserved:
-                free()
+            def free_all() -> None:
+                for free in reserved:
+                    free()
 
+            try:
+                for _ in range(samples):
+                    reserved.append(self.engines.reserve())
+            except Overloaded:
+                free_all()
+                raise
+            slot = self.in_flight.acquire(free_all, samples)
         try:
-            for _ in range(samples):
-                reserved.append(self.engines.reserve())
-        except Overloaded:
-            free_all()
+            self.ended.refuse_if_ended(session_id)
+        except BaseException:
+            slot.release()
             raise
-        return self.in_flight.acquire(free_all, samples)
+        return slot
 
-    def fit_budget(self, call: PreparedCall[R]) -> PreparedCall[R]:
-        """``call`` with its max_tokens clamped to what its session's token budget leaves, and
-        the sampling the driver forces on the session in place of the caller's."""
+    def fit(self, call: PreparedCall[R]) -> PreparedCall[R]:
+        """Phase two, the prompt known: the call within its session's step limit, and in one
+        clamp its max_tokens (:meth:`max_tokens`) and the sampling the driver forces on the
+        session in place of the caller's."""
         session_id = call.request.session.session_id
-        wanted = call.params.max_tokens
-        granted = self.budgets.max_tokens(session_id, wanted, len(call.prompt))
-        params = call.params if granted == wanted else replace(call.params, max_tokens=granted)
+        parent = call.parent
+        if parent is not None and 0 < self.options.max_steps_per_session <= parent.depth:
+            raise SessionStepLimit(
+                f"session {session_id} reached its limit of "
+                f"{self.options.max_steps_per_session} steps"
+            )
+        asked = call.params.max_tokens
+        granted = self.max_tokens(asked, len(call.prompt), session_id)
+        params = call.params if granted == asked else replace(call.params, max_tokens=granted)
         overrides = self.budgets.overrides(session_id)
         if overrides is not None:
             params = sampling.overridden(params, overrides, call.step_id)
         return call if params is call.params else replace(call, params=params)
 
-    def check_open(self, session_id: str) -> None:
-        """A session the driver (or a worker's idle timeout) ended takes no more calls: their
-        steps would reach no segment, so the scaffold is told (409) instead."""
-        self.ended.refuse_if_ended(session_id)
-
-    def check_step_limit(self, session_id: str, parent: Chain) -> None:
-        if 0 < self.options.max_steps_per_session <= parent.depth:
-            raise SessionStepLimit(
-                f"session {session_id} reached its limit of "
-                f"{self.options.max_steps_per_session} steps"
-            )
-
     def max_tokens(self, asked: int | None, prompt_len: int, session_id: str) -> int:
         """What a call may generate: asked (or the default), capped (the deployment's cap, the
-        driver's for the session), and clamped to the room left in the context window (or
-        refused, by the context policy)."""
+        driver's for the session), clamped to the room left in the context window (or refused,
+        by the context policy), then to what the session's token budget leaves."""
         room = self.options.max_model_len - prompt_len
         wanted = asked or self.options.default_max_tokens
         if self.options.max_tokens_cap:
@@ -199,17 +202,19 @@ class Admission:
                 prompt_tokens=prompt_len,
                 limit=self.options.max_model_len,
             )
-        return min(wanted, room)
+        return self.budgets.max_tokens(session_id, min(wanted, room), prompt_len)
 
-    async def admit(self, session_id: str, parent: Chain | None) -> str | None:
-        """Wait while generation is paused (bounded), then check the weights the call will run
-        on (a version announced during the wait counts); return their version."""
+    async def admit(self, call: PreparedCall[R]) -> str | None:
+        """Phase three, last before the engine: wait while generation is paused (bounded), then
+        check the session is still open and the weights the call will run on (a version
+        announced during the wait counts); return their version."""
         if self.control is None:
             return None
+        session_id = call.request.session.session_id
         await self.control.admit()
-        self.check_open(session_id)  # it may have ended while the call waited for a resume
+        self.ended.refuse_if_ended(session_id)  # it may have ended while the call waited
         current = self.control.version
-        first = parent.first_version if parent else None
+        first = call.parent.first_version if call.parent else None
         if self.options.partial_rollout or current is None or first is None or current == first:
             return current
         raise TrajectoryVersionChanged(

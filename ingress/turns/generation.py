@@ -4,26 +4,23 @@ Invariants:
 - The step records the engine's tokens as they came; a chat client's text, reasoning and tool
   calls are decoded and parsed from exactly those tokens (stop strings trimmed), the same
   whether streamed or not.
-- A result exists only once its step is recorded: :class:`TurnResult` and :class:`TokensResult`
-  are returned, and a stream yields :class:`TurnDone`, only after the step was published.
-- The ``n`` samples of one chat request are ``n`` engine calls of one prompt, run together; their
-  steps are published only once every sample was generated, and none is answered unless all
-  were published (:meth:`~ingress.turns.recording.StepRecorder.record_samples`): an engine failure
-  of any sample records none of them.
+- The runner records nothing: it hands back each call's :class:`Sample` (a stream yields it
+  last), and the service records it (:mod:`ingress.turns.recording`) before any
+  :class:`TurnResult` or :class:`TurnDone` exists.
+- The ``n`` samples of one chat request are ``n`` engine calls of one prompt, run together (one,
+  the ordinary case, is awaited as it is); a failure of any ends them all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from ingress.turns.detokenize import Decoder, IncrementalDecoder, StopTrimmer
 from ingress.turns.prompts import AnyCall, PreparedCall
-from ingress.turns.recording import StepRecorder
-from ingress.turns.tracing import CallSpan
-from ingress.turns.turn import ChatTurn, TokenCall
+from ingress.turns.turn import ChatTurn
 from schemas.events import StepRecorded
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import Engine, Generation
@@ -84,22 +81,13 @@ class SampleEvent:
 
 
 @dataclass(frozen=True)
-class _Sampled:
-    """A chat sample's whole output, not yet recorded: a sample stream's last item."""
+class Sample:
+    """An engine call's whole output, not yet recorded: its generation, the milliseconds the
+    engine took and, for a chat turn, the output parsed from its tokens (None: white-box)."""
 
     generation: Generation
-    parsed: ParsedOutput
     engine_ms: float
-
-
-async def _all(samples: Sequence[Awaitable[_Sampled]]) -> list[_Sampled]:
-    """Every sample, or the first failure with the others cancelled (their engine calls end)."""
-    tasks = [asyncio.ensure_future(sample) for sample in samples]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
+    parsed: ParsedOutput | None = None
 
 
 _ID_PREFIX = {"anthropic.messages": "toolu_"}
@@ -107,92 +95,58 @@ _ID_PREFIX = {"anthropic.messages": "toolu_"}
 
 @dataclass(frozen=True)
 class CallRunner:
+    """Runs prepared calls on the engine and hands back what they made; recording is the
+    service's."""
+
     engine: Engine
     tokenizer: Decoder
     family: Family
     end_ids: frozenset[int]  # the stop tokens: they end the turn, no parser reads them
-    recorder: StepRecorder
     routing: RoutingKeys  # the key each call's engine is chosen by (session or instance)
 
-    async def complete(
-        self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
-    ) -> TurnResult:
-        """A chat turn answered at once: its text decoded and parsed when the engine is done."""
-        sampled = await self._sample(call)
-        generation, parsed = sampled.generation, sampled.parsed
-        step = await self.recorder.record(
-            call, version, generation, sampled.engine_ms, span, parsed
-        )
-        return TurnResult(step, parsed, generation, len(call.prompt))
+    async def sample(self, calls: Sequence[PreparedCall[ChatTurn]]) -> list[Sample]:
+        """The samples of one chat request (``calls``: one prompt, a step id each; one unless
+        ``n`` > 1), run together, each decoded and parsed once the engine is done."""
+        if len(calls) == 1:  # no task to run beside: the one call is awaited as it is
+            return [await self._sample(calls[0])]
+        tasks = [asyncio.ensure_future(self._sample(call)) for call in calls]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:  # the first failure cancels the others (their engine calls end)
+            for task in tasks:
+                task.cancel()
 
-    async def complete_samples(
-        self, calls: Sequence[PreparedCall[ChatTurn]], version: str | None, span: CallSpan
-    ) -> list[TurnResult]:
-        """The samples of one chat request (``calls``: one prompt, a step id each), answered
-        together once all are generated and recorded."""
-        sampled = await _all([self._sample(call) for call in calls])
-        return await self._record_samples(calls, sampled, version, span, stream=False)
-
-    async def _sample(self, call: PreparedCall[ChatTurn]) -> _Sampled:
-        generation, engine_ms = await self._generate(call)
+    async def _sample(self, call: PreparedCall[ChatTurn]) -> Sample:
+        sample = await self.generate(call)
         parser = self._parser(call)
         trimmer = StopTrimmer(call.request.sampling.stop)
         text = self.tokenizer.decode(
-            self._text_ids(generation.token_ids),
+            self._text_ids(sample.generation.token_ids),
             skip_special_tokens=not self.family.decode_special_tokens,
         )
         parser.feed(trimmer.push(text) + trimmer.flush())
         _, parsed = parser.finish()
-        return _Sampled(generation, parsed, engine_ms)
+        return Sample(sample.generation, sample.engine_ms, parsed)
 
-    async def _record_samples(
-        self,
-        calls: Sequence[PreparedCall[ChatTurn]],
-        sampled: Sequence[_Sampled],
-        version: str | None,
-        span: CallSpan,
-        stream: bool,
-    ) -> list[TurnResult]:
-        outputs = [
-            (call, s.generation, s.engine_ms, s.parsed)
-            for call, s in zip(calls, sampled, strict=True)
-        ]
-        steps = await self.recorder.record_samples(outputs, version, span, stream)
-        return [
-            TurnResult(step, s.parsed, s.generation, len(call.prompt))
-            for call, s, step in zip(calls, sampled, steps, strict=True)
-        ]
-
-    async def tokens(
-        self, call: PreparedCall[TokenCall], version: str | None, span: CallSpan
-    ) -> TokensResult:
-        """A white-box call: token ids in and out, nothing decoded."""
-        generation, engine_ms = await self._generate(call)
-        step = await self.recorder.record(call, version, generation, engine_ms, span)
-        return TokensResult(step, generation, len(call.prompt))
+    async def generate(self, call: AnyCall) -> Sample:
+        """The whole generation, and the milliseconds the engine took; nothing decoded."""
+        started = time.perf_counter()
+        generation = await self.engine.generate(
+            call.prompt, call.params, call.request_id, session_id=self._routing_key(call)
+        )
+        return Sample(generation, (time.perf_counter() - started) * 1000)
 
     async def stream(
-        self, call: PreparedCall[ChatTurn], version: str | None, span: CallSpan
-    ) -> AsyncIterator[TurnEvent]:
-        """Deltas as the engine samples, then :class:`TurnDone` once the step is durable."""
-        async for event in self._sample_stream(call):
-            if isinstance(event, _Sampled):
-                generation, parsed = event.generation, event.parsed
-                step = await self.recorder.record(
-                    call, version, generation, event.engine_ms, span, parsed, stream=True
-                )
-                yield TurnDone(TurnResult(step, parsed, generation, len(call.prompt)))
-            else:
-                yield event
-
-    async def stream_samples(
-        self, calls: Sequence[PreparedCall[ChatTurn]], version: str | None, span: CallSpan
-    ) -> AsyncIterator[SampleEvent]:
+        self, calls: Sequence[PreparedCall[ChatTurn]]
+    ) -> AsyncIterator[tuple[int, TurnEvent | Sample]]:
         """The deltas of every sample of one chat request as the engine samples them, each
-        with its index; then, once all are generated and recorded, each one's
-        :class:`TurnDone`. A failed sample ends the stream with its error (the others are
-        cancelled, nothing is recorded)."""
-        queue: asyncio.Queue[tuple[int, TurnEvent | _Sampled | Exception]] = asyncio.Queue()
+        with its index, and each sample's :class:`Sample` once it is generated. A failed
+        sample ends the stream with its error (the others are cancelled)."""
+        if len(calls) == 1:  # no others to interleave with: read as it comes
+            async for event in self._sample_stream(calls[0]):
+                yield 0, event
+            return
+        queue: asyncio.Queue[tuple[int, TurnEvent | Sample | Exception]] = asyncio.Queue()
 
         async def pump(index: int, call: PreparedCall[ChatTurn]) -> None:
             try:
@@ -202,27 +156,21 @@ class CallRunner:
                 queue.put_nowait((index, exc))
 
         tasks = [asyncio.create_task(pump(i, call)) for i, call in enumerate(calls)]
-        sampled: dict[int, _Sampled] = {}
+        left = len(calls)
         try:
-            while len(sampled) < len(calls):
-                index, event = await queue.get()
-                if isinstance(event, Exception):
-                    raise event
-                if isinstance(event, _Sampled):
-                    sampled[index] = event
-                else:
-                    yield SampleEvent(index, event)
+            while left:
+                index, item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                left -= isinstance(item, Sample)
+                yield index, item
         finally:  # done, failed, or closed by a client that left mid-stream
             for task in tasks:
                 task.cancel()
-        ordered = [sampled[i] for i in range(len(calls))]
-        results = await self._record_samples(calls, ordered, version, span, stream=True)
-        for index, result in enumerate(results):
-            yield SampleEvent(index, TurnDone(result))
 
     async def _sample_stream(
         self, call: PreparedCall[ChatTurn]
-    ) -> AsyncIterator[OutputDelta | TokensSampled | _Sampled]:
+    ) -> AsyncIterator[OutputDelta | TokensSampled | Sample]:
         """A sample's deltas as the engine samples, then its whole output, unrecorded."""
         turn = call.request
         started = time.perf_counter()
@@ -269,15 +217,7 @@ class CallRunner:
             stop_reason=stop_reason,
             routed_experts=routed,
         )
-        yield _Sampled(generation, parsed, engine_ms)
-
-    async def _generate(self, call: AnyCall) -> tuple[Generation, float]:
-        """The whole generation, and the milliseconds the engine took."""
-        started = time.perf_counter()
-        generation = await self.engine.generate(
-            call.prompt, call.params, call.request_id, session_id=self._routing_key(call)
-        )
-        return generation, (time.perf_counter() - started) * 1000
+        yield Sample(generation, engine_ms, parsed)
 
     def _routing_key(self, call: AnyCall) -> str:
         session = call.request.session

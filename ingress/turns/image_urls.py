@@ -34,12 +34,12 @@ import certifi
 import httpx
 
 from ingress.turns.image_cache import ImageCache
-from ingress.turns.images import check_images
 from ingress.turns.service_options import ServiceOptions
 from ingress.turns.turn import ChatTurn
+from ingress.turns.turn_images import check_images
 from titoflow.errors import InvalidRequest
-from titoflow.tito.images import data_url, image_of, is_http_url, is_read
 from titoflow.tito.messages import Message, MessageImage
+from titoflow.tito.prompt_images import data_url, image_of, is_http_url, is_read
 
 # Fetched images kept per service: a screenshot of turn 3 is re-sent on every later turn.
 CACHED_CHARS = 256 << 20

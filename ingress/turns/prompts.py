@@ -22,17 +22,16 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from ingress.turns import metrics
-from ingress.turns.admission import Admission
 from ingress.turns.chains import Chain, ChainStore
-from ingress.turns.images import has_images, with_images
 from ingress.turns.service_options import ServiceOptions
 from ingress.turns.turn import ChatTurn, TokenCall
+from ingress.turns.turn_images import has_images, with_images
 from schemas.events import step_id_for
 from titoflow.engine.api import GenerateParams
 from titoflow.errors import ContextOverflow, InvalidRequest, NotAppendOnly
 from titoflow.tito.families.grammar import tool_call_constraint
-from titoflow.tito.images import IMAGE_PAD
 from titoflow.tito.messages import Matcher, Message
+from titoflow.tito.prompt_images import IMAGE_PAD
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.shared_tokens import SharedTokens
 from titoflow.tito.tokenizer import TooLong
@@ -144,7 +143,6 @@ def samples_of(call: PreparedCall[ChatTurn], n: int) -> list[PreparedCall[ChatTu
 class PromptBuilder:
     renderer: ChatRenderer
     chains: ChainStore
-    admission: Admission
     options: ServiceOptions
 
     async def for_turn(self, turn: ChatTurn) -> PreparedCall[ChatTurn]:
@@ -163,12 +161,9 @@ class PromptBuilder:
         return self._render(turn, self._find(turn))
 
     def _find(self, turn: ChatTurn) -> tuple[Chain, int] | None:
-        session_id = turn.session.session_id
-        self.admission.check_open(session_id)
-        found = self.chains.find(session_id, turn.messages, turn.tools_digest, self.options.matcher)
-        if found:
-            self.admission.check_step_limit(session_id, found[0])
-        return found
+        return self.chains.find(
+            turn.session.session_id, turn.messages, turn.tools_digest, self.options.matcher
+        )
 
     def _render(self, turn: ChatTurn, found: tuple[Chain, int] | None) -> PreparedCall[ChatTurn]:
         """The prompt from ``found`` (a chain and the messages it covers), refused where a cheap
@@ -221,7 +216,7 @@ class PromptBuilder:
             pad_id = self.renderer.token_id(IMAGE_PAD)
             tail, images = with_images(self.options, pad_id, turn.messages, parent, covered, tail)
         prefix_len = len(parent.tokens) if parent else 0
-        params = self._turn_params(turn, prefix_len + len(tail), prefix_len)
+        params = self._turn_params(turn, prefix_len)
         if images:
             params = replace(params, images=images)
         # Last, once the call is not refused: its tail is written into the parent's store (a
@@ -236,17 +231,12 @@ class PromptBuilder:
         extends that chain (the rest is the tail); otherwise the whole prompt is the tail of a
         new chain, which workers place as they place any cache miss."""
         started = time.perf_counter()
-        self.admission.check_open(call.session.session_id)
         ids = array("i", call.prompt_ids)
         parent = self.chains.find_tokens(call.session.session_id, ids)
-        if parent is not None:
-            self.admission.check_step_limit(call.session.session_id, parent)
         prefix_len = len(parent.tokens) if parent else 0
         tail = ids[prefix_len:]
         params = GenerateParams(
-            max_tokens=self.admission.max_tokens(
-                call.max_tokens, len(ids), call.session.session_id
-            ),
+            max_tokens=call.max_tokens or self.options.default_max_tokens,  # fitted on admission
             routed_experts_start=_first_new_row(prefix_len),
             temperature=call.temperature,
             top_p=call.top_p,
@@ -261,10 +251,7 @@ class PromptBuilder:
         # No messages (none covered), matched token for token, nothing rendered.
         return _ready(call, parent, 0, tail, prompt, params, "strict", started, 0.0)
 
-    def _turn_params(self, turn: ChatTurn, prompt_len: int, prefix_len: int) -> GenerateParams:
-        max_tokens = self.admission.max_tokens(
-            turn.sampling.max_tokens, prompt_len, turn.session.session_id
-        )
+    def _turn_params(self, turn: ChatTurn, prefix_len: int) -> GenerateParams:
         try:
             structured = tool_call_constraint(
                 self.renderer.family,
@@ -276,7 +263,8 @@ class PromptBuilder:
         except ValueError as exc:
             raise InvalidRequest(str(exc), "tool_choice") from exc
         return GenerateParams(
-            max_tokens=max_tokens,
+            # As asked: fitted to the context, caps and budget on admission.
+            max_tokens=turn.sampling.max_tokens or self.options.default_max_tokens,
             temperature=turn.sampling.temperature,
             top_p=turn.sampling.top_p,
             top_k=turn.sampling.top_k,

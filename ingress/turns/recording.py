@@ -22,17 +22,16 @@ from dataclasses import dataclass
 
 from ingress.turns import metrics
 from ingress.turns.chains import ChainStore
+from ingress.turns.generation import Sample
 from ingress.turns.prompts import AnyCall
 from ingress.turns.session_log import Publish, PublishTogether
 from ingress.turns.steps import advance_chain, answer_message, step_event
 from ingress.turns.tracing import CallSpan
 from schemas.events import LogprobsMode, StepRecorded
 from schemas.images import ImageProcessorFingerprint
-from titoflow.engine.api import EngineImage, Generation
+from titoflow.engine.api import EngineImage
 from titoflow.image_store import ImageStore
-from titoflow.tito.images import data_url_bytes
-from titoflow.tito.messages import Message
-from titoflow.tito.output import ParsedOutput
+from titoflow.tito.prompt_images import data_url_bytes
 
 log = logging.getLogger("titoflow.ingress")
 
@@ -51,73 +50,48 @@ class StepRecorder:
 
     async def record(
         self,
-        call: AnyCall,
+        calls: Sequence[AnyCall],
+        samples: Sequence[Sample],
         version: str | None,
-        generation: Generation,
-        engine_ms: float,
         span: CallSpan,
-        parsed: ParsedOutput | None = None,
         stream: bool = False,
-    ) -> StepRecorded:
-        """The step of ``call``, durable; ``parsed`` is a chat turn's output (None: white-box),
-        ``version`` the weight version the call was admitted under."""
-        answer = answer_message(parsed) if parsed is not None else None
-        step = self._step(call, generation, engine_ms, stream, parsed, answer)
-        if call.params.images:  # a text-only call awaits nothing more
-            await self._store(call.params.images)
-        await self.publish(step)
-        span.recorded(step, len(call.prompt))
-        # Counted on the next loop iteration: the answer leaves 0.1 ms sooner.
-        asyncio.get_running_loop().call_soon(_count, step, len(call.prompt), call.started)
-        advance_chain(self.chains, call, step, answer, self.end_ids, version)
-        return step
-
-    async def record_samples(
-        self,
-        samples: Sequence[tuple[AnyCall, Generation, float, ParsedOutput]],
-        version: str | None,
-        span: CallSpan,
-        stream: bool,
     ) -> list[StepRecorded]:
-        """The steps of the samples of one chat request (call, generation, engine ms, parsed),
-        published together (all recorded or none, see the module doc); only then does any
-        chain advance."""
-        assert self.publish_together is not None, "ChatService refuses n > 1 without it"
-        answers = [answer_message(parsed) for *_, parsed in samples]
-        steps = [
-            self._step(call, generation, engine_ms, stream, parsed, answer)
-            for (call, generation, engine_ms, parsed), answer in zip(samples, answers, strict=True)
+        """The steps of ``calls`` (one, or the ``n`` samples of one chat request, sharing one
+        prompt) from their ``samples``, durable: one published alone, several together (all
+        recorded or none, see the module doc); only then does any chain advance. ``version``
+        is the weight version the calls were admitted under."""
+        answers = [
+            answer_message(sample.parsed) if sample.parsed is not None else None
+            for sample in samples
         ]
-        images = samples[0][0].params.images  # the samples share one prompt
-        if images:
+        steps = [
+            step_event(
+                call,
+                sample.generation,
+                sample.engine_ms,
+                stream,
+                sample.parsed,
+                answer,
+                self.logprobs_mode,
+                self.image_processor,
+            )
+            for call, sample, answer in zip(calls, samples, answers, strict=True)
+        ]
+        images = calls[0].params.images  # the samples share one prompt
+        if images:  # a text-only call awaits nothing more
             await self._store(images)
-        await self.publish_together(steps)
+        if len(steps) == 1:
+            await self.publish(steps[0])
+        else:
+            assert self.publish_together is not None, "ChatService refuses n > 1 without it"
+            await self.publish_together(steps)
         loop = asyncio.get_running_loop()
-        for (call, *_), step, answer in zip(samples, steps, answers, strict=True):
+        for call, step, answer in zip(calls, steps, answers, strict=True):
             span.recorded(step, len(call.prompt))
+            # Counted on the next loop iteration: the answer leaves 0.1 ms sooner.
             loop.call_soon(_count, step, len(call.prompt), call.started)
             advance_chain(self.chains, call, step, answer, self.end_ids, version)
         return steps
-
-    def _step(
-        self,
-        call: AnyCall,
-        generation: Generation,
-        engine_ms: float,
-        stream: bool,
-        parsed: ParsedOutput | None,
-        answer: Message | None,
-    ) -> StepRecorded:
-        return step_event(
-            call,
-            generation,
-            engine_ms,
-            stream,
-            parsed,
-            answer,
-            self.logprobs_mode,
-            self.image_processor,
-        )
 
     async def _store(self, images: Sequence[EngineImage]) -> None:
         """Every image the step names in the image store, marked named now; those the engine

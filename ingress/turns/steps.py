@@ -24,9 +24,9 @@ from array import array
 
 from ingress.turns import sampling
 from ingress.turns.chains import Chain, ChainStore
-from ingress.turns.images import held_images
 from ingress.turns.prompts import AnyCall
 from ingress.turns.turn import ChatTurn
+from ingress.turns.turn_images import held_images
 from schemas.events import LogprobsMode, StepRecorded
 from schemas.images import ImageProcessorFingerprint, ImageRecord
 from schemas.routed_experts import RoutedExperts

@@ -69,8 +69,8 @@ class ChatTurn(BaseModel):
 
     @cached_property
     def tools_digest(self) -> str:
-        """SHA-256 of :attr:`tools_key`, hex: what chains compare (a 64 KB tool list's key was
-        compared byte for byte with every chain of the session on every turn) and what a step
+        """SHA-256 of :attr:`tools_key`, hex: what chains compare (a long tool list's key would
+        be compared byte for byte with every chain of the session on every turn) and what a step
         records of it (``tools_hash``, its first 16 digits)."""
         return hashlib.sha256(self.tools_key.encode()).hexdigest()
 

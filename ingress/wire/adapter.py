@@ -2,9 +2,10 @@
 route every one of them serves, text parts and token counts. Each adapter is then only its wire
 shapes: a parser to :class:`~ingress.turns.turn.ChatTurn` and renderers of the service's answer.
 
-Invariant: every chat API answers a request in the same order — a bounded body, parsed into a
-turn, admitted (session key, model), then the service: a whole answer once the step (with ``n``
-samples, every sample's step) is durable, or a stream once the turn is prepared
+Invariant: every chat API answers a request in the same order — a bounded body, its session
+resolved (and its key checked), the body parsed into a turn of that session, its model checked,
+then the service: a whole answer once every sample's step is durable, or a stream once the
+turn is prepared
 (:meth:`~ingress.turns.service.ChatService.open_stream` refuses before the status line). Every error
 up to the status line is answered in the API's own shape (:mod:`ingress.wire.errors`), every later
 one inside the stream (:mod:`ingress.wire.sse`).
@@ -12,7 +13,7 @@ one inside the stream (:mod:`ingress.wire.sse`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
@@ -22,12 +23,12 @@ from pydantic import Field
 
 from ingress.turns.image_cache import DATA_IMAGES
 from ingress.turns.service import SampleEvent, TurnEvent, TurnResult, TurnStarted
-from ingress.turns.turn import ChatTurn
+from ingress.turns.turn import ChatTurn, SessionRef
 from ingress.wire import http, sse
 from ingress.wire.errors import ErrorShape
 from titoflow.errors import InvalidRequest, TitoflowError
-from titoflow.tito.images import image_to_fetch, is_http_url, read_image
 from titoflow.tito.messages import MessageImage
+from titoflow.tito.prompt_images import image_to_fetch, is_http_url, read_image
 
 
 class _Streamable(Protocol):
@@ -40,54 +41,61 @@ Raw = TypeVar("Raw", bound=_Streamable)
 
 @dataclass(frozen=True)
 class TurnApi(Generic[Raw]):
-    """One chat API: ``parse`` turns a body into the turn and the validated request (``Raw``);
-    ``whole`` renders a durable result, ``streamed`` a stream's events; ``errors`` and
-    ``framing`` are the API's error shape and SSE framing; ``samples`` renders a turn of ``n``
-    > 1 samples (OpenAI chat's ``n``; None: the API has no ``n``). :meth:`serve` is its route."""
+    """One chat API: ``parse`` turns a body of a resolved session into the turn and the
+    validated request (``Raw``); ``whole`` renders the turn's durable results (one per sample,
+    in sample order), ``streamed`` its stream's events (each with its sample's index);
+    ``errors`` and ``framing`` are the API's error shape and SSE framing (an API without ``n``
+    wraps its one-sample renderers with :func:`one_sample`). :meth:`serve` is its route."""
 
-    parse: Callable[[Any, str | None, dict[str, str]], tuple[ChatTurn, Raw]]
-    whole: Callable[[Request, ChatTurn, Raw, TurnResult], dict[str, Any]]
-    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer[TurnEvent]]
+    parse: Callable[[Any, SessionRef], tuple[ChatTurn, Raw]]
+    whole: Callable[[Request, ChatTurn, Raw, list[TurnResult]], dict[str, Any]]
+    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer[SampleEvent]]
     errors: ErrorShape
     framing: sse.Framing
-    samples: SamplesApi[Raw] | None = None
 
     async def serve(self, request: Request, session: str | None) -> Response:
         try:
             body = await http.read_json(request)
-            turn, raw = self.parse(body, session, http.lower_headers(request))
-            http.admit(request, turn, body)
+            turn, raw = self.parse(body, http.session_of(request, session, body))
+            http.check_model(request, turn.model)
             service = http.service(request)
-            if turn.n > 1:
-                return await self._serve_samples(request, turn, raw)
             if raw.stream:
                 started, events = await service.open_stream(turn)
                 renderer = self.streamed(request, turn, raw, started)
                 return sse.response(sse.write(self.framing, renderer, events, self.errors.event))
-            result = await service.complete(turn)
-            return http.json_response(self.whole(request, turn, raw, result))
+            results = await service.complete(turn)
+            return http.json_response(self.whole(request, turn, raw, results))
         except TitoflowError as exc:
             return self.errors.response(exc)
 
-    async def _serve_samples(self, request: Request, turn: ChatTurn, raw: Raw) -> Response:
-        if self.samples is None:
-            raise InvalidRequest("this API takes one sample per request", "n")
-        service = http.service(request)
-        if raw.stream:
-            started, events = await service.open_samples(turn)
-            renderer = self.samples.streamed(request, turn, raw, started)
-            return sse.response(sse.write(self.framing, renderer, events, self.errors.event))
-        results = await service.complete_samples(turn)
-        return http.json_response(self.samples.whole(request, turn, raw, results))
+
+class _OneSample:
+    """A one-sample API's renderer of a turn's events, read as the events of its one sample."""
+
+    def __init__(self, renderer: sse.EventRenderer[TurnEvent]) -> None:
+        self.opening = renderer.opening
+        self._render = renderer.render
+
+    def render(self, event: SampleEvent) -> Iterable[sse.Payload]:
+        return self._render(event.event)
 
 
-@dataclass(frozen=True)
-class SamplesApi(Generic[Raw]):
-    """How an API with ``n`` answers a turn's samples: ``whole`` every durable result, in
-    sample order; ``streamed`` the events of all samples, each with its index."""
-
-    whole: Callable[[Request, ChatTurn, Raw, list[TurnResult]], dict[str, Any]]
-    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer[SampleEvent]]
+def one_sample(
+    parse: Callable[[Any, SessionRef], tuple[ChatTurn, Raw]],
+    whole: Callable[[Request, ChatTurn, Raw, TurnResult], dict[str, Any]],
+    streamed: Callable[[Request, ChatTurn, Raw, TurnStarted], sse.EventRenderer[TurnEvent]],
+    errors: ErrorShape,
+    framing: sse.Framing,
+) -> TurnApi[Raw]:
+    """The :class:`TurnApi` of an API without ``n`` (its turns have one sample), from its
+    renderers of that sample."""
+    return TurnApi(
+        parse,
+        lambda request, turn, raw, results: whole(request, turn, raw, results[0]),
+        lambda request, turn, raw, started: _OneSample(streamed(request, turn, raw, started)),
+        errors,
+        framing,
+    )
 
 
 # Tool names as OpenAI and Anthropic accept them (letters, digits, '_' and '-', up to 64: every

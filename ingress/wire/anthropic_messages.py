@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field
 from ingress.turns.service import TurnDone, TurnEvent, TurnResult, TurnStarted
 from ingress.turns.turn import ChatTurn, SamplingOptions, SessionRef
 from ingress.wire import errors, http, sse
-from ingress.wire.adapter import ToolName, TurnApi, image_at, token_counts
+from ingress.wire.adapter import ToolName, image_at, one_sample, token_counts
 from ingress.wire.known_messages import KNOWN_MESSAGES, KnownTurn
 from titoflow.errors import InvalidRequest, TitoflowError
 from titoflow.tito.messages import Message, MessageImage, ToolCall
@@ -298,12 +298,9 @@ def _turn(request: CountTokensRequest, session: SessionRef) -> ChatTurn:
     )
 
 
-def parse_request(
-    body: Any, path_session: str | None, headers: dict[str, str]
-) -> tuple[ChatTurn, MessagesRequest]:
-    """Validate a messages body into a turn (session: path, header, then body)."""
+def parse_request(body: Any, session: SessionRef) -> tuple[ChatTurn, MessagesRequest]:
+    """Validate a messages body into a turn of ``session``."""
     request = http.validated(MessagesRequest, body)
-    session = http.session_ref(path_session, headers, body)
     return _turn(request, session), request
 
 
@@ -434,7 +431,7 @@ def _streamed(
     return _Events(turn, started)
 
 
-_API = TurnApi(parse_request, _whole, _streamed, errors.ANTHROPIC, sse.ANTHROPIC)
+_API = one_sample(parse_request, _whole, _streamed, errors.ANTHROPIC, sse.ANTHROPIC)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -1,6 +1,6 @@
 """The turn routes served straight from ASGI, in front of FastAPI's exception middleware and
 router: a chat, messages, responses or token call is one dictionary look-up on its path, not a
-walk over every route's pattern (FastAPI's stack cost ~100 µs a request, ~5 % of a turn;
+walk over every route's pattern (FastAPI's stack is a visible share of a turn:
 docs/benchmarks.md §4h).
 
 Invariant: a request answers exactly as FastAPI answers it. Only POSTs whose path one of the

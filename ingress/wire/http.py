@@ -1,12 +1,12 @@
 """What the ingress' routes share (chat adapters, token API, session and admin routes): the two
 addresses of a call, the service, bounded JSON bodies and their lenient models, session refs and
-keys, the admission checks and JSON answers.
+keys, the model check and JSON answers.
 
 Invariants: a body is read within ``max_request_bytes`` whether or not it declares its length,
 and parsed within :mod:`ingress.wire.json_body`'s bounds (``max_json_depth``; only values JSON
 carries back unchanged), a 4xx otherwise. A session call names one session id of
-:data:`SESSION_ID_PATTERN`'s form and is admitted (its session's key, then its model) before
-the service sees it. Statuses and error bodies are
+:data:`SESSION_ID_PATTERN`'s form, resolved (and its key checked) before its body is parsed, and
+its model is checked before the service sees it. Statuses and error bodies are
 ``ingress/wire/errors.py``'s, streams ``ingress/wire/sse.py``'s."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ingress.turns.service import ChatService
-from ingress.turns.turn import ChatTurn, SessionRef, TokenCall
+from ingress.turns.turn import SessionRef
 from ingress.wire.json_body import parse_json
 from titoflow.errors import (
     Forbidden,
@@ -161,7 +161,7 @@ _SESSION_ID = re.compile(SESSION_ID_PATTERN.removeprefix("^").removesuffix("$"))
 
 def checked_session_id(value: Any, where: str) -> str:
     """``value`` (read from ``where``) as a session id, or a 400 saying what one is. Numbers
-    are taken as their digits, as they always were."""
+    are taken as their digits."""
     text = str(value) if type(value) is int else value
     if not isinstance(text, str) or not _SESSION_ID.fullmatch(text):
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
@@ -240,10 +240,13 @@ def session_ref(
     )
 
 
-def admit(request: Request, call: ChatTurn | TokenCall, body: Any) -> None:
-    """The checks a parsed session call passes before the service sees it."""
-    check_session_key(request, call.session.session_id, body)
-    check_model(request, call.model)
+def session_of(request: Request, path_session: str | None, body: Any) -> SessionRef:
+    """The call's session, resolved once, before its body is parsed into a call: read as
+    :func:`session_ref` reads it, its key checked (:func:`check_session_key`)."""
+    fields = body if isinstance(body, dict) else {}
+    ref = session_ref(path_session, lower_headers(request), fields)
+    check_session_key(request, ref.session_id, body)
+    return ref
 
 
 def check_model(request: Request, model: str) -> None:

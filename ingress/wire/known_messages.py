@@ -1,12 +1,11 @@
 """Messages already parsed, by their wire bytes: a re-sent history is validated once per replica.
 
-A chat client sends the whole conversation on every call, so validating it costs time in
-proportion to its length: at turn 50 of ``bench/overhead.py`` (102 messages, 27 KB) parsing the
-OpenAI request took 0.51 ms, 0.45 of it for messages the replica had parsed the turn before.
-Parsing a message is a pure function of its JSON, so a message whose bytes (``orjson.dumps`` of
-the decoded value: ``1``, ``1.0`` and ``true`` stay distinct, unlike under ``==``; bodies hold
-no NaN, see ``http.read_json``) were seen before gets the messages parsed from them then. Only
-the new ones are validated, in one call.
+A chat client sends the whole conversation on every call, so validating it costs time in proportion
+to its length, most of it for messages the replica parsed the turn before (docs/benchmarks.md §1–2,
+§9). Parsing a message is a pure function of its JSON, so a message whose bytes (``orjson.dumps`` of
+the decoded value: ``1``, ``1.0`` and ``true`` stay distinct, unlike under ``==``; bodies hold no
+NaN, see ``http.read_json``) were seen before gets the messages parsed from them then. Only the new
+ones are validated, in one call.
 
 The same bytes tell a text-only turn (:meth:`KnownMessages.parse_turn`): every image a message
 can hold is a content part whose type names ``image`` (OpenAI's ``image_url``, Anthropic's
@@ -103,9 +102,8 @@ class KnownMessages:
             self._old, self._old_bytes = self._young, self._young_bytes
             self._young, self._young_bytes = {}, 0
             young = self._young.setdefault(api, {})
-        # A copy of exactly its length: orjson's output keeps its 4 KiB write buffer (measured:
-        # 4,097 bytes held for a 352-byte message), which would make the bound a tenth of the
-        # memory the keys take.
+        # A copy of exactly its length: orjson's output keeps its whole write buffer, which would
+        # make the bound a fraction of the memory the keys take (docs/benchmarks.md §5).
         young[memoryview(key).tobytes()] = parsed
         self._young_bytes += len(key)
 

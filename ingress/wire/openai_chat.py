@@ -23,10 +23,9 @@ from ingress.turns.service import (
     TurnResult,
     TurnStarted,
 )
-from ingress.turns.turn import ChatTurn, SamplingOptions
+from ingress.turns.turn import ChatTurn, SamplingOptions, SessionRef
 from ingress.wire import errors, http, sse
 from ingress.wire.adapter import (
-    SamplesApi,
     TextPart,
     ToolName,
     TurnApi,
@@ -64,8 +63,8 @@ class _Message(http.Lenient):
 class _FunctionSpec(http.Lenient):
     name: ToolName
     description: str | None = None
-    # Only its type: a schema is the template's to read, and copying it cost a third of this
-    # check (12 µs for OpenCode's 10 tools).
+    # Only its type: a schema is the template's to read, and copying it is a third of this
+    # check's cost (docs/benchmarks.md §9).
     parameters: InstanceOf[dict] | None = None  # type: ignore[type-arg]
 
 
@@ -150,16 +149,13 @@ def _parse_new(new: list[tuple[int, Any]]) -> list[tuple[Message, ...]]:
     return [(message,) for message in messages_from_fields(fields)]
 
 
-def parse_request(
-    body: Any, path_session: str | None, headers: dict[str, str]
-) -> tuple[ChatTurn, ChatCompletionRequest]:
-    """Validate a chat.completions body into a turn (session: path, header, then body)."""
+def parse_request(body: Any, session: SessionRef) -> tuple[ChatTurn, ChatCompletionRequest]:
+    """Validate a chat.completions body into a turn of ``session``."""
     request = http.validated(ChatCompletionRequest, body)
     if request.tools:
         http.validated(_Tools, request.tools, "tools")
     choice = request.tool_choice
     named = choice.function.get("name") if isinstance(choice, _NamedChoice) else None
-    session = http.session_ref(path_session, headers, body if isinstance(body, dict) else {})
     known = KNOWN_MESSAGES.parse_turn("openai.chat", request.messages, _parse_new)
     turn = ChatTurn(
         session=session,
@@ -277,16 +273,10 @@ def completion_response(
     }
 
 
-def _whole_samples(
+def _whole(
     request: Request, turn: ChatTurn, raw: ChatCompletionRequest, results: list[TurnResult]
 ) -> dict[str, Any]:
     return completion_response(results, turn.model, _logprobs(request, turn, raw))
-
-
-def _whole(
-    request: Request, turn: ChatTurn, raw: ChatCompletionRequest, result: TurnResult
-) -> dict[str, Any]:
-    return _whole_samples(request, turn, raw, [result])
 
 
 class _Chunks:
@@ -344,9 +334,9 @@ class _Chunks:
 
 
 class _SampleChunks:
-    """The chunks of a turn's ``n`` samples, interleaved as the engine samples them: each
-    sample's as :class:`_Chunks` renders them, at its index; the usage chunk (if asked) once,
-    after every sample finished."""
+    """The chunks of a turn's samples (one unless ``n`` > 1), interleaved as the engine samples
+    them: each sample's as :class:`_Chunks` renders them, at its index; the usage chunk (if
+    asked) once, after every sample finished."""
 
     def __init__(
         self, turn: ChatTurn, started: TurnStarted, include_usage: bool, logprobs: _Logprobs | None
@@ -374,24 +364,11 @@ def _include_usage(raw: ChatCompletionRequest) -> bool:
 
 def _streamed(
     request: Request, turn: ChatTurn, raw: ChatCompletionRequest, started: TurnStarted
-) -> _Chunks:
-    return _Chunks(turn, started, _include_usage(raw), _logprobs(request, turn, raw))
-
-
-def _streamed_samples(
-    request: Request, turn: ChatTurn, raw: ChatCompletionRequest, started: TurnStarted
 ) -> _SampleChunks:
     return _SampleChunks(turn, started, _include_usage(raw), _logprobs(request, turn, raw))
 
 
-_API = TurnApi(
-    parse_request,
-    _whole,
-    _streamed,
-    errors.OPENAI,
-    sse.OPENAI_CHAT,
-    SamplesApi(_whole_samples, _streamed_samples),
-)
+_API = TurnApi(parse_request, _whole, _streamed, errors.OPENAI, sse.OPENAI_CHAT)
 
 
 def router() -> APIRouter:

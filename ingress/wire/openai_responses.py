@@ -23,14 +23,14 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ingress.turns.service import TurnDone, TurnEvent, TurnResult, TurnStarted
-from ingress.turns.turn import ChatTurn, SamplingOptions
+from ingress.turns.turn import ChatTurn, SamplingOptions, SessionRef
 from ingress.wire import errors, http, sse
 from ingress.wire.adapter import (
     TextPart,
     ToolName,
-    TurnApi,
     content_with_images,
     has_image,
+    one_sample,
     text_of,
     token_counts,
 )
@@ -206,10 +206,8 @@ def _chat_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     return tuple(chat)
 
 
-def parse_request(
-    body: Any, path_session: str | None, headers: dict[str, str]
-) -> tuple[ChatTurn, ResponsesRequest]:
-    """Validate a responses body into a turn (session: path, header, then body)."""
+def parse_request(body: Any, session: SessionRef) -> tuple[ChatTurn, ResponsesRequest]:
+    """Validate a responses body into a turn of ``session``."""
     request = http.validated(ResponsesRequest, body)
     for stateful in ("previous_response_id", "conversation"):
         if getattr(request, stateful) is not None:
@@ -228,7 +226,7 @@ def parse_request(
         raise InvalidRequest("input: no messages to answer", "input")
     choice = request.tool_choice
     turn = ChatTurn(
-        session=http.session_ref(path_session, headers, body),
+        session=session,
         api=API,
         model=request.model,
         messages=tuple(transcript.messages),
@@ -475,7 +473,7 @@ def _streamed(
     return _Events(_echo(raw), started)
 
 
-_API = TurnApi(parse_request, _whole, _streamed, errors.RESPONSES, sse.RESPONSES)
+_API = one_sample(parse_request, _whole, _streamed, errors.RESPONSES, sse.RESPONSES)
 
 
 def router() -> APIRouter:

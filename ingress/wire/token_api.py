@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from ingress.turns.service import TokensResult
-from ingress.turns.turn import TokenCall
+from ingress.turns.turn import SessionRef, TokenCall
 from ingress.wire import errors, http
 from titoflow.errors import InvalidRequest, TitoflowError
 
@@ -44,9 +44,8 @@ class GenerateRequest(http.Lenient):
     model: str | None = None
 
 
-def parse_request(
-    body: Any, session: str | None, headers: dict[str, str], vocab_size: int, model: str
-) -> TokenCall:
+def parse_request(body: Any, session: SessionRef, vocab_size: int, model: str) -> TokenCall:
+    """Validate a /generate body into a white-box call of ``session``."""
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
     request = http.validated(GenerateRequest, body)
@@ -57,7 +56,7 @@ def parse_request(
         )
     sampling = request.sampling_params
     return TokenCall(
-        session=http.session_ref(session, headers, body),
+        session=session,
         model=request.model or model,
         prompt_ids=tuple(request.input_ids),
         max_tokens=sampling.max_tokens,
@@ -97,12 +96,11 @@ async def _generate(request: Request, session: str | None) -> Response:
         svc = http.service(request)
         call = parse_request(
             body,
-            session,
-            http.lower_headers(request),
+            http.session_of(request, session, body),
             svc.options.vocab_size,
             http.settings(request).served_model_name,
         )
-        http.admit(request, call, body)
+        http.check_model(request, call.model)
         result = await svc.generate_tokens(call)
     except TitoflowError as exc:
         return errors.OPENAI.response(exc)

@@ -21,7 +21,7 @@ import pytest
 from cli.dev.procs import free_port
 from cli.main import main
 from titoflow.image_store import ImageStore
-from titoflow.settings import COMMANDS, PROJECT_ROOT, Settings
+from titoflow.settings import COMMANDS, EVERYDAY, PROJECT_ROOT, SECTION, SECTIONS, Settings
 
 HAND_RUN = (
     "up",
@@ -58,41 +58,89 @@ def one_line(result: subprocess.CompletedProcess[str], command: str, status: int
 
 
 def test_every_setting_names_the_commands_that_read_it() -> None:
-    assert set(COMMANDS) == set(Settings.model_fields)
+    assert set(COMMANDS) == set(SECTION) == set(Settings.model_fields)  # each in a section
     for name, commands in COMMANDS.items():
         assert commands and set(commands) <= set(HAND_RUN), name
         if set(commands) & set(SERVICES):  # `up` passes it to the service it starts
             assert "up" in commands, name
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["up"],
-        ["ingress"],
-        ["worker"],
-        ["recompute"],
-        ["replay"],
-        ["inspect"],
-        ["export"],
-        ["control", "resume"],
-        ["images", "prune"],
-    ],
-)
-def test_help_offers_the_settings_its_command_reads(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+HELP_ARGV = [
+    ["up"],
+    ["ingress"],
+    ["worker"],
+    ["recompute"],
+    ["replay"],
+    ["inspect"],
+    ["export"],
+    ["control", "pause"],
+    ["control", "resume"],
+    ["control", "set-version", "v1"],
+    ["control", "engine-add", "http://e"],
+    ["control", "engine-drain", "http://e"],
+    ["control", "engine-remove", "http://e"],
+    ["images", "prune"],
+]
+
+
+def help_of(argv: list[str], capsys: pytest.CaptureFixture[str], shown: str = "--help") -> str:
+    """What ``titoflow ARGV --help`` (or ``shown``) prints, on an 80-column terminal."""
+    with pytest.raises(SystemExit) as done:
+        main([*argv, shown])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def offered(shown: str) -> dict[str, str]:
+    """The settings' flags in help text ``shown``, with the placeholder of each."""
+    return dict(re.findall(r"^  --([a-z0-9-]+) (<\S+)", shown, re.MULTILINE))
+
+
+@pytest.mark.parametrize("argv", HELP_ARGV)
+def test_help_fits_a_screen_and_its_sections_offer_the_settings_its_command_reads(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain --help is at most 40 lines (its everyday settings); --help=SECTION shows that
+    section's settings the command reads, and the sections together show all of them."""
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = help_of(argv, capsys)
+    assert len(shown.splitlines()) <= 40, shown
+    expected = {name for name, commands in COMMANDS.items() if argv[0] in commands}
+    assert set(offered(shown)) == {n.replace("_", "-") for n in expected & EVERYDAY}
+    sections = {SECTION[name] for name in expected}
+    assert re.findall(r"\b([a-z]+) \(\d+\)", shown) == [s for s in SECTIONS if s in sections]
+    seen: set[str] = set()
+    for section in sections:
+        listed = help_of(argv, capsys, f"--help={section}")
+        flags = offered(listed)
+        assert set(flags) == {n.replace("_", "-") for n in expected if SECTION[n] == section}
+        for flag, value in flags.items():  # <port>, <true|false>, <clamp|refuse>...
+            assert re.fullmatch(r"<[^<>\s]+>", value), (flag, value)
+        assert "typing." not in listed and "Literal[" not in listed
+        assert str(PROJECT_ROOT) not in listed
+        seen |= set(flags)
+    assert seen == {name.replace("_", "-") for name in expected}
+
+
+@pytest.mark.parametrize("argv", [[], ["control"], ["images"], ["docs"], ["build-model"]])
+def test_the_help_of_what_takes_no_settings_fits_a_screen(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert len(help_of(argv, capsys).splitlines()) <= 40
+
+
+def test_an_unknown_help_section_is_one_line_naming_the_sections(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as done:
-        main([*argv, "--help"])
-    assert done.value.code == 0
-    shown = capsys.readouterr().out
-    settings = shown[shown.index("settings (also TITOFLOW_<NAME>") :]
-    offered = dict(re.findall(r"^  --([a-z0-9-]+) (\S+)", settings, re.MULTILINE))
-    expected = {name for name, commands in COMMANDS.items() if argv[0] in commands}
-    assert set(offered) == {name.replace("_", "-") for name in expected}
-    for flag, shown_value in offered.items():  # <port>, <true|false>, <clamp|refuse>...
-        assert re.fullmatch(r"<[^<>\s]+>", shown_value), (flag, shown_value)
-    assert "typing." not in shown and "Literal[" not in shown and str(PROJECT_ROOT) not in shown
+        main(["recompute", "--help=nope"])
+    assert done.value.code == 2
+    out, err = capsys.readouterr()
+    read = {SECTION[name] for name, commands in COMMANDS.items() if "recompute" in commands}
+    assert "model" not in read and "ingress" not in read
+    named = ", ".join(section for section in SECTIONS if section in read)
+    assert not out and err == f"titoflow recompute: no section 'nope'; its sections: {named}\n"
 
 
 def test_each_command_reads_only_its_own() -> None:
@@ -210,7 +258,7 @@ def test_up_makes_its_driver_token_before_checking_the_settings(tmp_path: Path) 
         TITOFLOW_MODEL_PATH=str(notes),
     )
     line = one_line(result, "up")
-    assert line.startswith(f"titoflow up: TITOFLOW_MODEL_PATH: {notes} holds files"), line
+    assert line.startswith(f"titoflow up: TITOFLOW_MODEL_PATH: {notes} holds no model"), line
     token = run_dir / "driver-token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text().strip()) > 30
     assert (notes / "todo.txt").read_text() == "mine\n" and len(list(notes.iterdir())) == 1
@@ -220,7 +268,7 @@ def test_quiet_libraries_keep_titoflows_own_lines() -> None:
     """The logging of a hand-run command at its default level: titoflow's INFO lines shown,
     none of a library's, not even an error (the command says its failures itself)."""
     code = (
-        "import logging; from titoflow.logs import setup_logging; from cli.main import "
+        "import logging; from titoflow.logs import setup_logging; from cli.flags import "
         "QUIET_LIBRARIES; setup_logging('INFO', 'json', QUIET_LIBRARIES); "
         "logging.getLogger('titoflow.up').info('ours'); logging.getLogger('httpx').info('x'); "
         "logging.getLogger('aiokafka').error('y')"

@@ -14,7 +14,7 @@ import pytest
 
 from cli.demo import COMMAND, run_demo
 from cli.dev.stack import start_ingress, start_worker
-from cli.main import QUIET_LIBRARIES
+from cli.flags import QUIET_LIBRARIES
 from titoflow.logs import setup_logging
 from titoflow.settings import Settings
 

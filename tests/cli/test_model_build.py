@@ -1,11 +1,13 @@
 """The tiny model is built offline, torch-free and byte-for-byte reproducibly, and only ever
-into a directory titoflow made: a user's model is served as it is, anything else refused."""
+into a directory titoflow made: a user's model is served as it is, anything else refused; `up`
+builds only at its default path, and serves any path it is given as it is or refuses it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,14 +19,9 @@ import pytest
 from safetensors.numpy import load_file
 from transformers import AutoTokenizer
 
-from cli.dev import model_build
-from cli.dev.model_build import (
-    STAMP_NAME,
-    build_agent_policy,
-    build_default_model,
-    build_tiny_model,
-    main,
-)
+from cli.dev import model_build, models
+from cli.dev.model_build import STAMP_NAME, build_tiny_model
+from cli.dev.models import build_agent_policy, main, model_for_up
 from cli.dev.vl_policy import IMAGE_PAD_ID, TEMPLATE_SHA256, VISION_START_ID, build_vl_policy
 from titoflow.settings import PROJECT_ROOT, SettingError, Settings
 
@@ -180,7 +177,7 @@ def test_vl_policy_is_reproducible_qwen3_vl_with_the_random_models_decoder(
     first = build_vl_policy(tmp_path / "a")
     # The CLI's build, in a process of its own: this one may have torch from transformers.
     script = (
-        "import sys; from cli.dev.model_build import main; "
+        "import sys; from cli.dev.models import main; "
         f"code = main(['--vl', '--out', {str(tmp_path / 'b')!r}]); "
         "sys.exit(code or ('torch' in sys.modules and 'torch imported'))"
     )
@@ -206,15 +203,6 @@ def test_vl_policy_is_reproducible_qwen3_vl_with_the_random_models_decoder(
     processor = json.loads((first / "preprocessor_config.json").read_text())
     assert (processor["patch_size"], processor["merge_size"]) == (16, 2)
     assert processor["size"] == {"shortest_edge": 32 * 32, "longest_edge": 256 * 256}
-
-
-def test_up_builds_the_vl_policy_in_its_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    vl_dir = tmp_path / "tiny-qwen3-vl"
-    monkeypatch.setattr(model_build, "VL_MODEL_DIR", vl_dir)
-    assert served_by_up(vl_dir) == vl_dir
-    assert json.loads((vl_dir / STAMP_NAME).read_text())["kind"] == "vl"
 
 
 def test_vl_template_is_qwen3_vls_and_renders_one_placeholder_per_image(tmp_path: Path) -> None:
@@ -261,8 +249,8 @@ def _snapshot(directory: Path) -> dict[str, tuple[str, int]]:
 
 
 def served_by_up(model_path: Path) -> Path:
-    """The model `titoflow up` serves from ``model_path`` (built there when it may be)."""
-    return build_default_model(Settings(model_path=model_path))
+    """The model `titoflow up` serves from ``model_path`` (built there only at its default)."""
+    return model_for_up(Settings(model_path=model_path))
 
 
 @pytest.fixture
@@ -334,17 +322,70 @@ def test_a_directory_neither_a_model_nor_ours_is_refused_in_one_line(tmp_path: P
 def test_a_relative_path_names_the_same_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, builds: tuple[Path, Path]
 ) -> None:
-    """`.models/tiny-qwen3` named relatively is the random model's directory, not a place for
-    the agentic policy; an empty directory is built into; a directory titoflow built keeps the
-    kind its stamp records wherever it is."""
+    """`.models/tiny-qwen3` named relatively is the random model's directory, served as it is;
+    `up` given an empty one refuses it and `build-model --random` builds into it."""
     random_dir = tmp_path / ".models" / "tiny-qwen3"
     random_dir.mkdir(parents=True)  # empty: nothing of anyone's to lose
     monkeypatch.setattr(model_build, "RANDOM_MODEL_DIR", random_dir)
     monkeypatch.chdir(tmp_path)
-    assert served_by_up(Path(".models/tiny-qwen3")) == random_dir
+    with pytest.raises(SettingError, match="holds no model"):
+        served_by_up(Path(".models/tiny-qwen3"))
+    assert not any(random_dir.iterdir())
+    assert main(["--random"]) == 0
     assert _digests(random_dir) == _digests(builds[0])
     before = _snapshot(random_dir)
     assert served_by_up(Path(".models/tiny-qwen3")) == random_dir
     assert served_by_up(builds[0]) == builds[0]  # the random model, not rebuilt
     assert _snapshot(random_dir) == before
     assert json.loads((builds[0] / STAMP_NAME).read_text())["kind"] == "random"
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        {"recipe": "a family's", "family": "llama3"},  # .models/families/<family>: no kind
+        {"recipe": "an older recipe's", "kind": "random", "seed": 0},
+        {"recipe": "an older recipe's", "kind": "agent", "seed": 0},
+    ],
+)
+def test_up_serves_a_model_another_recipe_built_as_it_is(
+    tmp_path: Path, builds: tuple[Path, Path], stamp: dict[str, Any]
+) -> None:
+    """A directory titoflow built with another recipe (a family's tiny model, a stale build)
+    is the model asked for: `up` serves it untouched, never rebuilt as the agentic policy."""
+    given = tmp_path / "families" / "llama3"
+    shutil.copytree(builds[0], given)
+    (given / STAMP_NAME).write_text(json.dumps(stamp) + "\n")
+    before = _snapshot(given)
+    assert served_by_up(given) == given
+    assert _snapshot(given) == before
+
+
+def test_up_refuses_a_missing_or_empty_given_path_in_one_line(tmp_path: Path) -> None:
+    """A path given to `up` that holds no model is refused with the fix, nothing written: not
+    the vision policy's, nor the random model's directory, nor a new one."""
+    empty = tmp_path / "tiny-qwen3-vl"
+    empty.mkdir()
+    for given, lacks in ((tmp_path / "new", "does not exist"), (empty, "holds no model")):
+        with pytest.raises(SettingError) as refused:
+            served_by_up(given)
+        assert refused.value.setting == "TITOFLOW_MODEL_PATH"
+        message = refused.value.message
+        assert "\n" not in message and message.startswith(f"{given} {lacks}"), message
+        assert f"titoflow build-model --out {given}" in message, message
+    assert not (tmp_path / "new").exists() and not any(empty.iterdir())
+    result = _cli("up", "--run-dir", str(tmp_path / "run"), TITOFLOW_MODEL_PATH=str(empty))
+    assert result.returncode == 2, result
+    line = result.stderr.strip()
+    assert "\n" not in line, line
+    assert line.startswith(f"titoflow up: TITOFLOW_MODEL_PATH: {empty} holds no model"), line
+    assert not any(empty.iterdir())
+
+
+def test_up_builds_the_agentic_policy_at_its_default_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = tmp_path / "tiny-qwen3-agent"
+    monkeypatch.setattr(models, "DEFAULT_MODEL_DIR", default)
+    assert served_by_up(default) == default
+    assert json.loads((default / STAMP_NAME).read_text())["kind"] == "agent"

@@ -44,7 +44,7 @@ from cli.dev.stack import start_ingress, start_worker
 from schemas.events import StepRecorded
 from tests.support.apps import echoed_choices, serving
 from tests.support.families import path_tool
-from tests.support.images import png, reference_inputs, runs
+from tests.support.image_samples import png, reference_inputs, runs
 from tests.support.topics import finalized_segments, recorded_steps
 from tests.support.witness import Witness, Witnessed, check_segments
 from tests.titoflow.client.test_image_inputs import (
@@ -56,7 +56,7 @@ from tests.titoflow.client.test_image_inputs import (
 from titoflow.client.image_check import check_image
 from titoflow.client.torch_data import SegmentDataset
 from titoflow.engine.api import EngineImage
-from titoflow.engine.images import content_parts, engine_prompt
+from titoflow.engine.image_expansion import content_parts, engine_prompt
 from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
 from titoflow.tito.image_grid import ImageProcessing, installed_version

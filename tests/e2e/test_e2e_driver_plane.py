@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 
 from cli.dev.procs import free_port
 from cli.dev.stack import start_ingress, start_worker
-from cli.main import DRIVER_TOKEN_FILE, _write_driver_token
+from cli.up import DRIVER_TOKEN_FILE, write_driver_token
 from schemas.events import (
     SessionDiscarded,
     SessionFinalized,
@@ -106,11 +106,11 @@ async def test_an_agent_holding_its_base_url_cannot_reach_the_driver_plane(
 def test_up_writes_its_driver_token_privately(tmp_path: Path) -> None:
     """(That `up` makes a fresh one: tests/cli/test_cli.py.)"""
     path = tmp_path / "run" / DRIVER_TOKEN_FILE
-    _write_driver_token(tmp_path / "run", "first")
+    write_driver_token(tmp_path / "run", "first")
     assert path.read_text().strip() == "first"
     assert path.stat().st_mode & 0o777 == 0o600
     path.chmod(0o644)
-    _write_driver_token(tmp_path / "run", "second")
+    write_driver_token(tmp_path / "run", "second")
     assert path.read_text().strip() == "second"
     assert path.stat().st_mode & 0o777 == 0o600
 

@@ -5,7 +5,9 @@ streamed call, free text), and the witness holding the segment to what the engin
 
 One engine at a time, started and stopped by each family's test; Qwen3-Coder, whose vocabulary
 is Qwen3's, runs on the session's Qwen3 engine. Qwen3, the default policy's family, runs end to
-end in every other engine test of the suite.
+end in every other engine test of the suite. No two other families share an engine: the engine
+compiles the forced calls' grammar against its own tokenizer, and their vocabularies differ. A
+family's engine runs eager (no torch.compile warm-up, most of a start) for its three requests.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ def family_settings(
         yield from witnessed(settings, url, tokenizer_dir(family), witness, request)
         return
     model = build_family_model(family)
-    engine, url = start_vllm(settings.model_copy(update={"model_path": model}), log_dir=tmp_path)
+    engine, url = start_vllm(
+        settings.model_copy(update={"model_path": model}), log_dir=tmp_path, eager=True
+    )
     try:
         yield from witnessed(settings, url, model, witness, request)
     finally:

@@ -16,7 +16,7 @@ from cli.dev.procs import free_port
 from cli.dev.stack import start_ingress, start_worker
 from schemas.events import DeadLetter, SegmentFinalized
 from schemas.reasons import DeadLetterReason
-from tests.support.segments import step_segment
+from tests.support.factories import step_segment
 from tests.support.topics import read_until
 from titoflow.bus import Publisher
 from titoflow.client.consumer import SegmentConsumer

@@ -184,13 +184,15 @@ async def test_steps_record_only_new_rows_and_the_segment_aligns_them(
     worker = start_worker(settings, tmp_path)
     try:
         history = [Message(role="user", content="hi")]
-        first = await service.complete(chat(history, session))
+        [first] = await service.complete(chat(history, session))
         history += [
             Message(role="assistant", content=first.parsed.content),
             Message(role="user", content="again"),
         ]
         _, events = await service.open_stream(chat(history, session))
-        [second] = [e.result for e in [e async for e in events] if isinstance(e, TurnDone)]
+        [second] = [
+            e.event.result for e in [e async for e in events] if isinstance(e.event, TurnDone)
+        ]
         history += [
             Message(role="assistant", content=second.parsed.content),
             Message(role="user", content="last"),

@@ -13,8 +13,9 @@ import pytest
 from cli.dev.vl_policy import IMAGE_PAD_ID
 from schemas.events import SegmentFinalized
 from schemas.images import ImageRecord
+from tests.support.factories import THREE_TURNS, assemble
+from tests.support.factories import recorded_step as step
 from tests.support.witness import Witnessed, WitnessedImage, WitnessError, check_segments
-from tests.workers.test_assembler import THREE_TURNS, assemble, step
 from titoflow.tito.image_grid import ImageProcessing
 
 

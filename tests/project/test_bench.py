@@ -4,30 +4,51 @@ DOUBLE (bench/engine_double.py) and, when scripts/setup-bench.sh installed it, L
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.harness import RESULTS, ROOT
 
+SCRIPTS = sorted(
+    p.stem for p in (ROOT / "bench").glob("*.py") if p.stem not in ("__init__", "harness")
+)
 
-def run_bench(*argv: str) -> dict[str, object]:
-    name = f"smoke-{Path(argv[0]).stem}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(
-        [sys.executable, *argv, "--name", name], cwd=ROOT, env=env, check=True, timeout=600
-    )
+
+def plain_env() -> dict[str, str]:
+    """The environment without ``PYTHONPATH``: a script runs as its docstring says, or fails."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_bench_runs_as_its_docstring_says(script: str) -> None:
+    """The docstring's command line, from the repository root, reaches the script's parser."""
+    doc = importlib.import_module(f"bench.{script}").__doc__ or ""
+    found = re.search(r"(\.venv/bin/python -m (bench\.\w+))", doc)
+    assert found and found[2] == f"bench.{script}", f"bench/{script}.py: no command line of its own"
+    argv = [*shlex.split(found[1]), "--help"]
+    done = subprocess.run(argv, cwd=ROOT, env=plain_env(), capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.startswith(b"usage:")
+
+
+def run_bench(script: str, *argv: str) -> dict[str, object]:
+    name = f"smoke-{script}"
+    command = [sys.executable, "-m", f"bench.{script}", *argv, "--name", name]
+    subprocess.run(command, cwd=ROOT, env=plain_env(), check=True, timeout=600)
     result: dict[str, object] = json.loads((RESULTS / f"{name}.json").read_text())
-    assert (RESULTS / f"{name}.md").read_text().startswith("`.venv/bin/python")
+    assert (RESULTS / f"{name}.md").read_text().startswith(f"`.venv/bin/python -m bench.{script} ")
     return result
 
 
 def test_overhead_bench_runs_every_path() -> None:
-    result = run_bench("bench/overhead.py", "--sessions", "2", "--turns", "3", "--concurrency", "2")
+    result = run_bench("overhead", "--sessions", "2", "--turns", "3", "--concurrency", "2")
     rows = result["rows"]
     assert isinstance(rows, list)
     paths = {r["path"] for r in rows}
@@ -74,7 +95,7 @@ def test_lean_turn_renders_what_a_whole_render_does() -> None:
 
 
 def test_tito_cost_bench_measures_each_turn() -> None:
-    result = run_bench("bench/tito_cost.py", "--turns", "1", "3", "--repeat", "2")
+    result = run_bench("tito_cost", "--turns", "1", "3", "--repeat", "2")
     rows = result["rows"]
     assert isinstance(rows, list)
     assert [r["turn"] for r in rows] == [1, 3]
@@ -84,7 +105,7 @@ def test_tito_cost_bench_measures_each_turn() -> None:
 
 def test_publish_bench_measures_both_publishers() -> None:
     result = run_bench(
-        "bench/publish.py", "--bytes", "100", "--records", "3", "--calls", "2", "--rounds", "2"
+        "publish", "--bytes", "100", "--records", "3", "--calls", "2", "--rounds", "2"
     )
     rows = result["rows"]
     assert isinstance(rows, list)
@@ -98,7 +119,7 @@ def test_pipeline_and_memory_benches_run(script: str) -> None:
         argv = ["--workers", "1", "--tokens", "100", "--steps", "16", "--steps-per-session", "2"]
     else:
         argv = ["--sessions", "20", "--turns", "1", "--steps", "1", "--tokens", "50"]
-    result = run_bench(f"bench/{script}.py", *argv)
+    result = run_bench(script, *argv)
     rows = result["rows"]
     assert isinstance(rows, list) and rows
     if script == "pipeline":
@@ -110,7 +131,7 @@ def test_pipeline_and_memory_benches_run(script: str) -> None:
 
 def test_assembly_bench_measures_a_step_here_and_against_a_checkout() -> None:
     argv = ["--tokens", "50", "--sessions", "2", "--rounds", "1", "--against", str(ROOT)]
-    rows = run_bench("bench/assembly.py", *argv)["rows"]
+    rows = run_bench("assembly", *argv)["rows"]
     assert isinstance(rows, list)
     [row] = rows
     assert row["us_per_step"] > 0 and row["against_us_per_step"] > 0 and row["ratio"] > 0
@@ -118,7 +139,7 @@ def test_assembly_bench_measures_a_step_here_and_against_a_checkout() -> None:
 
 def test_capacity_bench_prints_the_model_and_checks_it_at_a_load() -> None:
     argv = ["--burst", "4", "--unit-sessions", "4", "--sessions", "8", "--turns", "2"]
-    result = run_bench("bench/capacity.py", *argv, "--period", "1")
+    result = run_bench("capacity", *argv, "--period", "1")
     unit, checked, models = result["unit"], result["check"], result["model"]
     assert isinstance(unit, dict) and isinstance(checked, list) and isinstance(models, list)
     assert unit["tokens_per_turn"] > 0 and unit["steps_bytes_per_token"] > 0
@@ -135,7 +156,7 @@ def test_capacity_bench_prints_the_model_and_checks_it_at_a_load() -> None:
 
 def test_edge_cost_bench_times_each_capture_here_and_against_a_checkout() -> None:
     argv = ["--repeat", "2", "--rounds", "1", "--against", str(ROOT)]
-    rows = run_bench("bench/edge_cost.py", *argv)["rows"]
+    rows = run_bench("edge_cost", *argv)["rows"]
     assert isinstance(rows, list) and len(rows) == 10  # nine captures and the long history
     for row in rows:
         assert row["us"] > 0 and row["against_us"] > 0 and row["ratio"] > 0
@@ -143,7 +164,7 @@ def test_edge_cost_bench_times_each_capture_here_and_against_a_checkout() -> Non
 
 def test_export_bench_times_every_path() -> None:
     argv = ["--segments", "6", "--tokens", "40", "--rounds", "1"]
-    rows = run_bench("bench/export.py", *argv)["rows"]
+    rows = run_bench("export", *argv)["rows"]
     assert isinstance(rows, list)
     assert [r["path"] for r in rows] == [
         "jsonl -> parquet",
@@ -156,7 +177,7 @@ def test_export_bench_times_every_path() -> None:
 
 
 def test_retention_bench_measures_bytes_per_token() -> None:
-    result = run_bench("bench/retention.py", "--tokens", "100", "400", "--sessions", "1")
+    result = run_bench("retention", "--tokens", "100", "400", "--sessions", "1")
     # Packed arrays: 4/3 of int32 ids + float32 logprobs + two uint8 masks per segment token.
     assert result["segment_bytes_per_token"] == pytest.approx(40 / 3, abs=0.05)
     assert isinstance(result["captures"], list) and result["captures"]

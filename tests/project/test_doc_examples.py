@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from cli.dev.stack import start_ingress, start_worker
-from cli.main import _write_driver_token, write_run_env
+from cli.up import write_driver_token, write_run_env
 from schemas.events import SegmentFinalized
 from schemas.routed_experts import RoutedExperts
 from tests.support.doc_blocks import Example, argument_errors, commands, examples, run_env
@@ -84,8 +84,9 @@ def test_a_drifted_command_line_is_caught() -> None:
     exist, a profile compose lacks, a scaffold flag the scaffold test does not run."""
     for line in (
         "titoflow replay --no-such-flag",
-        ".venv/bin/python bench/overhead.py --sessions 16 --no-such-flag",
-        ".venv/bin/python bench/no_such_bench.py",
+        ".venv/bin/python -m bench.overhead --sessions 16 --no-such-flag",
+        ".venv/bin/python -m bench.no_such_bench",
+        ".venv/bin/python bench/overhead.py",  # by path, bench/ is not importable
         "bash scripts/no-such-script.sh",
         "docker compose --profile tpu up -d",
         "codex exec --no-such-flag",
@@ -205,7 +206,7 @@ async def test_the_docs_examples_run_beside_a_stack(
     home = tmp_path / "home"  # where the reader runs: `up`'s .run/ beside them
     try:
         run_dir = home / ".run"
-        _write_driver_token(run_dir, settings.driver_token)
+        write_driver_token(run_dir, settings.driver_token)
         env = run_env(write_run_env(run_dir, settings, url, settings.driver_url(url)))
         clean = {k: v for k, v in os.environ.items() if not k.startswith("TITOFLOW")}
         path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"

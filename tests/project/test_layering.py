@@ -9,7 +9,7 @@ import inside a function counts as much as one at the top):
     workers/   the other: schemas and titoflow, never ingress
     cli/       the commands and the local stack (``cli/dev/``) on top: anything
 
-and aiokafka is imported by ``titoflow/bus.py`` alone, torch (the optional extra
+and aiokafka and FastStream are imported by ``titoflow/bus/`` alone, torch (the optional extra
 ``titoflow[torch]``, never a core dependency) by ``titoflow/client/torch_data.py`` alone. The
 second half shows the check finds a planted violation, so it cannot pass by reading nothing.
 """
@@ -33,7 +33,8 @@ MAY_IMPORT = {
     "workers": {"schemas", "titoflow", "workers"},
     "cli": set(PACKAGES),
 }
-KAFKA_CLIENT_HOME = Path("titoflow/bus.py")
+KAFKA_HOME = Path("titoflow/bus")
+KAFKA_CLIENTS = ("aiokafka", "faststream")
 TURNS = Path("ingress/turns")
 TURNS_MAY_NOT = ("ingress.wire", "ingress.control", "ingress.app", "ingress.server", "titoflow.bus")
 TORCH_HOME = Path("titoflow/client/torch_data.py")
@@ -60,8 +61,8 @@ def violations(root: Path) -> list[str]:
                     found.append(f"{relative}:{line} imports {module}")
                 if relative.is_relative_to(TURNS) and module.startswith(TURNS_MAY_NOT):
                     found.append(f"{relative}:{line} imports {module} (turns/ is below it)")
-                if top == "aiokafka" and relative != KAFKA_CLIENT_HOME:
-                    found.append(f"{relative}:{line} imports {module} (only {KAFKA_CLIENT_HOME})")
+                if top in KAFKA_CLIENTS and not relative.is_relative_to(KAFKA_HOME):
+                    found.append(f"{relative}:{line} imports {module} (only {KAFKA_HOME}/)")
                 if top == "torch" and relative != TORCH_HOME:
                     found.append(f"{relative}:{line} imports {module} (only {TORCH_HOME})")
     return found
@@ -85,7 +86,9 @@ def test_every_package_imports_only_what_lies_below_it() -> None:
         ("titoflow/x.py", "from ingress import app\n", "imports ingress"),
         ("titoflow/tito/x.py", "from cli.main import main\n", "imports cli.main"),
         ("schemas/x.py", "from titoflow.settings import Settings\n", "imports titoflow.settings"),
-        ("workers/x.py", "from aiokafka import TopicPartition\n", "(only titoflow/bus.py)"),
+        ("workers/x.py", "from aiokafka import TopicPartition\n", "(only titoflow/bus/)"),
+        ("ingress/control/x.py", "from faststream import FastStream\n", "(only titoflow/bus/)"),
+        ("titoflow/client/x.py", "import faststream.kafka\n", "(only titoflow/bus/)"),
         ("ingress/turns/x.py", "from ingress.wire.sse import x\n", "(turns/ is below it)"),
         ("ingress/turns/x.py", "import titoflow.bus\n", "(turns/ is below it)"),
         ("titoflow/client/x.py", "import torch\n", "(only titoflow/client/torch_data.py)"),

@@ -23,7 +23,7 @@ from schemas.events import (
 from schemas.export import render_schemas
 from schemas.reasons import DeadLetterReason, DiscardReason, SplitReason
 from tests.support.load import reference_segments, scripted_load
-from titoflow.asyncapi import render_asyncapi
+from titoflow.bus.asyncapi import render_asyncapi
 from titoflow.settings import PROJECT_ROOT
 
 REASONS = (SplitReason, DiscardReason, DeadLetterReason)

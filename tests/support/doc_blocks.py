@@ -102,7 +102,7 @@ SEPARATORS = {"&&", "||", ";", "|"}
 # Commands whose arguments are the reader's own (paths, URLs, revisions), nothing of ours.
 FREE = {"git", "cd", "curl", "diff", "grep", "export", "set", ".", "mkdir"}
 SCAFFOLDS = {"claude", "opencode", "codex"}
-SCAFFOLD_TEST = PROJECT_ROOT / "tests" / "test_scaffolds.py"
+SCAFFOLD_TEST = PROJECT_ROOT / "tests" / "e2e" / "test_scaffolds.py"
 
 
 def commands(code: str) -> list[list[str]]:
@@ -184,11 +184,13 @@ def argument_errors(argv: list[str]) -> list[str]:
         if args[:2] == ["-m", "pytest"]:
             paths = [a.split("::")[0] for a in args[2:] if not a.startswith("-")]
             return [f"no {p}" for p in paths if not (PROJECT_ROOT / p).exists()]
-        script = args[0]
-        if not re.fullmatch(r"bench/\w+\.py", script) or not (PROJECT_ROOT / script).is_file():
-            return [f"no benchmark {script}"]
-        module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
-        error = parse_error(module.main, [script, *args[1:]])
+        # A benchmark runs as a module (``-m bench.NAME``): bench/ imports itself as a package.
+        name = args[1] if args[:1] == ["-m"] and len(args) > 1 else " ".join(args[:1])
+        script = name.replace(".", "/") + ".py"
+        if not re.fullmatch(r"bench\.\w+", name) or not (PROJECT_ROOT / script).is_file():
+            return [f"no benchmark module {name}"]
+        module = importlib.import_module(name)
+        error = parse_error(module.main, [script, *args[2:]])
         return [error] if error else []
     if program == "bash":
         return [] if (PROJECT_ROOT / args[0]).is_file() else [f"no {args[0]}"]

@@ -12,8 +12,10 @@ from typing import Any, Literal
 
 from ingress.turns.service import SessionEvent
 from schemas.control import AnyControl, control_adapter
+from schemas.events import StepRecorded
 from schemas.routed_experts import RoutedExperts
 from titoflow.engine.api import GenerateParams, Generation, GenerationChunk
+from titoflow.engine.pool import EnginePool, EngineSpec
 from titoflow.errors import EngineUnavailable, PublishFailed
 
 
@@ -115,6 +117,10 @@ class RecordingPublisher:
             self.on_publish(event)
         self.events.append(event)
 
+    def steps(self) -> list[StepRecorded]:
+        """The step events recorded, in order."""
+        return [e for e in self.events if isinstance(e, StepRecorded)]
+
     async def together(self, events: Sequence[SessionEvent]) -> None:
         """Several steps as one batch, as the broker appends one: all recorded, or (failing)
         none."""
@@ -187,6 +193,20 @@ class StubEngine:
 
     async def close(self) -> None:
         self.closed = True
+
+
+def pool_of(
+    *urls: str, max_in_flight: int = 0, in_flight_limit: int = 0
+) -> tuple[EnginePool, dict[str, StubEngine]]:
+    """An engine pool of a StubEngine per url, and the stubs by url."""
+    stubs: dict[str, StubEngine] = {}
+
+    def make(spec: EngineSpec) -> StubEngine:
+        stubs[spec.url] = StubEngine(spec.url)
+        return stubs[spec.url]
+
+    pool = EnginePool([EngineSpec(u) for u in urls], make, max_in_flight, 5.0, in_flight_limit)
+    return pool, stubs
 
 
 class ControlledStubEngine(StubEngine):

@@ -72,14 +72,15 @@ async def rollout_sessions(
         worker.stop()
 
 
-def trainer_step(venv: str, script: str, given: dict[str, Any], tmp_path: Path) -> Any:
-    """What ``tests/<script>``, run by ``<venv>/bin/python`` (a trainer's own environment),
-    computed from ``given`` (handed over pickled; it answers in JSON). Its stderr is echoed."""
-    source, target = tmp_path / f"{script}.pkl", tmp_path / f"{script}.json"
+def trainer_step(venv: str, module: str, given: dict[str, Any], tmp_path: Path) -> Any:
+    """What ``tests.support.<module>``, run by ``<venv>/bin/python`` (a trainer's own
+    environment) from the project root, computed from ``given`` (handed over pickled; it answers
+    in JSON). Its stderr is echoed."""
+    source, target = tmp_path / f"{module}.pkl", tmp_path / f"{module}.json"
     source.write_bytes(pickle.dumps(given))
     python = PROJECT_ROOT / venv / "bin" / "python"
-    step = [str(python), str(PROJECT_ROOT / "tests" / script), str(source), str(target)]
-    run = subprocess.run(step, capture_output=True, text=True, timeout=600)
+    step = [str(python), "-m", f"tests.support.{module}", str(source), str(target)]
+    run = subprocess.run(step, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
     sys.stderr.write(run.stderr[-4000:])
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(target.read_text())

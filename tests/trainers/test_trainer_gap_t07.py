@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from cli.dev.stack import start_ingress, start_worker
-from cli.main import write_run_env
+from cli.up import write_run_env
 from schemas.events import SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by, run_env
 from tests.support.trainer_rollouts import rollout_sessions

@@ -59,7 +59,7 @@ def openrlhf_step(
         "samples": samples,
         "block": to_experiences,
     }
-    return trainer_step(".venv-openrlhf", "openrlhf_step.py", given, tmp_path)
+    return trainer_step(".venv-openrlhf", "openrlhf_step", given, tmp_path)
 
 
 def group_norm(rewards: list[float]) -> list[float]:

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from cli.dev.stack import start_ingress, start_worker
-from cli.main import write_run_env
+from cli.up import write_run_env
 from tests.support.doc_blocks import blocks_run_by, run_env
 from tests.support.trainer_rollouts import PROMPTS
 from tests.support.witness import Witness

@@ -78,7 +78,7 @@ def tinker_step(
         "policy_path": str(model_dir),
         "temperature": temperature,
     }
-    return trainer_step(".venv-tinker", "tinker_step.py", given, tmp_path)
+    return trainer_step(".venv-tinker", "tinker_step", given, tmp_path)
 
 
 async def test_a_step_of_tinker_cookbooks_rl_loop_on_titoflow_rollouts(

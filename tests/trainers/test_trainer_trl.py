@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from cli.dev.stack import start_ingress, start_worker
-from cli.main import write_run_env
+from cli.up import write_run_env
 from tests.support.doc_blocks import blocks_run_by, run_env
 from tests.support.witness import Witness
 from titoflow.settings import Settings

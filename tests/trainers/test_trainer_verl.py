@@ -50,7 +50,7 @@ def verl_step(batch: Any, step_block: str, model_dir: Path, tmp_path: Path) -> A
     """What tests/support/verl_step.py computed in verl's code from ``batch`` (``to_verl``'s)."""
     handed = {k: getattr(batch, k) for k in ("batch", "non_tensor_batch", "meta_info")}
     given = {"batch": handed, "block": step_block, "policy_path": str(model_dir)}
-    return trainer_step(".venv-verl", "verl_step.py", given, tmp_path)
+    return trainer_step(".venv-verl", "verl_step", given, tmp_path)
 
 
 def verl_current_step(batch: Any, model_dir: Path, tmp_path: Path) -> Any:
@@ -58,7 +58,7 @@ def verl_current_step(batch: Any, model_dir: Path, tmp_path: Path) -> Any:
     (block,) = blocks_run_by("tests/support/verl_current_step.py")
     handed = {k: getattr(batch, k) for k in ("batch", "non_tensor_batch", "meta_info")}
     given = {"batch": handed, "block": block, "policy_path": str(model_dir)}
-    return trainer_step(".venv-verl", "verl_current_step.py", given, tmp_path)
+    return trainer_step(".venv-verl", "verl_current_step", given, tmp_path)
 
 
 def assert_grpo_by_instance(out: Any, segments: list[SegmentFinalized]) -> None:

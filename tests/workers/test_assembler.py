@@ -18,54 +18,9 @@ from schemas.events import (
     StepRecorded,
 )
 from schemas.reasons import DeadLetterReason, DiscardReason, SplitReason
+from tests.support.factories import THREE_TURNS, assemble
+from tests.support.factories import recorded_step as step
 from workers.assembler import Assembler
-
-
-def step(
-    step_id: str,
-    tail: list[int],
-    completion: list[int],
-    parent: str | None = None,
-    prefix_len: int = 0,
-    session: str = "s",
-    **extra: Any,
-) -> StepRecorded:
-    return StepRecorded(
-        session_id=session,
-        event_time=float(len(step_id)),
-        step_id=step_id,
-        chain_id=extra.pop("chain_id", "c"),
-        new_messages=extra.pop("new_messages", []),
-        response_message=extra.pop("response_message", {}),
-        parent_step_id=parent,
-        prefix="tito" if parent else "rendered",
-        prefix_len=prefix_len,
-        prompt_tail_ids=tail,
-        completion_ids=completion,
-        completion_logprobs=[-0.5 * (i + 1) for i in range(len(completion))],
-        finish_reason="stop",
-        api=extra.pop("api", "openai.chat"),
-        model="m",
-        engine_url="u",
-        engine_request_id="r",
-        render_ms=0.0,
-        engine_ms=0.0,
-        **extra,
-    )
-
-
-THREE_TURNS = [
-    step("a", [1, 2, 3], [10, 11], instance_id="i1"),
-    step("b", [4], [12], parent="a", prefix_len=5),
-    step("c", [5, 6], [13, 14, 15], parent="b", prefix_len=7),
-]
-
-
-def assemble(events: list[StepRecorded], session: str = "s") -> list[SegmentFinalized]:
-    assembler = Assembler()
-    for offset, event in enumerate(events):
-        assembler.add_step(event, partition=0, offset=offset)
-    return assembler.finalize(session, "finalized", {"reward": 1.0})
 
 
 def test_concat_segment_holds_every_token_with_mask_logprob_and_source() -> None:

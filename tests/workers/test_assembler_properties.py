@@ -23,6 +23,7 @@ from schemas.events import (
     SessionOpened,
     StepRecorded,
 )
+from tests.support.factories import recorded_step
 from workers.assembler import Assembler
 
 SESSIONS = ("s0", "s1")
@@ -118,26 +119,16 @@ def traffic(draw: st.DrawFn, garbage: bool) -> list[bytes]:
             parent_id = parent.step_id if parent else None
         if kind == "bad_lengths":
             logprobs = logprobs[:-1]
-        step = StepRecorded(
-            session_id=session,
+        step = recorded_step(
+            step_id,
+            tail,
+            completion,
+            parent_id,
+            max(prefix_len, 0),
+            session=session,
             event_time=float(counter),
-            step_id=step_id,
-            chain_id="c",
-            parent_step_id=parent_id,
-            prefix="tito" if parent_id else "rendered",
-            prefix_len=max(prefix_len, 0),
-            prompt_tail_ids=tail,
-            completion_ids=completion,
             completion_logprobs=logprobs,
-            finish_reason="stop",
-            api="openai.chat",
-            model="m",
-            engine_url="u",
             engine_request_id=step_id,
-            new_messages=[],
-            response_message={},
-            render_ms=0.0,
-            engine_ms=0.0,
         )
         if parent_id is None or kind not in ("bad_parent", "bad_prefix", "bad_lengths", "reuse"):
             base = (

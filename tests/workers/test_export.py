@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from cli.main import main
 from schemas.events import SegmentFinalized, SessionDiscarded
 from tests.support.doc_blocks import blocks_run_by
-from tests.support.segments import filled_segment
+from tests.support.factories import filled_segment
 from titoflow.bus import Publisher
 from titoflow.client.export import COLUMNS, read_segments, write_parquet
 from titoflow.settings import PROJECT_ROOT, Settings

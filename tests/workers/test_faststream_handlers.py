@@ -24,7 +24,7 @@ from schemas.events import (
     SessionEnded,
     SessionFinalized,
 )
-from tests.workers.test_assembler import THREE_TURNS, assemble
+from tests.support.factories import THREE_TURNS, assemble
 from titoflow.bus import TopicPartition
 from titoflow.errors import PublishFailed
 from titoflow.settings import Settings

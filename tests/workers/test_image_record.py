@@ -34,12 +34,12 @@ from tests.ingress.turns.test_chat_images import (
     client_for,
     image_part,
     png,
-    steps,
     vl_app,
     vl_options,
     vl_tokenizer,
 )
-from tests.support.images import runs
+from tests.support.factories import recorded_step
+from tests.support.image_samples import runs
 from titoflow.client.export import read_segments, write_parquet
 from titoflow.client.image_check import check_image
 from titoflow.errors import ImageStoreUnavailable
@@ -88,7 +88,7 @@ async def test_steps_record_every_image_of_their_prompt_and_store_its_bytes_firs
     length the grid's token count; the bytes were stored before each step was published."""
     store = ImageStore(tmp_path / "images")
     engine, publisher, images = await two_image_turns(store)
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     digest = [hashlib.sha256(data).hexdigest() for data in images]
     sizes = [upright_size(data) for data in images]
     grids = [PROCESSING.grid_thw(*size) for size in sizes]
@@ -121,7 +121,7 @@ async def test_no_image_bytes_or_url_reach_an_event(tmp_path: Path) -> None:
         encoded = base64.b64encode(data).decode()
         assert encoded[:40] not in text and encoded[-40:] not in text
     # new_messages name an image by its hash and size alone.
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     parts = [p for m in [*one.new_messages, *two.new_messages] for p in m["content"]]
     assert [set(p) for p in parts if p["type"] == "image"] == [{"type", "image", "size"}] * 2
 
@@ -131,7 +131,7 @@ async def test_a_text_turn_records_no_images_and_stores_nothing(tmp_path: Path) 
     await client_for(app).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hello"}]
     )
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert step.images == [] and list(tmp_path.iterdir()) == []
 
 
@@ -148,7 +148,7 @@ async def test_an_image_stored_before_is_not_written_again(tmp_path: Path) -> No
         app, _engine, publisher = vl_app(["ok<|im_end|>"], vl_options(image_store=store))
         publisher.on_publish = refreshed_first(path, after=time.time() - 1)
         await client_for(app).chat.completions.create(model="m", messages=messages)
-        [step] = steps(publisher)
+        [step] = publisher.steps()
         assert step.prefix == "rendered" and len(step.images) == 1
         inodes.append(os.stat(path).st_ino)
         os.utime(path, (1_700_000_000, 1_700_000_000))  # named long ago, as far as a prune sees
@@ -194,7 +194,7 @@ async def test_a_step_refreshes_the_images_its_chain_sends_by_uuid_or_writes_the
     ]
     publisher.on_publish = refreshed_first(path, after=time.time() - 1)
     await client.chat.completions.create(model="m", messages=messages)
-    _, two = steps(publisher)
+    _, two = publisher.steps()
     assert two.prefix == "tito" and [i.sha256 for i in two.images] == [path.name]
     assert engine.params[1].images[0].by_uuid  # not sent again: only the store needed it
     assert store.get(path.name) == data
@@ -331,24 +331,15 @@ def image_sessions(draw: st.DrawFn) -> list[StepRecorded]:
         runs_at = runs(prompt)
         sha_at = {r: hashlib.sha256(f"{prompt[: r[0]]}".encode()).hexdigest() for r in runs_at}
         completion = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
-        step = StepRecorded(
-            session_id="s",
+        step = recorded_step(
+            f"step-{n}",
+            tail,
+            completion,
+            parent.step_id if parent else None,
+            len(base),
             event_time=float(n),
-            step_id=f"step-{n}",
-            chain_id="c",
-            parent_step_id=parent.step_id if parent else None,
-            prefix="tito" if parent else "rendered",
-            prefix_len=len(base),
-            prompt_tail_ids=tail,
-            completion_ids=completion,
             completion_logprobs=[-0.5] * len(completion),
-            finish_reason="stop",
-            api="openai.chat",
-            model="m",
-            engine_url="u",
             engine_request_id=f"r{n}",
-            new_messages=[],
-            response_message={},
             images=[
                 ImageRecord(
                     sha256=sha_at[(at, length)],
@@ -359,8 +350,6 @@ def image_sessions(draw: st.DrawFn) -> list[StepRecorded]:
                 )
                 for at, length in runs_at
             ],
-            render_ms=0.0,
-            engine_ms=0.0,
         )
         made.append((prompt + completion, step))
     return [step for _, step in made]
@@ -466,7 +455,7 @@ async def test_the_trainer_s_check_finds_the_recorded_grid_in_the_stored_bytes(
     app, _, publisher = vl_app(["ok<|im_end|>"], vl_options(image_store=store, max_images=16))
     messages: Any = [{"role": "user", "content": [image_part(data) for data in CHECKED]}]
     await client_for(app).chat.completions.create(model="m", messages=messages)
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert len(step.images) == len(CHECKED)
     assert step.images[-1].grid_thw == PROCESSING.grid_thw(200, 90)  # upright
     for record in step.images:

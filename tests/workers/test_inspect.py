@@ -14,8 +14,8 @@ import pytest
 from cli.dev.model_build import tokenizer_source_dir
 from cli.main import main
 from schemas.events import SegmentFinalized, StepRecorded, VersionSpan
+from tests.support.factories import recorded_step as step
 from tests.support.families import qwen3
-from tests.workers.test_assembler import step
 from workers.assembler import Assembler
 from workers.inspect.ansi import render_text
 from workers.inspect.decode import TokenDecoder

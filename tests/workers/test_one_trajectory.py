@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from schemas.events import SegmentFinalized, StepRecorded
 from schemas.reasons import SplitReason
-from tests.workers.test_assembler import step
+from tests.support.factories import recorded_step as step
 from workers.assembler import Assembler
 
 FIRST_PROMPT = [1, 2, 3]

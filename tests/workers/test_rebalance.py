@@ -31,11 +31,16 @@ from tests.e2e.test_fault import (
 )
 from tests.support.load import ScriptedLoad, reference_segments, scripted_load
 from tests.support.topics import read_until
-from titoflow.bus import Publisher, RebalanceListener, batch_records, make_consumer
+from titoflow.bus import (
+    BatchSubscription,
+    Publisher,
+    RebalanceListener,
+    batch_records,
+    make_consumer,
+)
 from titoflow.settings import Settings
 from workers.assembler import Assembler
 from workers.partitions import PartitionLedger, Verdict
-from workers.subscription import BatchSubscription
 
 PARTITIONS = 2
 

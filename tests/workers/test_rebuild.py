@@ -28,9 +28,9 @@ from schemas.events import (
 )
 from schemas.reasons import DeadLetterReason, SplitReason
 from tests.e2e.test_routing import block
+from tests.support.factories import recorded_step as step
 from tests.support.families import qwen3
 from tests.support.topics import read_until
-from tests.workers.test_assembler import step
 from titoflow.bus import Publisher
 from titoflow.engine.api import PromptScores
 from titoflow.settings import Settings

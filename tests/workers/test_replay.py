@@ -32,6 +32,7 @@ from schemas.events import (
     VersionSpan,
 )
 from schemas.reasons import DeadLetterReason
+from tests.support.factories import recorded_step
 from titoflow.bus import Publisher, ensure_topics, make_consumer
 from titoflow.settings import PROJECT_ROOT, Settings
 from workers.inspect.decode import TokenDecoder
@@ -59,19 +60,16 @@ def step(
     prefix_len: int = 0,
     **extra: Any,
 ) -> StepRecorded:
-    return StepRecorded(
-        session_id=session,
+    return recorded_step(
+        f"{session}/{step_id}",
+        tail,
+        completion,
+        f"{session}/{parent}" if parent else None,
+        prefix_len,
+        session=session,
         event_time=time.time(),
-        step_id=f"{session}/{step_id}",
         chain_id=extra.pop("chain_id", f"{session}/chain"),
-        parent_step_id=f"{session}/{parent}" if parent else None,
-        prefix="tito" if parent else "rendered",
-        prefix_len=prefix_len,
-        prompt_tail_ids=tail,
-        completion_ids=completion,
         completion_logprobs=[-0.25 * (i + 1) for i in range(len(completion))],
-        finish_reason="stop",
-        api="openai.chat",
         model="policy",
         engine_url="http://engine",
         engine_request_id=f"req-{step_id}",

@@ -17,11 +17,12 @@ TopLogprobs = list[list[tuple[int, float]]]
 
 @dataclass(frozen=True)
 class EngineImage:
-    """An image of the prompt (titoflow/engine/images.py): its run of ``length`` placeholder ids
-    at ``offset`` in the canonical, expanded prompt; ``uuid`` names its bytes (their sha256: an
-    engine answers a cached uuid with the cached image, whatever bytes come with it); ``url`` is
-    a ``data:`` URL or an address the engine fetches. ``by_uuid`` sends it without its URL (an
-    image the engine was sent before); a client resends the URL if the engine lost it."""
+    """An image of the prompt (titoflow/engine/image_expansion.py): its run of ``length``
+    placeholder ids at ``offset`` in the canonical, expanded prompt; ``uuid`` names its bytes
+    (their sha256: an engine answers a cached uuid with the cached image, whatever bytes come
+    with it); ``url`` is a ``data:`` URL or an address the engine fetches. ``by_uuid`` sends it
+    without its URL (an image the engine was sent before); a client resends the URL if the
+    engine lost it."""
 
     offset: int
     length: int

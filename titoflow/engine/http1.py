@@ -2,8 +2,8 @@
 the parser uvicorn serves the ingress with.
 
 Why not aiohttp: a whole ``VLLMEngine.generate`` against the engine double (body, call, parsed
-answer) cost 189 µs of CPU and 240 µs of latency on aiohttp, 104 and 165 on this client, for
-one call the ingress makes every turn. It speaks only what engines answer: ``content-length`` or
+answer) costs markedly less CPU and latency on this client (docs/benchmarks.md §1–2), for one
+call the ingress makes every turn. It speaks only what engines answer: ``content-length`` or
 chunked bodies, keep-alive, http or https; no redirects, cookies or compression.
 
 Connections are reused while the server keeps them alive, and not once idle for

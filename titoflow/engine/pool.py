@@ -186,6 +186,15 @@ class _Member:
         return self.spec.weight
 
 
+@dataclass
+class _Attempt:
+    """One try of a call: the engine it went to, and whether any of its answer went out (a
+    streamed chunk), after which the call cannot move to another engine."""
+
+    member: _Member
+    answered: bool = False
+
+
 @dataclass(frozen=True)
 class EngineStatus:
     url: str
@@ -377,25 +386,10 @@ class EnginePool:
     ) -> Generation:
         tried: set[str] = set()
         while True:
-            member = self._choose(session_id, tried)
-            self._enter(member)
-            outcome = "cancelled"
-            try:
-                generation = await member.engine.generate(
+            async with self._attempt(session_id, tried) as attempt:
+                return await attempt.member.engine.generate(
                     prompt_ids, params, request_id, session_id=session_id
                 )
-                outcome = "ok"
-                return generation
-            except EngineUnavailable:
-                outcome = "unavailable"
-                tried.add(member.url)
-                if not self._has_other(session_id, tried):
-                    raise
-            except Exception:
-                outcome = "error"
-                raise
-            finally:
-                await self._leave(member, outcome)
 
     async def generate_stream(
         self,
@@ -406,27 +400,36 @@ class EnginePool:
     ) -> AsyncIterator[GenerationChunk]:
         tried: set[str] = set()
         while True:
-            member = self._choose(session_id, tried)
-            self._enter(member)
-            outcome, streamed = "cancelled", False
-            try:
-                async for chunk in member.engine.generate_stream(
+            async with self._attempt(session_id, tried) as attempt:
+                async for chunk in attempt.member.engine.generate_stream(
                     prompt_ids, params, request_id, session_id=session_id
                 ):
-                    streamed = True
+                    attempt.answered = True
                     yield chunk
-                outcome = "ok"
                 return
-            except EngineUnavailable:
-                outcome = "unavailable"
-                tried.add(member.url)
-                if streamed or not self._has_other(session_id, tried):
-                    raise
-            except Exception:
-                outcome = "error"
+
+    @contextlib.asynccontextmanager
+    async def _attempt(self, session_id: str, tried: set[str]) -> AsyncIterator[_Attempt]:
+        """One try of a call on the engine chosen for ``session_id`` among those not ``tried``,
+        counted in and out with its outcome. Where that engine is unavailable, it joins
+        ``tried`` and the error is swallowed, for the caller to try again, while another engine
+        may take the call and nothing of this one's answer went out."""
+        attempt = _Attempt(self._choose(session_id, tried))
+        self._enter(attempt.member)
+        outcome = "cancelled"
+        try:
+            yield attempt
+            outcome = "ok"
+        except EngineUnavailable:
+            outcome = "unavailable"
+            tried.add(attempt.member.url)
+            if attempt.answered or not self._has_other(session_id, tried):
                 raise
-            finally:
-                await self._leave(member, outcome)
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            await self._leave(attempt.member, outcome)
 
     def _has_other(self, session_id: str, tried: set[str]) -> bool:
         return any(m.url not in tried for m in self._ranked(session_id))

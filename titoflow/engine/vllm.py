@@ -8,7 +8,7 @@ A server started with ``--enable-return-routed-experts`` (MoE) also returns ``ro
 (base64 ``.npy``, rows for positions ``[routed_experts_prompt_start, prompt + completion - 1)``,
 on the last stream event only); it becomes :class:`~schemas.routed_experts.RoutedExperts` here.
 A prompt with images is sent with one placeholder per image and the images as ``content_parts``,
-and the engine's expansion must give back the prompt's ids (titoflow/engine/images.py).
+and the engine's expansion must give back the prompt's ids (titoflow/engine/image_expansion.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from titoflow.engine.api import (
     PromptScores,
 )
 from titoflow.engine.http1 import Http1Client
-from titoflow.engine.images import check_expansion, content_parts, engine_prompt
+from titoflow.engine.image_expansion import check_expansion, content_parts, engine_prompt
 from titoflow.errors import ContextOverflow, EngineError, EngineUnavailable
 from titoflow.tito.shared_tokens import SharedTokens
 
@@ -45,8 +45,8 @@ _TRANSPORT_ERRORS = (OSError, TimeoutError)
 
 def _json_ids(ids: Sequence[int]) -> Any:
     """Token ids as orjson writes them fastest: a chain's int32 ids as a numpy view, written
-    from memory. As a list, the 7,000 ids of a turn-50 prompt became Python ints first: 76 µs
-    of the 105 it took to serialize them, a cost growing with the history TITO never re-renders."""
+    from memory. A list makes every id a Python int first, most of the serializing time and a
+    cost growing with the history TITO never re-renders (docs/benchmarks.md §1–2)."""
     if isinstance(ids, SharedTokens):
         return np.frombuffer(ids.view(), dtype=np.int32)
     if isinstance(ids, array) and ids.itemsize == 4 and ids.typecode in "il":

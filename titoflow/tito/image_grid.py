@@ -10,9 +10,10 @@ EXIF orientation (``normalize_image``), so a photo stored sideways is measured u
 
 Invariant: the numbers depend only on the model directory's ``preprocessor_config.json`` and the
 image's upright size; the engine's expansion is still checked against them on every call
-(titoflow/engine/images.py). The processor's fingerprint (:meth:`ImageProcessing.fingerprint`,
-recorded with every image) is read from the same file, plus the engines' transformers version,
-which no model directory holds (a setting; ``up`` reads it with :func:`installed_version`).
+(titoflow/engine/image_expansion.py). The processor's fingerprint
+(:meth:`ImageProcessing.fingerprint`, recorded with every image) is read from the same file, plus
+the engines' transformers version, which no model directory holds (a setting; ``up`` reads it with
+:func:`installed_version`).
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ def upright_size(data: bytes) -> tuple[int, int]:
             width, height = image.size
             if image.format == "PNG" and _png_opened_whole(data):
                 # PIL's PNG getexif decodes the pixels to look for metadata chunks after them
-                # (5.8 ms of a 140 KB screenshot); with none there, what it read on opening
-                # is all the metadata, and the base method reads just that.
+                # (milliseconds a screenshot: docs/benchmarks.md §9); with none there, what it
+                # read on opening is all the metadata, and the base method reads just that.
                 exif = Image.Image.getexif(image)
             else:
                 exif = image.getexif()

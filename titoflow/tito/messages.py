@@ -42,7 +42,7 @@ class ToolCall(BaseModel):
 
 
 class MessageImage(BaseModel):
-    """An image of a message's content (titoflow/tito/images.py): where it stands in the text
+    """An image of a message's content (titoflow/tito/prompt_images.py): where it stands in the text
     (``at``, a character offset), what names its bytes (``sha256``, the engine's uuid for it),
     its upright size (which fixes its run of placeholder ids) and the URL it came as. Only the
     hash reaches a template or a recorded step, never the bytes."""

@@ -7,7 +7,7 @@ tokenize=False, **template_kwargs)`` (tests/titoflow/tito/test_template.py holds
 on generated conversations and tool lists): the same compiled template, in an overlay of
 transformers' own sandboxed environment, given equal inputs. What changes is when they are made:
 the tools' plain copy, the template switches with the special tokens, and each tool's ``tojson``
-text once per tool list, kept, instead of on every call (a 62 KB tool list was copied and
+text once per tool list, kept, instead of on every call (a long tool list would be copied and
 serialized on every turn); the messages, template dicts of plain JSON values made for the call,
 are not copied (transformers' plain copy of them is equal to them), only stripped of None values
 and given reasoning aliases by transformers' own function; and the sandbox's verdict on an

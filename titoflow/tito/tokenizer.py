@@ -146,13 +146,14 @@ class TextEncoder:
     """``tokenizer.encode(text, add_special_tokens=False)``, called on the Rust backend directly
     when that gives the same ids: no truncation or padding configured on it (transformers turns
     them off per call) and special tokens split as transformers splits them. transformers'
-    wrapper around the backend cost 70 of 170 µs for a tool result's 99 tokens on a busy
-    machine (cold caches), as much as a third of the TITO continuation.
+    wrapper around the backend is a large share of a short text's encode, and so of the TITO
+    continuation (docs/benchmarks.md §1–2).
 
     Long texts go through the backend's batch call, which releases the GIL while it works (a
-    single encode holds it: 0.8 s of a 1 MB text during which no other thread ran); same ids,
-    8 µs more a call. :meth:`within` refuses a text over a budget of tokens without making
-    its ids into Python ints (a 1 MB tool result's 400,000 held the GIL for 70 ms)."""
+    single encode holds it for the whole text, and no other thread runs meanwhile); same ids, a
+    little more a call. :meth:`within` refuses a text over a budget of tokens without making
+    its ids into Python ints, which for a huge tool result holds the GIL too (figures:
+    docs/benchmarks.md §9)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer

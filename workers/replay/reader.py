@@ -1,4 +1,5 @@
-"""Reading a topic without a consumer group, from given offsets up to the end offsets at start.
+"""Reading a topic without a consumer group, from given offsets up to the end offsets at start
+(:func:`titoflow.bus.read_to_end`), for a replay, an export or a scan.
 
 Invariants:
 - Partitions are assigned by hand and nothing is ever committed, so a group's offsets (the live
@@ -11,38 +12,35 @@ Invariants:
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from titoflow.bus import (
+    BrokerUnavailable,
     Consumer,
     ConsumerRecord,
-    KafkaError,
+    ReadStalled,
     TopicPartition,
+    end_offsets,
     existing_partitions,
     home_partition,
     make_consumer,
+    read_to_end,
+    start_consumer,
 )
 from titoflow.settings import Settings
 from workers.replay.errors import ReplayError
 from workers.replay.options import ReplayOptions
 from workers.replay.progress import Progress
 
-# A fetch that brings nothing for this long while records are still due means the log changed
-# under us (retention deleted them, or the topic was recreated): stop instead of hanging.
-STALL_TIMEOUT_S = 60.0
-FETCH_TIMEOUT_MS = 1000
-
 
 async def start_reader(settings: Settings) -> Consumer:
     """A started consumer without a group (it never joins or commits anything)."""
     consumer = make_consumer(settings, group_id=None, enable_auto_commit=False)
     try:
-        await consumer.start()
-    except (KafkaError, OSError) as exc:
-        await consumer.stop()
-        raise ReplayError(f"cannot reach {settings.bootstrap_servers!r}: {exc!r}") from exc
-    return consumer
+        return await start_consumer(consumer, settings)
+    except BrokerUnavailable as exc:
+        raise ReplayError(exc.message) from exc
 
 
 async def topic_partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
@@ -58,7 +56,7 @@ async def start_offsets(
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """``(start, end)`` per partition: where the options say to begin, and the end offsets now."""
     beginning = await consumer.beginning_offsets(tps)
-    end = await _end_offsets(consumer, tps, beginning)
+    end = await end_offsets(consumer, tps, beginning)
     by_time: dict[TopicPartition, int] = {}
     timed = [tp for tp in tps if options.starts_by_time(tp.partition)]
     if timed and options.from_time is not None:
@@ -81,27 +79,6 @@ async def start_offsets(
     return starts, end
 
 
-async def _end_offsets(
-    consumer: Consumer, tps: list[TopicPartition], beginning: dict[TopicPartition, int]
-) -> dict[TopicPartition, int]:
-    """End offsets now. tansu answers ListOffsets(latest) with the base offset of the last record
-    batch + 1, short of the end when that batch holds several records (the ingress publishes
-    concurrently, so it often does); the high watermark of a fetch is right on any broker, so
-    one fetch at the reported end settles it."""
-    reported = await consumer.end_offsets(tps)
-    ends = dict(reported)
-    for tp in tps:
-        if reported[tp] <= beginning[tp]:
-            continue  # no batch at all
-        consumer.assign([tp])
-        consumer.seek(tp, reported[tp] - 1)
-        await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
-        highwater = consumer.highwater(tp)
-        if highwater is not None and highwater > ends[tp]:
-            ends[tp] = highwater
-    return ends
-
-
 async def read_range(
     consumer: Consumer,
     tp: TopicPartition,
@@ -110,35 +87,15 @@ async def read_range(
     progress: Progress | None = None,
     from_time: float | None = None,
 ) -> AsyncIterator[ConsumerRecord]:
-    """The records of one partition in ``[start, end)``, in offset order; with ``from_time``,
-    from the first whose timestamp is at or after it (tansu's time lookup answers with the
-    start of the record batch holding that record, not the record itself)."""
-    if start >= end:
-        return
-    consumer.assign([tp])
-    consumer.seek(tp, start)
-    position = start
-    stalled_since = time.monotonic()
-    from_ms = int(from_time * 1000) if from_time is not None else None
-    while position < end:
-        batch = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
-        records = batch.get(tp, [])
-        for record in records:
-            if record.offset >= end:
-                break
-            if from_ms is not None:
-                if record.timestamp < from_ms:
-                    continue
-                from_ms = None
-            yield record
-        new_position = min(await consumer.position(tp), end)
-        if progress is not None and new_position > position:
-            progress.advance(new_position - position)
-        if new_position > position:
-            stalled_since = time.monotonic()
-        elif time.monotonic() - stalled_since > STALL_TIMEOUT_S:
-            raise ReplayError(f"{tp.topic}[{tp.partition}]: no records past {position} (< {end})")
-        position = new_position
+    """The records of one partition in ``[start, end)``, in offset order, counted on
+    ``progress``; with ``from_time``, from the first whose timestamp is at or after it."""
+    advanced = progress.advance if progress is not None else None
+    try:
+        async with aclosing(read_to_end(consumer, tp, start, end, advanced, from_time)) as read:
+            async for record in read:
+                yield record
+    except ReadStalled as exc:
+        raise ReplayError(str(exc)) from exc
 
 
 def home_partition_of(key: str, tps: list[TopicPartition]) -> TopicPartition:

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from schemas.events import SegmentFinalized
-from titoflow.bus import BrokerUnavailable, KafkaError, Publisher, TopicLayoutError, create_topics
+from titoflow.bus import BrokerUnavailable, Publisher, TopicLayoutError, create_topics
 from titoflow.settings import Settings
 from workers.replay.driver import replay
 from workers.replay.errors import ReplayError
@@ -70,7 +70,7 @@ async def replay_to(
         except (BrokerUnavailable, TopicLayoutError) as exc:
             raise ReplayError(f"cannot create topic {to_topic!r}: {exc}") from exc
         await publisher.start()
-    except (KafkaError, BrokerUnavailable) as exc:
+    except BrokerUnavailable as exc:
         raise ReplayError(f"cannot publish to {to_topic!r}: {exc}") from exc
     try:
         return await replay(settings, options, TopicSink(publisher, to_topic), progress=progress)

@@ -42,6 +42,7 @@ SOURCES: dict[str, str] = {
     "nemotron_nano_v2": "nemotron_nano_v2",
     "llama4": "llama4",
     "gemma3": "gemma3",
+    "nemotron3": "nemotron3",
 }
 
 

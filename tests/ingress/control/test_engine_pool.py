@@ -25,7 +25,7 @@ from schemas.control import (
     SetWeightVersion,
     control_adapter,
 )
-from tests.support.doubles import ControlledStubEngine, StubEngine
+from tests.support.doubles import ControlledStubEngine, pool_of
 from titoflow.engine.api import GenerateParams
 from titoflow.engine.pool import EnginePool, EngineSpec, parse_engine_specs
 from titoflow.errors import EngineUnavailable, Overloaded
@@ -33,19 +33,6 @@ from titoflow.settings import Settings
 
 PARAMS = GenerateParams(max_tokens=1)
 SESSIONS = [f"session-{i}" for i in range(300)]
-
-
-def pool_of(
-    *urls: str, max_in_flight: int = 0, in_flight_limit: int = 0
-) -> tuple[EnginePool, dict[str, StubEngine]]:
-    stubs: dict[str, StubEngine] = {}
-
-    def make(spec: EngineSpec) -> StubEngine:
-        stubs[spec.url] = StubEngine(spec.url)
-        return stubs[spec.url]
-
-    pool = EnginePool([EngineSpec(u) for u in urls], make, max_in_flight, 5.0, in_flight_limit)
-    return pool, stubs
 
 
 async def served_by(pool: EnginePool, session: str) -> str:

@@ -2,7 +2,7 @@
 logs. At start it has applied what both logs held (so a replica starts paused, knowing which
 sessions opened and ended), then it hands on what is published to either, each log in order,
 each event to its own log's subscribers only, while its consumer waits in the fetch rather than
-FastStream's poll (``titoflow.bus.wait_for_records``)."""
+FastStream's poll (``titoflow.bus.LogReader``)."""
 
 from __future__ import annotations
 

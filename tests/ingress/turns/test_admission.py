@@ -194,7 +194,7 @@ async def _run_fates(fates: list[str], limit: int) -> None:
                 del events
                 return
             first = await anext(events)
-            assert isinstance(first, TokensSampled)
+            assert isinstance(first.event, TokensSampled)
             if fate == "stream_closed":  # the client left after it (the server closes it)
                 await events.aclose()  # type: ignore[attr-defined]
                 return
@@ -260,7 +260,7 @@ async def test_the_engines_bound_is_reserved_at_admission_before_any_engine_is_p
         await service.open_stream(turn("second"))
     assert refused.value.reason == "overloaded_engine"
     assert stub.calls == [] and service.admission.in_flight.count == 1
-    assert isinstance([e async for e in first][-1], TurnDone)
+    assert isinstance([e async for e in first][-1].event, TurnDone)
     assert (pool.reserved, service.admission.in_flight.count) == (0, 0)
     _, second = await service.open_stream(turn("second"))
     del second  # never read: its slot and its reservation go with it

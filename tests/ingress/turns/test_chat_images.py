@@ -32,11 +32,10 @@ from cli.dev.vl_policy import IMAGE_PAD_ID, PREPROCESSOR_CONFIG, chat_template
 from ingress.turns.service import ServiceOptions
 from ingress.turns.turn import SessionRef, TokenCall
 from ingress.wire import anthropic_messages, openai_chat, openai_responses
-from schemas.events import StepRecorded
 from tests.support.apps import asgi_client, scripted_app
 from tests.support.doubles import RecordingPublisher, ScriptedEngine
 from tests.support.families import path_tool, qwen3
-from tests.support.images import runs
+from tests.support.image_samples import runs
 from titoflow.errors import TemplateError
 from titoflow.image_store import ImageStore
 from titoflow.settings import Settings
@@ -104,10 +103,6 @@ def image_part(data: bytes) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def steps(publisher: RecordingPublisher) -> list[StepRecorded]:
-    return [e for e in publisher.events if isinstance(e, StepRecorded)]
-
-
 async def test_two_turns_with_images_expand_in_the_chain_and_continue_by_tito() -> None:
     """Turn 1: a user message with an image (not streamed); turn 2: the tool result holding a
     screenshot (streamed). Each step's prompt is the engine's, with every image's expanded run;
@@ -134,7 +129,7 @@ async def test_two_turns_with_images_expand_in_the_chain_and_continue_by_tito() 
     text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
     assert text == "I see it."
 
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     lengths = [PROCESSING.tokens(50, 100), PROCESSING.tokens(96, 64)]
     assert lengths == [6, 6]
     assert one.prefix == "rendered" and two.prefix == "tito"
@@ -290,7 +285,7 @@ async def test_the_image_limits_count_the_whole_conversation_and_refuse_in_each_
         # Each API names its own field: chat's messages, Responses' input.
         field = "input" if api == "responses" else "messages"
         assert body["type"] == "invalid_request_error" and body["param"] == field
-    assert len(engine.prompts) == 1 and len(steps(publisher)) == 1  # the first turn's only
+    assert len(engine.prompts) == 1 and len(publisher.steps()) == 1  # the first turn's only
 
 
 async def chat_turns(app: Any, first: bytes, second: bytes) -> None:
@@ -378,7 +373,7 @@ async def test_a_white_box_call_extending_an_image_chain_sends_its_images_by_uui
     assert engine.prompts[1] == [*chain, 198]
     assert (image.uuid, image.by_uuid) == (hashlib.sha256(data).hexdigest(), True)
     assert engine.prompts[1][image.offset : image.offset + image.length] == [IMAGE_PAD_ID] * 4
-    chat, white_box = steps(publisher)
+    chat, white_box = publisher.steps()
     assert white_box.api == "generate" and white_box.images == chat.images
     assert [(i.offset, i.length, i.grid_thw) for i in white_box.images] == [
         (image.offset, image.length, (1, 4, 4))
@@ -424,7 +419,7 @@ async def test_anthropic_image_blocks_in_a_user_turn_and_a_tool_result() -> None
     events = [event.type async for event in stream]
     assert events[-1] == "message_stop"
 
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     assert engine.prompts[1] == one.prompt_tail_ids + one.completion_ids + two.prompt_tail_ids
     digest = [hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()]
@@ -504,7 +499,7 @@ async def test_responses_input_image_parts_in_a_message_and_a_function_output() 
     stream = await client.responses.create(model="m", input=items, tools=tools, stream=True)
     assert [event.type async for event in stream][-1] == "response.completed"
 
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     assert engine.prompts[1] == one.prompt_tail_ids + one.completion_ids + two.prompt_tail_ids
     digest = [hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()]
@@ -540,7 +535,7 @@ async def test_a_worker_re_renders_a_conversation_with_images_to_the_engine_s_pr
         },
     ]
     await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     recorded = [*one.new_messages, one.response_message, *two.new_messages, two.response_message]
     rebuilder = Rebuilder(ChatRenderer(vl_tokenizer()), PROCESSING)
     tokens = rebuilder.render(recorded, one.tools, one.template_kwargs)

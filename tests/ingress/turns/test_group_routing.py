@@ -22,12 +22,12 @@ from ingress.turns.service import ChatService, ServiceOptions
 from ingress.turns.turn import ChatTurn, SessionRef
 from schemas.events import SessionOptions
 from tests.support.apps import serving, until
-from tests.support.doubles import RecordingPublisher, StubEngine
+from tests.support.doubles import RecordingPublisher, pool_of
 from tests.support.families import qwen3
 from titoflow.client.rollout import RolloutClient
 from titoflow.engine.api import GenerateParams
 from titoflow.engine.groups import RoutingKeys
-from titoflow.engine.pool import EnginePool, EngineSpec, EngineStatus, choose, rank
+from titoflow.engine.pool import EngineSpec, EngineStatus, choose, rank
 from titoflow.settings import Settings
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
@@ -146,16 +146,6 @@ def test_session_routing_spreads_the_group_group_routing_gathers_it() -> None:
 # --- on the pool, and through the service -----------------------------------------------------
 
 
-def pool_of(*urls: str, max_in_flight: int = 0) -> tuple[EnginePool, dict[str, StubEngine]]:
-    stubs: dict[str, StubEngine] = {}
-
-    def make(spec: EngineSpec) -> StubEngine:
-        stubs[spec.url] = StubEngine(spec.url)
-        return stubs[spec.url]
-
-    return EnginePool([EngineSpec(u) for u in urls], make, max_in_flight), stubs
-
-
 async def test_a_group_moves_together_when_its_engine_drains_or_is_full() -> None:
     pool, stubs = pool_of("http://a", "http://b", "http://c", max_in_flight=2)
     keys = RoutingKeys(by_instance=True, kept=100)
@@ -201,7 +191,7 @@ async def test_the_service_routes_by_the_instance_of_the_open_call_or_of_the_fir
         )
 
     async def engine_of(session: str, instance: str | None = None) -> str:
-        return (await service.complete(turn(session, instance))).step.engine_url
+        return (await service.complete(turn(session, instance)))[0].step.engine_url
 
     # Opened with the instance, the scaffold's calls name none: the group's engine all along.
     for session in GROUP[:4]:

@@ -264,7 +264,7 @@ async def test_a_client_that_leaves_a_samples_stream_frees_its_places_and_record
         messages=(Message(role="user", content="hi"),),
         n=N,
     )
-    _, events = await service.open_samples(asked)
+    _, events = await service.open_stream(asked)
     assert service.admission.in_flight.count == N
     first = await anext(events)
     assert isinstance(first, SampleEvent)

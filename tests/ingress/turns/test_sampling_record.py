@@ -41,8 +41,9 @@ from schemas.events import (
 )
 from tests.support.apps import asgi_client, scripted_app, serving, until
 from tests.support.doubles import ScriptedEngine
+from tests.support.factories import assemble
+from tests.support.factories import recorded_step as step
 from tests.support.families import qwen3
-from tests.workers.test_assembler import assemble, step
 from titoflow.client.rollout import RolloutClient
 from titoflow.engine.api import GenerateParams
 from titoflow.errors import ContextOverflow

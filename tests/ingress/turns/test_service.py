@@ -74,7 +74,7 @@ async def test_turns_reuse_the_exact_tokens_already_sent() -> None:
         ["<think>\nplan\n</think>\n\nHello there<|im_end|>", "Second answer<|im_end|>"]
     )
     history = [Message(role="system", content="sys"), Message(role="user", content="hi")]
-    first = await service.complete(turn(history))
+    [first] = await service.complete(turn(history))
     assert first.step.prefix == "rendered" and first.step.parent_step_id is None
     assert first.parsed.reasoning == "plan" and first.parsed.content == "Hello there"
 
@@ -83,7 +83,7 @@ async def test_turns_reuse_the_exact_tokens_already_sent() -> None:
         Message(role="assistant", content="Hello there"),
         Message(role="user", content="more"),
     ]
-    second = await service.complete(turn(history))
+    [second] = await service.complete(turn(history))
 
     assert second.step.prefix == "tito"
     assert second.step.parent_step_id == first.step.step_id
@@ -100,7 +100,7 @@ async def test_tool_calls_are_parsed_with_deterministic_ids_and_continue_the_cha
     reply = '<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call><|im_end|>'
     service, _, _ = make_service([reply, "done<|im_end|>"])
     history = [Message(role="user", content="list /tmp")]
-    first = await service.complete(turn(history, tools=TOOLS))
+    [first] = await service.complete(turn(history, tools=TOOLS))
     [call] = first.parsed.tool_calls
     assert (call.name, json.loads(call.arguments)) == ("ls", {"path": "/tmp"})
     assert first.step.tool_parse_error is None
@@ -110,13 +110,13 @@ async def test_tool_calls_are_parsed_with_deterministic_ids_and_continue_the_cha
         Message(role="assistant", content="", tool_calls=(echoed,)),
         Message(role="tool", content="a.txt", tool_call_id=call.id),
     ]
-    second = await service.complete(turn(history, tools=TOOLS))
+    [second] = await service.complete(turn(history, tools=TOOLS))
     assert second.step.prefix == "tito"
     assert second.step.parent_step_id == first.step.step_id
 
     # The same prompt sampled again is another sample: its own step id and tool-call ids.
     again, _, _ = make_service([reply])
-    resampled = await again.complete(turn(history[:1], tools=TOOLS))
+    [resampled] = await again.complete(turn(history[:1], tools=TOOLS))
     assert resampled.step.step_id != first.step.step_id
     assert resampled.parsed.tool_calls[0].id != call.id
 
@@ -127,7 +127,7 @@ async def test_malformed_tool_call_is_returned_as_text_and_recorded() -> None:
     counted = REGISTRY.get_sample_value(
         "titoflow_ingress_tool_parse_errors_total", {"api": "openai.chat"}
     )
-    result = await service.complete(turn([Message(role="user", content="x")], tools=TOOLS))
+    [result] = await service.complete(turn([Message(role="user", content="x")], tools=TOOLS))
     assert result.parsed.tool_calls == []
     assert "<tool_call>" in result.parsed.content
     assert result.step.tool_parse_error
@@ -145,19 +145,19 @@ async def test_changed_tools_start_a_new_chain() -> None:
     history = [Message(role="user", content="x")]
     await service.complete(turn(history))
     history += [Message(role="assistant", content="a"), Message(role="user", content="y")]
-    second = await service.complete(turn(history, tools=TOOLS))
+    [second] = await service.complete(turn(history, tools=TOOLS))
     assert second.step.prefix == "rendered"
 
 
 async def test_a_failed_publish_leaves_the_chain_as_it_was() -> None:
     service, engine, publisher = make_service(["a<|im_end|>", "b<|im_end|>", "c<|im_end|>"])
     history = [Message(role="user", content="x")]
-    first = await service.complete(turn(history))
+    [first] = await service.complete(turn(history))
     history += [Message(role="assistant", content="a"), Message(role="user", content="y")]
     publisher.fail_next = True
     with pytest.raises(PublishFailed):
         await service.complete(turn(history))
-    retried = await service.complete(turn(history))
+    [retried] = await service.complete(turn(history))
     assert retried.step.parent_step_id == first.step.step_id
     assert engine.prompts[1] == engine.prompts[2]
     assert len(publisher.events) == 2
@@ -166,13 +166,13 @@ async def test_a_failed_publish_leaves_the_chain_as_it_was() -> None:
 async def test_length_cut_reply_is_closed_before_the_next_turn() -> None:
     service, _, _ = make_service(["word " * 100, "ok<|im_end|>"])
     history = [Message(role="user", content="x")]
-    first = await service.complete(turn(history))
+    [first] = await service.complete(turn(history))
     assert first.step.finish_reason == "length"
     history += [
         Message(role="assistant", content=first.parsed.content),
         Message(role="user", content="y"),
     ]
-    second = await service.complete(turn(history))
+    [second] = await service.complete(turn(history))
     assert second.step.prefix == "tito"
     assert second.step.prompt_tail_ids[0] == ChatRenderer(qwen3()).terminator_id
 
@@ -193,14 +193,14 @@ async def test_claude_code_style_echo_matches_only_when_anchored_on_call_ids(
     reply = '<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp", "all": true}}\n</tool_call>'
     service, _, _ = make_service([reply + "<|im_end|>", "ok<|im_end|>"], matcher=matcher)
     history = [Message(role="user", content="list")]
-    first = await service.complete(turn(history, tools=TOOLS))
+    [first] = await service.complete(turn(history, tools=TOOLS))
     [call] = first.parsed.tool_calls
     rewritten = ToolCall(id=call.id, name="ls_v2", arguments='{"all":true,"path":"/tmp/"}')
     history += [
         Message(role="assistant", content="", tool_calls=(rewritten,)),
         Message(role="tool", content="a.txt", tool_call_id=call.id),
     ]
-    second = await service.complete(turn(history, tools=TOOLS))
+    [second] = await service.complete(turn(history, tools=TOOLS))
     assert second.step.prefix == prefix and second.step.matcher == matcher
 
 
@@ -218,7 +218,7 @@ async def test_max_tokens_cap_bounds_what_scaffolds_ask_for() -> None:
     asked = turn([Message(role="user", content="x")]).model_copy(
         update={"sampling": SamplingOptions(max_tokens=32_000)}
     )
-    result = await service.complete(asked)
+    [result] = await service.complete(asked)
     assert len(result.step.completion_ids) == 3 and result.step.finish_reason == "length"
 
 
@@ -227,11 +227,11 @@ async def test_two_samples_of_one_prompt_each_continue_the_one_the_client_echoes
     replies += ["after A<|im_end|>", "after B<|im_end|>", "after twin<|im_end|>"]
     service, engine, _ = make_service(replies)
     start = [Message(role="user", content="q")]
-    first = await service.complete(turn(start))
+    [first] = await service.complete(turn(start))
     ask = [*start, Message(role="assistant", content="hi"), Message(role="user", content="go")]
-    a = await service.complete(turn(ask))  # the head's prompt...
-    b = await service.complete(turn(ask))  # ...sampled again: TITO from the step before
-    twin = await service.complete(turn(ask))  # the same answer as b: same tokens
+    [a] = await service.complete(turn(ask))  # the head's prompt...
+    [b] = await service.complete(turn(ask))  # ...sampled again: TITO from the step before
+    [twin] = await service.complete(turn(ask))  # the same answer as b: same tokens
     assert len({a.step.step_id, b.step.step_id, twin.step.step_id}) == 3
     for sample in (a, b, twin):
         assert sample.step.prefix == "tito" and sample.step.parent_step_id == first.step.step_id
@@ -240,15 +240,15 @@ async def test_two_samples_of_one_prompt_each_continue_the_one_the_client_echoes
     def then(answer: str) -> list[Message]:
         return [*ask, Message(role="assistant", content=answer), Message(role="user", content="ok")]
 
-    after_a = await service.complete(turn(then("A")))
-    after_b = await service.complete(turn(then("B")))
+    [after_a] = await service.complete(turn(then("A")))
+    [after_b] = await service.complete(turn(then("B")))
     assert after_a.step.parent_step_id == a.step.step_id
     # b and its twin match alike: the one recorded first is continued (either is exact).
     assert after_b.step.parent_step_id == b.step.step_id
     assert engine.prompts[5][: len(engine.prompts[2]) + 2] == engine.prompts[2] + list(
         b.step.completion_ids
     )
-    again = await service.complete(turn(then("B")))
+    [again] = await service.complete(turn(then("B")))
     assert again.step.parent_step_id == b.step.step_id  # a second sample after b, by TITO
 
 
@@ -262,7 +262,7 @@ async def test_white_box_calls_record_their_steps_on_the_chat_path() -> None:
     replies = ["Hello<|im_end|>", "one", "two", "after<|im_end|>"]
     service, engine, publisher = make_service(replies, matcher="tool_call_id")
     history = [Message(role="user", content="hi")]
-    chat = await service.complete(turn(history, tools=TOOLS))
+    [chat] = await service.complete(turn(history, tools=TOOLS))
     held = [*engine.prompts[0], *chat.step.completion_ids]
 
     first = await service.generate_tokens(token_call([*held, 11]))
@@ -291,7 +291,7 @@ async def test_white_box_calls_record_their_steps_on_the_chat_path() -> None:
 
     # A chat turn that echoes the chat answer continues the chat step, not the white-box ones.
     history += [Message(role="assistant", content="Hello"), Message(role="user", content="more")]
-    after = await service.complete(turn(history, tools=TOOLS))
+    [after] = await service.complete(turn(history, tools=TOOLS))
     assert (after.step.prefix, after.step.parent_step_id) == ("tito", chat.step.step_id)
     assert [e.api for e in publisher.events if isinstance(e, StepRecorded)] == [
         "openai.chat",
@@ -325,7 +325,7 @@ async def test_refused_calls_publish_nothing_and_keep_the_chain() -> None:
     replies = ["a<|im_end|>", "fresh<|im_end|>", "b<|im_end|>"]
     service, engine, publisher = make_service(replies, control=weights, partial_rollout=False)
     history = [Message(role="user", content="x")]
-    first = await service.complete(turn(history))
+    [first] = await service.complete(turn(history))
     held = [*engine.prompts[0], *first.step.completion_ids]
     history += [Message(role="assistant", content="a"), Message(role="user", content="y")]
 
@@ -334,18 +334,18 @@ async def test_refused_calls_publish_nothing_and_keep_the_chain() -> None:
         await service.complete(turn(history))
     with pytest.raises(TrajectoryVersionChanged):
         await service.generate_tokens(token_call([*held, 7]))
-    fresh = await service.complete(turn(history[:1], session="s2"))  # a new chain may start
+    [fresh] = await service.complete(turn(history[:1], session="s2"))  # a new chain may start
     assert fresh.step.prefix == "rendered"
 
     weights.version = "v1"
-    after = await service.complete(turn(history))
+    [after] = await service.complete(turn(history))
     assert (after.step.prefix, after.step.parent_step_id) == ("tito", first.step.step_id)
     assert len(publisher.events) == 3 and len(engine.prompts) == 3
 
 
 async def test_the_step_limit_holds_for_white_box_calls_too() -> None:
     service, engine, publisher = make_service(["a<|im_end|>"], max_steps_per_session=1)
-    first = await service.complete(turn([Message(role="user", content="x")]))
+    [first] = await service.complete(turn([Message(role="user", content="x")]))
     with pytest.raises(SessionStepLimit):
         await service.generate_tokens(token_call([*engine.prompts[0], *first.step.completion_ids]))
     assert len(publisher.events) == 1
@@ -368,7 +368,7 @@ async def test_an_ended_session_takes_no_more_calls_nor_a_reopening() -> None:
     held.resume.set()
     service, engine, publisher = make_service(["a<|im_end|>", "b<|im_end|>"], control=held)
     history = [Message(role="user", content="x")]
-    first = await service.complete(turn(history))
+    [first] = await service.complete(turn(history))
     await service.finalize(SessionRef(session_id="s1"), {}, reward=1.0)
     history += [Message(role="assistant", content="a"), Message(role="user", content="y")]
     calls: dict[str, Callable[[], Awaitable[object]]] = {
@@ -403,4 +403,4 @@ async def test_an_ended_session_takes_no_more_calls_nor_a_reopening() -> None:
         await waiting
     assert caught.value.how == "discarded" and len(engine.prompts) == 1
     # Other sessions are served as ever.
-    assert (await service.complete(turn(history[:1], session="s4"))).step.prefix == "rendered"
+    assert (await service.complete(turn(history[:1], session="s4")))[0].step.prefix == "rendered"

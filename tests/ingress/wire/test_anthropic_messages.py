@@ -21,10 +21,10 @@ from anthropic.types import (
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ingress.turns.turn import SessionRef
 from ingress.wire import anthropic_messages
 from ingress.wire.anthropic_messages import parse_count_request, parse_request
 from ingress.wire.errors import unknown_route_response
-from schemas.events import StepRecorded
 from tests.support.apps import asgi_client, scripted_app
 from tests.support.doubles import RecordingPublisher, ScriptedEngine
 from tests.support.families import qwen3
@@ -44,6 +44,8 @@ BASH: ToolParam = {
 }
 MESSAGES = "/sess/s1/v1/messages"
 ASK: list[MessageParam] = [{"role": "user", "content": "list the files"}]
+
+S = SessionRef(session_id="s")
 
 
 def app_for(
@@ -73,10 +75,6 @@ def sse_events(text: str) -> list[dict[str, Any]]:
         assert fields["event"] == payload["type"]
         events.append(payload)
     return events
-
-
-def steps(publisher: RecordingPublisher) -> list[StepRecorded]:
-    return [e for e in publisher.events if isinstance(e, StepRecorded)]
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -119,7 +117,7 @@ def test_blocks_map_to_messages_in_order() -> None:
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2"},
         {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}},
     ]
-    turn, _ = parse_request(body(messages=messages, system=system), "s", {})
+    turn, _ = parse_request(body(messages=messages, system=system), S)
     assert [(m.role, m.content) for m in turn.messages] == [
         ("system", "x-anthropic-billing-header: cc_version=2\nYou are an agent."),
         ("user", "run ls and pwd"),
@@ -155,8 +153,7 @@ def test_tools_sampling_and_switches() -> None:
             service_tier="auto",
             stream=True,
         ),
-        "s",
-        {},
+        S,
     )
     assert turn.tools == (
         {
@@ -176,7 +173,7 @@ def test_tools_sampling_and_switches() -> None:
     assert raw.stream
 
     def mapped(**extra: Any) -> tuple[Any, ...]:
-        turn = parse_request(body(tools=[BASH], **extra), "s", {})[0]
+        turn = parse_request(body(tools=[BASH], **extra), S)[0]
         return turn.tool_choice, turn.tool_choice_name, turn.template_kwargs
 
     assert mapped() == ("auto", None, {})
@@ -248,7 +245,7 @@ def test_count_tokens_needs_no_max_tokens_and_no_session() -> None:
 )
 def test_invalid_requests_are_typed_400s(bad: Any, param: str, words: str) -> None:
     with pytest.raises(InvalidRequest) as failure:
-        parse_request(bad, "s", {})
+        parse_request(bad, S)
     assert (failure.value.param or "").startswith(param)
     assert words in failure.value.message
 
@@ -260,7 +257,7 @@ async def test_text_reply() -> None:
     app, engine, publisher = app_for(["Hello there<|im_end|>"])
     async with sdk(app) as client:
         message = await client.messages.create(model="m", max_tokens=64, messages=ASK)
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert message.id == f"msg_{step.step_id}"
     assert [(b.type, getattr(b, "text", None)) for b in message.content] == [
         ("text", "Hello there")
@@ -317,7 +314,7 @@ async def test_tool_round_trip_continues_the_chain(stream: bool) -> None:
                     "content": "a b",
                 }
                 conversation.append({"role": "user", "content": [result]})
-    first, second = steps(publisher)
+    first, second = publisher.steps()
     assert message.stop_reason == "end_turn" and message.content[0].type == "text"
     assert (first.prefix, second.prefix) == ("rendered", "tito")
     assert second.parent_step_id == first.step_id and second.chain_id == first.step_id
@@ -356,7 +353,7 @@ async def test_stream_event_sequence_with_thinking_text_and_tool() -> None:
         "message_delta",
         "message_stop",
     ]
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     start, delta = raw[0], raw[-2]
     assert start.type == "message_start" and start.message.id == f"msg_{step.step_id}"
     assert start.message.content == [] and start.message.usage.output_tokens == 0
@@ -382,7 +379,7 @@ async def test_stream_final_message_matches_non_streaming() -> None:
         plain.stop_reason,
         plain.usage.output_tokens,
     )
-    assert [s.stream for s in steps(publisher)] == [False, True]
+    assert [s.stream for s in publisher.steps()] == [False, True]
 
 
 async def test_count_tokens_matches_the_prompt_sent() -> None:
@@ -484,7 +481,7 @@ async def test_claude_code_shaped_tool_round_trip() -> None:
     assert json.loads(arguments) == {"command": "ls"}
     done = sse_events(second.text)
     assert done[-2]["delta"]["stop_reason"] == "end_turn"
-    first_step, second_step = steps(publisher)
+    first_step, second_step = publisher.steps()
     assert second_step.prefix == "tito" and second_step.parent_step_id == first_step.step_id
     assert first_step.session_id == "cc" and first_step.model == "claude-opus-4-8"
     prompt = qwen3().decode(engine.prompts[0])
@@ -512,7 +509,7 @@ async def test_session_from_header_on_the_plain_route() -> None:
     app, _, publisher = app_for(["hi<|im_end|>"])
     async with asgi_client(app) as client:
         response = await client.post("/v1/messages", json=body(), headers={"x-session-id": "h"})
-    assert response.status_code == 200 and steps(publisher)[0].session_id == "h"
+    assert response.status_code == 200 and publisher.steps()[0].session_id == "h"
 
 
 # --- errors in Anthropic's shape, nothing published -------------------------------------------
@@ -560,7 +557,7 @@ async def test_broker_down_is_a_529_the_sdk_retries() -> None:
     publisher.fail_next = True  # as Claude Code does, the SDK retries a 529 and succeeds
     async with sdk(app, max_retries=1) as client:
         message = await client.messages.create(model="m", max_tokens=64, messages=ASK)
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert message.id == f"msg_{step.step_id}" and message.content[0].type == "text"
 
 

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from ingress.turns.image_cache import ImageCache
 from ingress.turns.service import ServiceOptions
+from ingress.turns.turn import SessionRef
 from ingress.wire import openai_responses
 from ingress.wire.http import session_key
 from tests.ingress.turns.test_chat_images import (
@@ -38,15 +39,14 @@ from tests.ingress.turns.test_chat_images import (
     PROCESSING,
     client_for,
     png,
-    steps,
     vl_app,
     vl_options,
 )
 from tests.support.apps import asgi_client, serving
 from tests.support.doubles import RecordingPublisher, ScriptedEngine
 from titoflow.settings import Settings
-from titoflow.tito.images import read_image
 from titoflow.tito.messages import MessageImage
+from titoflow.tito.prompt_images import read_image
 
 A, B = png(100, 50), png(64, 96, (200, 10, 10))
 SCREENS = (png(80, 40, (10, 200, 10)), png(40, 80, (10, 10, 200)))
@@ -179,7 +179,7 @@ def sent(engine: ScriptedEngine) -> list[Any]:
 
 
 def recorded(publisher: RecordingPublisher) -> tuple[list[int], list[Any]]:
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     return step.prompt_tail_ids, step.new_messages
 
 
@@ -219,7 +219,7 @@ async def test_a_history_image_is_fetched_once_and_the_next_turn_extends_its_cha
     async with image_server() as server:
         app, engine, publisher = vl_app(["seen<|im_end|>", "and more<|im_end|>"])
         await two_turns(app, f"{server.url}/img/a.png", f"{server.url}/img/b.png")
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     assert [(i.by_uuid, i.url.startswith("data:")) for i in engine.params[1].images] == [
         (True, True),
@@ -235,7 +235,7 @@ async def test_a_new_turn_fetches_its_url_again_and_the_history_keeps_what_it_wa
     async with image_server() as server:
         app, engine, publisher = vl_app(["seen<|im_end|>", "and more<|im_end|>"])
         await two_turns(app, f"{server.url}/screen", f"{server.url}/screen")
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     first, second = (hashlib.sha256(shot).hexdigest() for shot in SCREENS)
     assert [(i.uuid, i.by_uuid) for i in engine.params[1].images] == [
@@ -408,7 +408,7 @@ def test_a_data_url_is_read_once_per_replica_and_placed_where_it_stands(
     def parsed(text: str) -> MessageImage:
         content = [{"type": "input_text", "text": text}, {"type": "input_image", "image_url": url}]
         body = {"model": "m", "input": [{"role": "user", "content": content}]}
-        [message] = openai_responses.parse_request(body, "s", {})[0].messages
+        [message] = openai_responses.parse_request(body, SessionRef(session_id="s"))[0].messages
         [image] = message.images
         return image
 

@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 
+from ingress.turns.turn import SessionRef
 from ingress.wire import anthropic_messages, openai_chat
 from ingress.wire.known_messages import KnownMessages, Parsed
 from titoflow.errors import InvalidRequest
 from titoflow.tito.messages import Message
+
+S = SessionRef(session_id="s")
 
 
 class CountingParser:
@@ -60,10 +63,10 @@ def test_a_failing_message_is_not_kept_and_names_its_field() -> None:
     ]
     for _ in range(2):  # the same answer when the history comes again
         with pytest.raises(InvalidRequest) as error:
-            openai_chat.parse_request({"model": "m", "messages": messages}, "s", {})
+            openai_chat.parse_request({"model": "m", "messages": messages}, S)
         assert error.value.param == "messages.1.role"
     messages[1]["role"] = "assistant"
-    turn, _ = openai_chat.parse_request({"model": "m", "messages": messages}, "s", {})
+    turn, _ = openai_chat.parse_request({"model": "m", "messages": messages}, S)
     assert [m.role for m in turn.messages] == ["user", "assistant"]
 
 
@@ -71,7 +74,7 @@ def test_a_message_that_is_not_an_object_is_refused_by_position() -> None:
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}, "hi"]}
     for parse in (openai_chat.parse_request, anthropic_messages.parse_request):
         with pytest.raises(InvalidRequest) as error:
-            parse(body, "s", {})
+            parse(body, S)
         assert error.value.param == "messages.1"
 
 
@@ -92,7 +95,7 @@ def test_values_equal_under_python_but_not_in_json_stay_apart() -> None:
                 },
             ],
         }
-        turn, _ = anthropic_messages.parse_request(body, "s", {})
+        turn, _ = anthropic_messages.parse_request(body, S)
         return turn.messages[1].tool_calls[0].arguments
 
     assert [arguments(v) for v in (1, 1.0, True, 1)] == [
@@ -135,13 +138,13 @@ def _chat_turn(messages: list[dict[str, Any]], raw: bytes | None = None) -> Any:
     body = {"model": "m", "messages": messages}
     if raw is not None:
         body = parse_json(raw, 64)
-    return openai_chat.parse_request(body, "s", {})[0]
+    return openai_chat.parse_request(body, S)[0]
 
 
 def test_a_turn_is_text_only_only_where_its_wire_bytes_name_no_image() -> None:
     """What tells the image pass it may skip a turn (ingress/turns/image_urls.py) errs one way only:
     a turn called text only holds no image; one that may hold one is looked at."""
-    from tests.support.images import png
+    from tests.support.image_samples import png
 
     text = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
     assert _chat_turn(text).text_only
@@ -164,16 +167,16 @@ def test_a_turn_is_text_only_only_where_its_wire_bytes_name_no_image() -> None:
 
 
 def test_an_anthropic_turn_with_an_image_block_is_not_text_only() -> None:
-    from tests.support.images import png
+    from tests.support.image_samples import png
 
     data = base64.b64encode(png(8, 8, 2)).decode()
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
     body: dict[str, Any] = {"model": "m", "max_tokens": 8, "system": "be brief"}
     text = anthropic_messages.parse_request(
-        {**body, "messages": [{"role": "user", "content": "hi"}]}, "s", {}
+        {**body, "messages": [{"role": "user", "content": "hi"}]}, S
     )[0]
     assert text.text_only and text.messages[0].role == "system"
     turn = anthropic_messages.parse_request(
-        {**body, "messages": [{"role": "user", "content": [image]}]}, "s", {}
+        {**body, "messages": [{"role": "user", "content": [image]}]}, S
     )[0]
     assert not turn.text_only and turn.messages[-1].images

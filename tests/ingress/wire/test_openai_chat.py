@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ingress.turns.turn import SessionRef
 from ingress.wire.errors import OPENAI, status_of
+from ingress.wire.http import session_ref
 from ingress.wire.openai_chat import parse_request
 from titoflow.errors import (
     EngineError,
@@ -17,24 +19,21 @@ from titoflow.errors import (
     TitoflowError,
 )
 
+S = SessionRef(session_id="s")
+
 
 def body(**extra: object) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
 def test_session_from_path_then_header_then_body_then_metadata() -> None:
-    assert (
-        parse_request(body(session_id="b"), "p", {"x-session-id": "h"})[0].session.session_id == "p"
-    )
-    assert (
-        parse_request(body(session_id="b"), None, {"x-session-id": "h"})[0].session.session_id
-        == "h"
-    )
-    assert parse_request(body(session_id="b"), None, {})[0].session.session_id == "b"
-    ref = parse_request(body(metadata={"session_id": "m", "turn_id": 3}), None, {})[0].session
+    assert session_ref("p", {"x-session-id": "h"}, body(session_id="b")).session_id == "p"
+    assert session_ref(None, {"x-session-id": "h"}, body(session_id="b")).session_id == "h"
+    assert session_ref(None, {}, body(session_id="b")).session_id == "b"
+    ref = session_ref(None, {}, body(metadata={"session_id": "m", "turn_id": 3}))
     assert (ref.session_id, ref.turn_id) == ("m", "3")
     headers = {"x-session-id": "h", "x-instance-id": "i", "x-turn-id": "t"}
-    ref = parse_request(body(), None, headers)[0].session
+    ref = session_ref(None, headers, body())
     assert (ref.instance_id, ref.turn_id) == ("i", "t")
 
 
@@ -63,9 +62,7 @@ def test_shapes_scaffolds_send() -> None:
         },
     ]
     turn, _ = parse_request(
-        body(messages=messages, reasoning_effort="high", prompt_cache_key="k", stream_options={}),
-        "s",
-        {},
+        body(messages=messages, reasoning_effort="high", prompt_cache_key="k", stream_options={}), S
     )
     system, user, call, result, call2 = turn.messages
     assert (system.role, system.content) == ("system", "be brief")
@@ -73,10 +70,7 @@ def test_shapes_scaffolds_send() -> None:
     assert call.content == "" and call.tool_calls[0].arguments == '{"cmd":"ls"}'
     assert result.content == "a.txt" and result.tool_call_id == "c1"
     assert call2.tool_calls[0].arguments == '{"cmd": "pwd"}'
-    assert (
-        parse_request(body(max_completion_tokens=5, max_tokens=9), "s", {})[0].sampling.max_tokens
-        == 5
-    )
+    assert parse_request(body(max_completion_tokens=5, max_tokens=9), S)[0].sampling.max_tokens == 5
 
 
 @pytest.mark.parametrize(
@@ -95,7 +89,7 @@ def test_shapes_scaffolds_send() -> None:
 )
 def test_invalid_requests_are_typed_400s(bad: object, param: str) -> None:
     with pytest.raises(InvalidRequest) as failure:
-        parse_request(bad, "s", {})
+        parse_request(bad, S)
     assert status_of(failure.value) == 400
     assert (failure.value.param or "").startswith(param)
     shape = OPENAI.body(failure.value)["error"]

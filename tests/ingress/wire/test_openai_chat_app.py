@@ -13,7 +13,6 @@ import pytest
 from ingress.turns.service import ServiceOptions
 from ingress.wire import openai_chat, session_routes
 from ingress.wire.errors import unknown_route_response
-from schemas.events import StepRecorded
 from tests.support.apps import asgi_client, scripted_app
 from tests.support.families import path_tool, qwen3
 from titoflow.settings import Settings
@@ -30,10 +29,6 @@ def client_for(app: Any, session: str = "s1") -> openai.AsyncOpenAI:
         http_client=asgi_client(app),
         max_retries=0,
     )
-
-
-def steps(publisher: Any) -> list[StepRecorded]:
-    return [e for e in publisher.events if isinstance(e, StepRecorded)]
 
 
 async def test_streamed_and_whole_answers_are_the_same_message() -> None:
@@ -60,7 +55,7 @@ async def test_streamed_and_whole_answers_are_the_same_message() -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
-    first, second = steps(publisher)
+    first, second = publisher.steps()
     assert whole.id == f"chatcmpl-{first.step_id}" and chunks[0].id == f"chatcmpl-{second.step_id}"
     assert (first.stream, second.stream) == (False, True)
     assert len(chunks) > 4  # text arrived in several chunks, not one
@@ -90,7 +85,7 @@ async def test_tool_calls_stream_once_complete_and_continue_the_chain() -> None:
     ]
     answer = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert answer.choices[0].message.content == "It has a.txt"
-    first, second = steps(publisher)
+    first, second = publisher.steps()
     assert second.prefix == "tito" and second.parent_step_id == first.step_id
     assert first.response_message["tool_calls"][0]["id"] == call.id
 
@@ -103,7 +98,7 @@ async def test_logprobs_are_the_engines() -> None:
         logprobs=True,
         top_logprobs=1,
     )
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert answer.choices[0].logprobs is not None
     content = answer.choices[0].logprobs.content or []
     assert [entry.logprob for entry in content] == pytest.approx(step.completion_logprobs)
@@ -120,7 +115,7 @@ async def test_tool_choice_none_leaves_tool_text_as_text() -> None:
     )
     assert answer.choices[0].message.tool_calls is None
     assert "<tool_call>" in (answer.choices[0].message.content or "")
-    assert steps(publisher)[0].tool_parse_error is None
+    assert publisher.steps()[0].tool_parse_error is None
 
 
 async def test_sub_agents_sharing_a_session_get_their_own_chains() -> None:
@@ -136,7 +131,7 @@ async def test_sub_agents_sharing_a_session_get_their_own_chains() -> None:
             convo.append({"role": "user", "content": "more"})
         reply = await client.chat.completions.create(model="m", messages=convo)
         convo.append({"role": "assistant", "content": reply.choices[0].message.content})
-    main_1, sub_1, main_2 = steps(publisher)
+    main_1, sub_1, main_2 = publisher.steps()
     assert sub_1.prefix == "rendered" and sub_1.chain_id != main_1.chain_id
     assert main_2.prefix == "tito" and main_2.parent_step_id == main_1.step_id
 
@@ -165,7 +160,7 @@ async def test_guards_refuse_overflow_and_step_limits_as_typed_400s() -> None:
     with pytest.raises(openai.BadRequestError) as limit:
         await client.chat.completions.create(model="m", messages=messages)
     assert limit.value.code == "session_step_limit"
-    assert len(steps(publisher)) == 1
+    assert len(publisher.steps()) == 1
 
 
 GOOD: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -260,4 +255,4 @@ async def test_stop_strings_end_the_visible_answer_streaming_or_not() -> None:
     streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert whole.choices[0].message.content == "Thought: look" == streamed
     # The recorded tokens are all the engine sampled; only the visible answer stops early.
-    assert all("Observation" in qwen3().decode(s.completion_ids) for s in steps(publisher))
+    assert all("Observation" in qwen3().decode(s.completion_ids) for s in publisher.steps())

@@ -11,9 +11,10 @@ import pytest
 from fastapi import FastAPI
 from openai import APIStatusError, AsyncOpenAI, BadRequestError
 
+from ingress.turns.turn import SessionRef
 from ingress.wire import openai_responses
+from ingress.wire.http import session_ref
 from ingress.wire.openai_responses import parse_request
-from schemas.events import StepRecorded
 from tests.support.apps import asgi_client, scripted_app
 from tests.support.doubles import RecordingPublisher
 from titoflow.errors import InvalidRequest
@@ -43,10 +44,6 @@ def sdk(app: FastAPI) -> AsyncOpenAI:
     )
 
 
-def steps(publisher: RecordingPublisher) -> list[StepRecorded]:
-    return [e for e in publisher.events if isinstance(e, StepRecorded)]
-
-
 async def sse_events(app: FastAPI, body: dict[str, Any]) -> list[dict[str, Any]]:
     """Every event of a streamed response, checking each ``event:`` line names its data."""
     async with asgi_client(app) as client:
@@ -67,7 +64,7 @@ async def test_plain_text_with_the_sdk() -> None:
     app, publisher = app_for(["Hello there<|im_end|>"])
     response = await sdk(app).responses.create(model="m", input="hi", instructions="Be brief.")
 
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert step.api == "openai.responses" and step.prefix == "rendered"
     assert [m["role"] for m in step.new_messages] == ["system", "user"]
     assert response.id == f"resp_{step.step_id}" and response.status == "completed"
@@ -97,7 +94,7 @@ async def test_streamed_text_event_order_and_sdk_accumulation() -> None:
         "response.output_item.done",
         "response.completed",
     ]
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     final = events[-1]["response"]
     assert final["id"] == events[0]["response"]["id"] == f"resp_{step.step_id}"
     assert events[0]["response"]["status"] == "in_progress"
@@ -121,7 +118,7 @@ async def test_a_qwen3_tool_call_becomes_a_function_call_item() -> None:
     [call] = response.output
     assert call.type == "function_call"
     assert (call.name, json.loads(call.arguments)) == ("exec_command", {"cmd": "ls"})
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert call.call_id == step.response_message["tool_calls"][0]["id"]
     assert call.id == f"fc_{step.step_id}_0" and call.status == "completed"
 
@@ -204,7 +201,7 @@ async def test_echoed_items_continue_the_chain_as_codex_does() -> None:
     second = await streamed_items(client, model="m", input=conversation, tools=[EXEC])
     assert second[0]["content"][0]["text"] == "There is a.txt."
 
-    one, two = steps(publisher)
+    one, two = publisher.steps()
     assert (one.prefix, two.prefix) == ("rendered", "tito")
     assert two.parent_step_id == one.step_id and two.chain_id == one.chain_id
     # Only the tool result is new: the echoed items folded back into the recorded turn.
@@ -229,7 +226,7 @@ def test_items_of_one_response_fold_into_one_assistant_turn() -> None:
         },
         {**call, "call_id": "c3"},  # a call with no message before it starts a turn
     ]
-    turn, _ = parse_request({"model": "m", "input": items}, "s", {})
+    turn, _ = parse_request({"model": "m", "input": items}, SessionRef(session_id="s"))
     user, answer, result, alone = turn.messages
     assert (user.role, user.content) == ("user", "go")
     assert (answer.role, answer.content, answer.reasoning) == ("assistant", "ab", "plan")
@@ -274,9 +271,9 @@ async def test_a_codex_shaped_body_is_accepted() -> None:
         response = await client.post(URL, json=body, headers=headers)
     assert response.status_code == 200
     assert "event: response.completed" in response.text
-    [step] = steps(publisher)
+    [step] = publisher.steps()
     assert step.new_messages[0] == {"role": "system", "content": "You are Codex."}
-    turn, _ = parse_request(body, "s", {})
+    turn, _ = parse_request(body, SessionRef(session_id="s"))
     assert turn.tools == (
         {
             "type": "function",
@@ -291,7 +288,9 @@ async def test_a_codex_shaped_body_is_accepted() -> None:
 
 def test_tool_choice_forms() -> None:
     def choice(value: object) -> tuple[str, str | None]:
-        turn, _ = parse_request({"model": "m", "input": "x", "tool_choice": value}, "s", {})
+        turn, _ = parse_request(
+            {"model": "m", "input": "x", "tool_choice": value}, SessionRef(session_id="s")
+        )
         return turn.tool_choice, turn.tool_choice_name
 
     assert choice("required") == ("required", None)
@@ -335,7 +334,7 @@ async def test_previous_response_id_is_refused_with_a_clear_400() -> None:
 )
 def test_invalid_requests_are_typed_400s(bad: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as failure:
-        parse_request(bad, "s", {})
+        parse_request(bad, SessionRef(session_id="s"))
     assert (failure.value.param or "").startswith(param)
 
 
@@ -419,7 +418,7 @@ def test_unused_fields_are_not_errors() -> None:
         "temperature": 0.5,
         "top_p": 0.9,
     }
-    turn, _ = parse_request(body, None, {})
+    turn, _ = parse_request(body, session_ref(None, {}, body))
     assert turn.session.session_id == "from-body" and turn.api == "openai.responses"
     assert (turn.sampling.temperature, turn.sampling.top_p) == (0.5, 0.9)
 
@@ -431,4 +430,4 @@ async def test_the_plain_route_takes_the_session_from_a_header() -> None:
             "/v1/responses", json={"model": "m", "input": "hi"}, headers={"x-session-id": "h1"}
         )
     assert response.status_code == 200
-    assert steps(publisher)[0].session_id == "h1"
+    assert publisher.steps()[0].session_id == "h1"

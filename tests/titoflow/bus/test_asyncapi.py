@@ -1,4 +1,4 @@
-"""The AsyncAPI document (titoflow/asyncapi.py, docs/asyncapi.json) covers every topic and every
+"""The AsyncAPI document (titoflow/bus/asyncapi.py, docs/asyncapi.json) covers every topic and every
 event, validates real events as producers write them, and is byte-stable and checked in."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from schemas.events import (
 )
 from schemas.reasons import DeadLetterReason
 from schemas.routed_experts import RoutedExperts
-from titoflow.asyncapi import render_asyncapi
+from titoflow.bus.asyncapi import render_asyncapi
 from titoflow.settings import PROJECT_ROOT, Settings
 
 DOC: dict[str, Any] = json.loads(render_asyncapi())
@@ -158,7 +158,7 @@ def test_render_is_byte_stable_across_processes_and_environments() -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from titoflow.asyncapi import render_asyncapi; "
+            "import sys; from titoflow.bus.asyncapi import render_asyncapi; "
             "sys.stdout.write(render_asyncapi())",
         ],
         cwd=PROJECT_ROOT,

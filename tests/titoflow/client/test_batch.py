@@ -12,7 +12,7 @@ import pytest
 
 from schemas.events import SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by
-from tests.support.segments import step_segment
+from tests.support.factories import step_segment
 from titoflow.client.batch import group_by_instance, instance_key, pad_segments
 
 PAD = 151643

@@ -24,7 +24,7 @@ import pytest
 from cli.dev.procs import ManagedProcess, stop_all
 from schemas.events import SegmentFinalized
 from tests.support.consumer_trainer import GROUP, load_checkpoint_lines
-from tests.support.segments import step_segment
+from tests.support.factories import step_segment
 from tests.support.topics import read_topic
 from titoflow.bus import CommitFailedError, Publisher, TopicPartition, make_consumer
 from titoflow.client.consumer import SegmentConsumer

@@ -15,10 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
-import json
-import pickle
 import shutil
-import subprocess
 import tempfile
 import types
 from pathlib import Path
@@ -41,8 +38,9 @@ from schemas.events import SegmentFinalized
 from schemas.images import ImageProcessorFingerprint, ImageRecord
 from tests.ingress.turns.test_chat_images import PROCESSING
 from tests.support.doc_blocks import blocks_run_by
-from tests.support.images import png, reference_inputs, runs
-from tests.support.segments import filled_segment, step_segment
+from tests.support.factories import filled_segment, step_segment
+from tests.support.image_samples import png, reference_inputs, runs
+from tests.support.trainer_rollouts import trainer_step
 from tests.titoflow.client.test_trainer_formats import DEFINED, Status, conforms
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
@@ -53,7 +51,6 @@ from titoflow.client.image_processor import processor_for
 from titoflow.client.mrope import mrope_position_ids
 from titoflow.client.torch_data import SegmentDataset, block_causal_mask
 from titoflow.image_store import ImageStore
-from titoflow.settings import PROJECT_ROOT
 
 PAD = 151643
 FINGERPRINT = PROCESSING.fingerprint("5.19.0")
@@ -514,18 +511,8 @@ def test_verl_position_ids_are_verl_s_agent_loop_s(
         | {"multi_modal_inputs": list(made.non_tensor_batch["multi_modal_inputs"])}
         for name, made in [("vl", vl), ("text", text)]
     }
-    source, target = tmp_path / "batches.pkl", tmp_path / "positions.json"
-    source.write_bytes(pickle.dumps({"batches": batches, "policy_path": str(vl_model_dir)}))
-    python = PROJECT_ROOT / ".venv-verl" / "bin" / "python"
-    script = PROJECT_ROOT / "tests" / "verl_positions.py"
-    run = subprocess.run(
-        [str(python), str(script), str(source), str(target)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads(target.read_text())
+    given = {"batches": batches, "policy_path": str(vl_model_dir)}
+    out = trainer_step(".venv-verl", "verl_positions", given, tmp_path)
     for model in ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]:
         assert out["vl"][model] == vl.batch["position_ids"].tolist(), model
         assert out["text"][model] == vl_text.batch["position_ids"].tolist(), model
@@ -596,27 +583,13 @@ def test_openrlhf_batches_and_forwards_the_images_in_its_own_code(
     them on the tiny Qwen3-VL, whose log probs the pixels move for the samples with images."""
     samples = to_openrlhf(openrlhf_segments(), n_samples_per_prompt=3, image_store=store)
     _, to_experiences = blocks_run_by("tests/trainers/test_trainer_openrlhf.py")
-    source, target = tmp_path / "samples.pkl", tmp_path / "out.json"
-    source.write_bytes(
-        pickle.dumps(
-            {
-                "samples": samples,
-                "block": to_experiences,
-                "model": str(vl_model_dir),
-                "pad_token_id": PAD,
-            }
-        )
-    )
-    python = PROJECT_ROOT / ".venv-openrlhf" / "bin" / "python"
-    run = subprocess.run(
-        [str(python), "-m", "tests.support.openrlhf_images", str(source), str(target)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=PROJECT_ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads(target.read_text())
+    given = {
+        "samples": samples,
+        "block": to_experiences,
+        "model": str(vl_model_dir),
+        "pad_token_id": PAD,
+    }
+    out = trainer_step(".venv-openrlhf", "openrlhf_images", given, tmp_path)
     assert out == {
         "concat": True,
         "split": True,
@@ -719,20 +692,8 @@ def test_tinker_datums_are_tinker_cookbook_s_for_the_same_sessions(
             span = slice(step.completion_start, step.completion_end)
             steps.append((ob, segment.token_ids[span], segment.logprobs[span]))
         groups.append({"steps": steps, "reward": segment.reward})
-    source, target = tmp_path / "data.pkl", tmp_path / "out.json"
-    source.write_bytes(
-        pickle.dumps({"data": data, "groups": [groups], "policy_path": str(vl_model_dir)})
-    )
-    python = PROJECT_ROOT / ".venv-tinker" / "bin" / "python"
-    script = PROJECT_ROOT / "tests" / "tinker_images.py"
-    run = subprocess.run(
-        [str(python), str(script), str(source), str(target)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads(target.read_text())
+    given = {"data": data, "groups": [groups], "policy_path": str(vl_model_dir)}
+    out = trainer_step(".venv-tinker", "tinker_images", given, tmp_path)
     assert out == {
         "images": 3,
         "aligned": True,

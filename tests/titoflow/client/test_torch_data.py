@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
 from schemas.events import SegmentFinalized, SessionDiscarded, VersionSpan
-from tests.support.segments import token_segment
+from tests.support.factories import token_segment
 from titoflow.bus import Publisher
 from titoflow.client.batch import version_number
 from titoflow.client.groups import GroupCollector

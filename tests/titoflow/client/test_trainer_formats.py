@@ -19,7 +19,7 @@ import pytest
 
 from schemas.events import SamplingUsed, SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by
-from tests.support.segments import filled_segment, step_segment
+from tests.support.factories import filled_segment, step_segment
 from titoflow.client.batch import instance_key
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import group_normalized_rewards, to_slime

@@ -1,6 +1,6 @@
-"""A prompt's images as an engine takes them (titoflow/engine/images.py): each expanded run is sent
-as one placeholder, and only the engine's expansion back to the very same ids and runs is taken.
-The engine's side of it runs in tests/titoflow/engine/test_engine_vl.py."""
+"""A prompt's images as an engine takes them (titoflow/engine/image_expansion.py): each expanded run
+is sent as one placeholder, and only the engine's expansion back to the very same ids and runs is
+taken. The engine's side of it runs in tests/titoflow/engine/test_engine_vl.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from titoflow.engine.api import EngineImage, GenerateParams
-from titoflow.engine.images import check_expansion, content_parts, engine_prompt, runs_in_order
+from titoflow.engine.image_expansion import (
+    check_expansion,
+    content_parts,
+    engine_prompt,
+    runs_in_order,
+)
 from titoflow.engine.sglang import SGLangEngine
 from titoflow.errors import EngineError
 

@@ -5,14 +5,13 @@ calls; and TITO under Claude Code's tool list is the full render as transformers
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.harness import claude_code_tools
 from tests.titoflow.tito.corpus import TOOLS, corpus
 from tests.titoflow.tito.test_family_corpus import (
     PROVEN,
@@ -25,24 +24,6 @@ from tests.titoflow.tito.test_family_corpus import (
 from titoflow.errors import TemplateError
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
-
-CAPTURE = Path(__file__).parents[3] / "bench/captures/claude-default/001-sess-x-v-messages.json"
-
-
-def claude_code_tools() -> tuple[dict[str, Any], ...]:
-    """Claude Code's default tool list as its Anthropic request sent it, as OpenAI tools."""
-    tools = json.loads(CAPTURE.read_text())["body"]["tools"]
-    return tuple(
-        {
-            "type": "function",
-            "function": {
-                "name": tool["name"],
-                "description": tool.get("description", ""),
-                "parameters": tool["input_schema"],
-            },
-        }
-        for tool in tools
-    )
 
 
 def reordered(value: Any) -> Any:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.harness import claude_code_tools
 from cli.dev.tokenizers import tokenizer_dir
 from tests.titoflow.tito.corpus import TOOLS, Conversation, corpus, tool
 from tests.titoflow.tito.test_family_corpus import (
@@ -25,7 +26,7 @@ from tests.titoflow.tito.test_family_corpus import (
     renderer_of,
     template_kwargs,
 )
-from tests.titoflow.tito.test_template import claude_code_tools, reordered
+from tests.titoflow.tito.test_template import reordered
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import family_named
 from titoflow.tito.messages import Message, ToolCall

@@ -20,12 +20,14 @@ from titoflow.tito.families.llama4 import LLAMA4
 from titoflow.tito.families.minimax_m2 import MINIMAX_M2
 from titoflow.tito.families.mistral import MISTRAL
 from titoflow.tito.families.mistral_v11 import MISTRAL_V11
+from titoflow.tito.families.nemotron3 import NEMOTRON3
 from titoflow.tito.families.nemotron_nano_v2 import NEMOTRON_NANO_V2
 from titoflow.tito.families.qwen3 import QWEN3, QWEN3_CODER, QWEN35
 from titoflow.tito.families.seed_oss import SEED_OSS
 
 FAMILIES: tuple[Family, ...] = (
     QWEN35,
+    NEMOTRON3,  # Qwen3-Coder's markers and its truncate_history_thinking: before Qwen3-Coder
     QWEN3_CODER,
     HERMES,  # Qwen3's markers and Hermes' own system prompt: before Qwen3
     QWEN3,

@@ -1,17 +1,73 @@
-"""Segments made by hand, the tests' one factory of them: :func:`filled_segment` (two steps
-with a tool result between them, every field filled: exports, trainer formats),
-:func:`step_segment` (steps of context then completion: batches, topics) and
+"""Events made by hand, the tests' one factory of them: :func:`recorded_step` (a step event,
+the fields a test does not look at filled: assembly, replay) and :data:`THREE_TURNS` (a
+three-step TITO chain); :func:`assemble` (steps into segments, as a worker makes them);
+:func:`filled_segment` (two steps with a tool result between them, every field filled: exports,
+trainer formats), :func:`step_segment` (steps of context then completion: batches, topics) and
 :func:`token_segment` (a token sequence as it is: packing, datasets)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from schemas.events import SegmentFinalized, SegmentStep, VersionSpan
+from schemas.events import SegmentFinalized, SegmentStep, StepRecorded, VersionSpan
 from schemas.routed_experts import RoutedExperts
+from workers.assembler import Assembler
 
 # A step of :func:`step_segment`: its context ids, completion ids and the completion's logprobs.
 Step = tuple[list[int], list[int], list[float]]
+
+
+def recorded_step(
+    step_id: str,
+    tail: list[int],
+    completion: list[int],
+    parent: str | None = None,
+    prefix_len: int = 0,
+    *,
+    session: str = "s",
+    **fields: Any,
+) -> StepRecorded:
+    """A step of ``session`` extending ``parent`` (TITO; none: rendered) by ``prefix_len`` ids,
+    then ``tail``, completed with ``completion`` (logprobs -0.5, -1.0, ...); ``fields`` set any
+    other field."""
+    values: dict[str, Any] = {
+        "session_id": session,
+        "event_time": 0.0,
+        "step_id": step_id,
+        "chain_id": "c",
+        "parent_step_id": parent,
+        "prefix": "tito" if parent else "rendered",
+        "prefix_len": prefix_len,
+        "prompt_tail_ids": tail,
+        "completion_ids": completion,
+        "completion_logprobs": [-0.5 * (i + 1) for i in range(len(completion))],
+        "finish_reason": "stop",
+        "api": "openai.chat",
+        "model": "m",
+        "engine_url": "u",
+        "engine_request_id": "r",
+        "new_messages": [],
+        "response_message": {},
+        "render_ms": 0.0,
+        "engine_ms": 0.0,
+    }
+    return StepRecorded(**{**values, **fields})
+
+
+THREE_TURNS = [
+    recorded_step("a", [1, 2, 3], [10, 11], instance_id="i1"),
+    recorded_step("b", [4], [12], parent="a", prefix_len=5),
+    recorded_step("c", [5, 6], [13, 14, 15], parent="b", prefix_len=7),
+]
+
+
+def assemble(events: list[StepRecorded], session: str = "s") -> list[SegmentFinalized]:
+    """The segments an assembler makes of ``events`` (at offsets 0, 1, ... of partition 0), the
+    session then finalized with metadata ``{"reward": 1.0}``."""
+    assembler = Assembler()
+    for offset, event in enumerate(events):
+        assembler.add_step(event, partition=0, offset=offset)
+    return assembler.finalize(session, "finalized", {"reward": 1.0})
 
 
 def filled_segment(

@@ -1,5 +1,5 @@
 """A chat turn's images in its prompt: the rendered tail's one placeholder per new image expanded
-to the image's run (titoflow/tito/images.py), and the images the engine call carries
+to the image's run (titoflow/tito/prompt_images.py), and the images the engine call carries
 (:class:`~titoflow.engine.api.EngineImage`): those the parent chain already holds by uuid alone
 (the engine processed them on an earlier turn; it is sent their URLs again if it lost them),
 then the new ones with their bytes.
@@ -23,8 +23,8 @@ from ingress.turns.service_options import ServiceOptions
 from titoflow.engine.api import EngineImage
 from titoflow.errors import ContextOverflow, InvalidRequest
 from titoflow.tito.image_grid import ImageProcessing
-from titoflow.tito.images import expand
 from titoflow.tito.messages import Message
+from titoflow.tito.prompt_images import expand
 
 
 def has_images(messages: Sequence[Message]) -> bool:

@@ -23,14 +23,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from faststream import FastStream
 from faststream.kafka.annotations import KafkaMessage
 
-from titoflow.bus import (
-    Consumer,
-    ConsumerRecord,
-    RebalanceListener,
-    batch_records,
-    batch_subscriber,
-    service_broker,
-)
+from titoflow.bus.consumer import Consumer, ConsumerRecord, RebalanceListener
+from titoflow.bus.errors import CommitFailedError
+from titoflow.bus.stream import batch_records, batch_subscriber, service_broker
 from titoflow.settings import Settings
 from titoflow.shutdown import Deadline, close_budget, drain_budget
 
@@ -42,13 +37,34 @@ Hook = Callable[[], Awaitable[None]]
 POLL_TIMEOUT_MS = 500
 
 
+class Batch:
+    """The records one fetch handed over, and their acknowledgement (none for a tick's empty
+    batch)."""
+
+    def __init__(self, records: Records = (), message: KafkaMessage | None = None) -> None:
+        self.records = records
+        self._message = message
+
+    async def commit(self, timeout_s: float) -> bool:
+        """Commit the batch's offsets within ``timeout_s`` (aiokafka retries a commit for as long
+        as the broker is away: TimeoutError then); False when a rebalance took its partitions
+        first (their next owner reads them again)."""
+        assert self._message is not None, "an empty batch has nothing to commit"
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._message.ack()
+        except CommitFailedError:
+            return False
+        return True
+
+
 class BatchSubscription:
     def __init__(
         self,
         settings: Settings,
         topic: str,
         group_id: str,
-        handle: Callable[[KafkaMessage, Records], Awaitable[None]],
+        handle: Callable[[Batch], Awaitable[None]],
         logger: logging.Logger,
         max_records: int,
         listener: RebalanceListener | None = None,
@@ -136,8 +152,8 @@ class BatchSubscription:
         self._stop.set()
 
     async def _on_batch(self, message: KafkaMessage) -> None:
-        batch = batch_records(message)
-        await self._guarded(lambda: self.handle(message, batch))
+        batch = Batch(batch_records(message), message)
+        await self._guarded(lambda: self.handle(batch))
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         async with self.lock:
