@@ -29,6 +29,7 @@ import asyncio, json, sys, time
 from pathlib import Path
 from types import SimpleNamespace
 from fastapi import Request
+from ingress.turns.turn import SessionRef
 from ingress.wire import anthropic_messages, http, openai_chat, openai_responses
 from titoflow.settings import Settings
 
@@ -54,7 +55,7 @@ async def edge(raw, parse):
         return {"type": "http.request", "body": raw, "more_body": False}
     headers = [(b"content-length", str(len(raw)).encode())]
     scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "app": app}
-    parse(await http.read_json(Request(scope, receive)), "s1", {})
+    parse(await http.read_json(Request(scope, receive)), SessionRef(session_id="s1"))
 
 async def main():
     for raw, parse in cases.values():  # known messages, as on a replica
