@@ -56,13 +56,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     target.add_argument(
         "--to-topic", metavar="TOPIC", help="publish segments to this topic (created if missing)"
     )
-    replay.add_argument(
-        "--progress",
-        choices=["auto", "always", "never"],
-        default="auto",
-        metavar="WHEN",
-        help="bar on stderr: auto, always or never",
-    )
+    add_when_flag(replay, "--progress", "bar on stderr")
     add_settings_flags(replay, "replay")
     replay.set_defaults(func=cmd_replay)
 
@@ -92,13 +86,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     export.add_argument(
         "--to-time", metavar="TIME", help="records before this time (ISO 8601 or unix seconds)"
     )
-    export.add_argument(
-        "--progress",
-        choices=["auto", "always", "never"],
-        default="auto",
-        metavar="WHEN",
-        help="bar on stderr: auto, always or never",
-    )
+    add_when_flag(export, "--progress", "bar on stderr")
     add_settings_flags(export, "export")
     export.set_defaults(func=cmd_export)
 
@@ -122,13 +110,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--html", type=Path, metavar="FILE", help="write a self-contained HTML page here"
     )
     inspect.add_argument("--table", action="store_true", help="one line per token (TSV)")
-    inspect.add_argument(
-        "--color",
-        choices=["auto", "always", "never"],
-        default="auto",
-        metavar="WHEN",
-        help="terminal colours: auto, always or never",
-    )
+    add_when_flag(inspect, "--color", "terminal colours")
     inspect.add_argument(
         "--context-tokens",
         type=int,
@@ -137,15 +119,20 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="show only the first and last N pieces of each step's context",
     )
     inspect.add_argument("--no-decode", action="store_true", help="show token ids, not text")
-    inspect.add_argument(
-        "--progress",
+    add_when_flag(inspect, "--progress", "bar on stderr")
+    add_settings_flags(inspect, "inspect")
+    inspect.set_defaults(func=cmd_inspect)
+
+
+def add_when_flag(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    """An ``auto``/``always``/``never`` switch (``auto``: only on a terminal)."""
+    parser.add_argument(
+        flag,
         choices=["auto", "always", "never"],
         default="auto",
         metavar="WHEN",
-        help="bar on stderr: auto, always or never",
+        help=f"{what}: auto, always or never",
     )
-    add_settings_flags(inspect, "inspect")
-    inspect.set_defaults(func=cmd_inspect)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from cli.dev.model_build import RANDOM_MODEL_DIR, build_tiny_model
 from cli.dev.models import build_agent_policy
 from cli.dev.vl_policy import build_vl_policy
 from schemas.events import SegmentFinalized, segments_topic_adapter
-from tests.support.engines import engine_for_tests
+from tests.support.engines import SMALL_KV_CACHE_BYTES, engine_for_tests
 from tests.support.topics import read_all
 from tests.support.witness import Witness, check_segments
 from titoflow.settings import Settings
@@ -28,9 +28,11 @@ from titoflow.settings import Settings
 pytest_plugins = ["tests.support.kafka_fixtures"]
 
 # CI draws the same examples every run (a red CI is a finding, not luck); locally they vary.
-hypothesis.settings.register_profile("ci", derandomize=True)
-if os.environ.get("CI"):
-    hypothesis.settings.load_profile("ci")
+# No deadline: an example's time is the machine's load (the suite runs in two halves at once),
+# and speed is the bench scripts' to measure.
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None)
+hypothesis.settings.register_profile("local", deadline=None)
+hypothesis.settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 T = TypeVar("T")
 
@@ -44,7 +46,9 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_dir = tmp_path_factory.mktemp("vllm")
-    yield from engine_for_tests("TITOFLOW_TEST_ENGINE_URL", model_dir, log_dir)
+    yield from engine_for_tests(
+        "TITOFLOW_TEST_ENGINE_URL", model_dir, log_dir, kv_cache_bytes=SMALL_KV_CACHE_BYTES
+    )
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +76,44 @@ def vl_engine_url(vl_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     """vLLM CPU serving it, for one module: held for the whole session it would sit beside the
     shared engines and the two-engine tests' second one (~6 GB more, near CI's 24 GiB)."""
     log_dir = tmp_path_factory.mktemp("vllm-vl")
-    yield from engine_for_tests("TITOFLOW_TEST_VL_ENGINE_URL", vl_model_dir, log_dir)
+    yield from engine_for_tests(
+        "TITOFLOW_TEST_VL_ENGINE_URL", vl_model_dir, log_dir, kv_cache_bytes=SMALL_KV_CACHE_BYTES
+    )
+
+
+# A test on any of these runs a vLLM engine: it must say so (``pytest.mark.engine``), for
+# scripts/test.sh runs the engine tests and the rest as two halves at once.
+ENGINE_FIXTURES = {
+    "engine_url",
+    "agent_engine_url",
+    "vl_engine_url",
+    "second_engine_url",
+    "family_engines",
+}
+
+
+# The CLI's tests start and stop whole services and time their exits: scripts/test.sh runs
+# them with the engine tests (``processes``), not in the niced half.
+PROCESS_TESTS = Path(__file__).parent / "cli"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(PROCESS_TESTS):
+            item.add_marker(pytest.mark.processes)
+    unmarked = [
+        item.nodeid
+        for item in items
+        if isinstance(item, pytest.Function)
+        and ENGINE_FIXTURES & set(item.fixturenames)
+        and item.get_closest_marker("engine") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"{unmarked[0]} (and {len(unmarked) - 1} more) use a vLLM engine without "
+            "pytest.mark.engine: mark them (scripts/test.sh runs the engine tests apart)"
+        )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

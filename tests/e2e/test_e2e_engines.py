@@ -25,7 +25,7 @@ from openai import AsyncOpenAI
 from cli.dev.stack import settings_env, start_worker
 from ingress.app import create_app
 from tests.support.apps import ADMIN_TOKEN, admin, serving, until
-from tests.support.engines import engine_for_tests
+from tests.support.engines import SMALL_KV_CACHE_BYTES, engine_for_tests
 from tests.support.topics import engine_generate, sessions_recorded
 from tests.support.witness import Witness
 from titoflow.engine.pool import EnginePool
@@ -44,7 +44,9 @@ BACK_TURN = 4  # removed and added back before this turn
 @pytest.fixture(scope="module")
 def second_engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_dir = tmp_path_factory.mktemp("vllm-second")
-    yield from engine_for_tests("TITOFLOW_TEST_SECOND_ENGINE_URL", model_dir, log_dir)
+    yield from engine_for_tests(
+        "TITOFLOW_TEST_SECOND_ENGINE_URL", model_dir, log_dir, kv_cache_bytes=SMALL_KV_CACHE_BYTES
+    )
 
 
 def seed(session: int, turn: int) -> int:

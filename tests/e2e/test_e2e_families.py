@@ -3,7 +3,8 @@ and template (cli/dev/family_models.py) served by real vLLM CPU, titoflow's ingr
 worker on tansu, the OpenAI SDK running a linear tool loop (a named forced call, a required
 streamed call, free text), and the witness holding the segment to what the engine sampled.
 
-One engine at a time, started and stopped by each family's test; Qwen3-Coder, whose vocabulary
+Each family's test takes its own engine, started while the test before it ran
+(tests/support/engines.py EngineLine) and stopped after it; Qwen3-Coder, whose vocabulary
 is Qwen3's, runs on the session's Qwen3 engine. Qwen3, the default policy's family, runs end to
 end in every other engine test of the suite. No two other families share an engine: the engine
 compiles the forced calls' grammar against its own tokenizer, and their vocabularies differ. A
@@ -27,6 +28,7 @@ from cli.dev.family_models import build_family_model
 from cli.dev.stack import start_ingress, start_worker
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from tests.conftest import witnessed
+from tests.support.engines import EngineLine
 from tests.support.topics import finalized_segments, recorded_steps
 from tests.support.witness import Witness
 from titoflow.settings import Settings
@@ -56,23 +58,48 @@ TOOLS: Any = [
     }
     for name in ("ls", "cat")
 ]
+# Three short requests: 256 MiB holds over 200k tokens of the tiny models' KV cache, and two
+# family engines (one serving, one starting) sit beside the session's two.
+FAMILY_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def family_engines(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineLine]:
+    """The families' own engines, in the order this run's tests take them."""
+    taken = [
+        str(item.callspec.params["family_settings"])
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.module is request.module
+    ]
+    line = EngineLine(
+        [f for f in taken if f not in QWEN3_VOCABULARY],
+        lambda family: start_vllm(
+            Settings(
+                model_path=build_family_model(family), engine_kv_cache_bytes=FAMILY_KV_CACHE_BYTES
+            ),
+            log_dir=tmp_path_factory.mktemp(f"vllm-{family}"),
+            eager=True,
+        ),
+        ahead=1,
+    )
+    yield line
+    line.close()
 
 
 @pytest.fixture
 def family_settings(
-    request: pytest.FixtureRequest, settings: Settings, witness: Witness, tmp_path: Path
+    request: pytest.FixtureRequest, settings: Settings, witness: Witness
 ) -> Iterator[Settings]:
     family = request.param
     if family in QWEN3_VOCABULARY:  # the session's Qwen3 engine, the family's own template
         url = request.getfixturevalue("engine_url")
         yield from witnessed(settings, url, tokenizer_dir(family), witness, request)
         return
-    model = build_family_model(family)
-    engine, url = start_vllm(
-        settings.model_copy(update={"model_path": model}), log_dir=tmp_path, eager=True
-    )
+    engine, url = request.getfixturevalue("family_engines").take(family)
     try:
-        yield from witnessed(settings, url, model, witness, request)
+        yield from witnessed(settings, url, build_family_model(family), witness, request)
     finally:
         engine.stop()
 
