@@ -92,15 +92,15 @@ ENGINE_FIXTURES = {
 }
 
 
-# The CLI's tests start and stop whole services and time their exits: scripts/test.sh runs
-# them with the engine tests (``processes``), not in the niced half.
-PROCESS_TESTS = Path(__file__).parent / "cli"
+# The CLI's and the end-to-end tests start, kill and stop whole services and time what they
+# do: scripts/test.sh runs them with the engine tests (``processes``), not in the niced half.
+PROCESS_TESTS = (Path(__file__).parent / "cli", Path(__file__).parent / "e2e")
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.is_relative_to(PROCESS_TESTS):
+        if any(item.path.is_relative_to(tests) for tests in PROCESS_TESTS):
             item.add_marker(pytest.mark.processes)
     unmarked = [
         item.nodeid
