@@ -6,12 +6,9 @@ the test the check that every segment on its topic holds exactly what the engine
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
-from collections.abc import Coroutine, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import hypothesis
 import pytest
@@ -19,10 +16,9 @@ import pytest
 from cli.dev.model_build import RANDOM_MODEL_DIR, build_tiny_model
 from cli.dev.models import build_agent_policy
 from cli.dev.vl_policy import build_vl_policy
-from schemas.events import SegmentFinalized, segments_topic_adapter
 from tests.support.engines import SMALL_KV_CACHE_BYTES, engine_for_tests
-from tests.support.topics import read_all
-from tests.support.witness import Witness, check_segments
+from tests.support.stacks import CALL_FAILED, witnessed
+from tests.support.witness import Witness
 from titoflow.settings import Settings
 
 pytest_plugins = ["tests.support.kafka_fixtures"]
@@ -33,8 +29,6 @@ pytest_plugins = ["tests.support.kafka_fixtures"]
 hypothesis.settings.register_profile("ci", derandomize=True, deadline=None)
 hypothesis.settings.register_profile("local", deadline=None)
 hypothesis.settings.load_profile("ci" if os.environ.get("CI") else "local")
-
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -122,11 +116,8 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.when == "call":
-        item.stash[_CALL_FAILED] = report.failed
+        item.stash[CALL_FAILED] = report.failed
     return report
-
-
-_CALL_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture
@@ -173,45 +164,3 @@ def vl_stack_settings(
 ) -> Iterator[Settings]:
     """As ``stack_settings``, with the module's vision-language engine (issue 30)."""
     yield from witnessed(settings, vl_engine_url, vl_model_dir, witness, request)
-
-
-def witnessed(
-    settings: Settings,
-    engine_url: str,
-    model_dir: Path,
-    witness: Witness,
-    request: pytest.FixtureRequest,
-) -> Iterator[Settings]:
-    stack = settings.model_copy(
-        update={
-            "engine_url": witness.front(engine_url),
-            "model_path": model_dir,
-            "log_level": "DEBUG",
-        }
-    )
-    yield stack
-    if request.node.get_closest_marker("witness_off") or request.node.stash.get(_CALL_FAILED, True):
-        return
-    records = _in_thread(read_all(stack, stack.topic("segments"), segments_topic_adapter))
-    # Restarted workers re-publish byte-identical segments; readers drop them by id.
-    unique = {s.segment_id: s for s in records if isinstance(s, SegmentFinalized)}
-    check_segments(unique.values(), witness.witnessed())
-
-
-def _in_thread(work: Coroutine[Any, Any, list[T]]) -> list[T]:
-    """Run a coroutine to completion on its own loop (fixture teardown may be outside one)."""
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.extend(asyncio.run(work))
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result

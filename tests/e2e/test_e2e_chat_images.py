@@ -44,15 +44,15 @@ from cli.dev.stack import start_ingress, start_worker
 from schemas.events import StepRecorded
 from tests.support.apps import echoed_choices, serving
 from tests.support.families import path_tool
-from tests.support.image_samples import png, reference_inputs, runs
-from tests.support.topics import finalized_segments, recorded_steps
-from tests.support.witness import Witness, Witnessed, check_segments
-from tests.titoflow.client.test_image_inputs import (
-    PAD,
+from tests.support.image_items import (
     check_item_images,
     check_item_positions,
     qwen3_vl_rope_index,
 )
+from tests.support.image_samples import png, reference_inputs, runs
+from tests.support.packed_items import PAD
+from tests.support.topics import finalized_segments, recorded_steps
+from tests.support.witness import Witness, Witnessed, check_segments
 from titoflow.client.image_check import check_image
 from titoflow.client.torch_data import SegmentDataset
 from titoflow.engine.api import EngineImage

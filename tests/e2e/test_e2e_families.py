@@ -27,8 +27,8 @@ from cli.dev.engine_process import start_vllm
 from cli.dev.family_models import build_family_model
 from cli.dev.stack import start_ingress, start_worker
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
-from tests.conftest import witnessed
 from tests.support.engines import EngineLine
+from tests.support.stacks import witnessed
 from tests.support.topics import finalized_segments, recorded_steps
 from tests.support.witness import Witness
 from titoflow.settings import Settings

@@ -35,14 +35,18 @@ from pathlib import Path
 from typing import cast
 
 from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
-from pydantic import TypeAdapter
 
 from cli.dev.procs import ManagedProcess
 from cli.dev.stack import start_worker
 from schemas.events import DeadLetter, SegmentFinalized, StepRecorded, steps_topic_adapter
 from tests.support.load import ScriptedLoad, reference_segments, scripted_load, segment_summary
-from tests.support.topics import read_topic, read_until
+from tests.support.topics import (
+    dead_letters,
+    partition_of,
+    read_topic,
+    read_until,
+    segment_adapter,
+)
 from titoflow.bus import Publisher, RecordPublisher, make_consumer
 from titoflow.client.consumer import SegmentConsumer
 from titoflow.settings import Settings
@@ -63,8 +67,6 @@ BURST_PAUSE_S = (0.3, 4.0)
 REBALANCE_WAIT_S = 15.0
 TAKEOVER_WAIT_S = 25.0
 
-segment_adapter: TypeAdapter[SegmentFinalized] = TypeAdapter(SegmentFinalized)
-
 
 def assignments(worker: ManagedProcess) -> list[list[int]]:
     """Every partition set a worker process logged as assigned to it, in order."""
@@ -75,13 +77,6 @@ def assignments(worker: ManagedProcess) -> list[list[int]]:
 def holds_partitions(worker: ManagedProcess, count: int) -> bool:
     done = assignments(worker)
     return bool(done) and len(done[-1]) == count
-
-
-def partition_of(session: str, settings: Settings) -> int:
-    """Where the producer's default partitioner puts a session's events."""
-    partitions = list(range(settings.steps_partitions))
-    partition: int = DefaultPartitioner()(session.encode(), partitions, partitions)
-    return partition
 
 
 async def publish_burst(
@@ -218,10 +213,6 @@ class TopicCopies:
                 f"    fault-free:  {segment_summary(reference[segment_id])}"
             )
         return "\n".join(lines)
-
-
-async def dead_letters(settings: Settings) -> list[ConsumerRecord]:
-    return await read_topic(settings, settings.topic("dlq"))
 
 
 async def test_fault_free_workers_match_the_in_process_reference(

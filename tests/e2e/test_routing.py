@@ -31,6 +31,7 @@ from ingress.turns.turn import ChatTurn, SamplingOptions, SessionRef
 from schemas.events import SegmentFinalized, StepRecorded
 from schemas.routed_experts import RoutedExperts
 from tests.support.doubles import ScriptedEngine
+from tests.support.factories import block
 from tests.support.families import qwen3
 from tests.support.topics import read_until
 from titoflow.bus import Publisher
@@ -43,12 +44,6 @@ from titoflow.tito.render import ChatRenderer
 from workers.routed_experts import SegmentRouting
 
 EXPERTS = (8, 2, 2)  # the tiny MoE's experts, layers, top-k
-
-
-def block(start: int, values: np.ndarray) -> RoutedExperts:
-    return RoutedExperts(
-        start=start, shape=values.shape, dtype="uint8", data=values.astype("u1").tobytes()
-    )
 
 
 def test_block_is_packed_in_json_and_round_trips() -> None:

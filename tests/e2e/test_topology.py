@@ -34,7 +34,7 @@ from pydantic import TypeAdapter
 from cli.dev.procs import ManagedProcess, free_port
 from cli.dev.stack import start_ingress, start_worker
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
-from tests.project.test_compose import nginx_argv, render_lb_config
+from tests.support.load_balancer import nginx_argv, render_lb_config
 from tests.support.topics import engine_generate, read_until
 from titoflow.settings import Settings
 from titoflow.tito.render import ChatRenderer

@@ -14,7 +14,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from cli.dev.engine_process import vllm_argv
+from tests.support.load_balancer import nginx_argv, render_lb_config
 from titoflow.settings import PROJECT_ROOT, Settings
 
 COMPOSE_FILE = PROJECT_ROOT / "compose.yaml"
 ENV_EXAMPLE = PROJECT_ROOT / ".env.example"
-NGINX_TEMPLATE = PROJECT_ROOT / "deploy" / "nginx.conf.template"
-LB_ENTRYPOINT = PROJECT_ROOT / "deploy" / "lb-entrypoint.sh"
 
 # Services that run once and exit; everything else runs for good and has a healthcheck.
 ONE_SHOTS = {"topics", "model"}
@@ -48,11 +46,6 @@ COMPOSE_SPECIFIC_SETTINGS = {
     "public_url",  # the lb, not the driver listener the open call arrives on
     "image_store_dir",  # the shared volume every replica and the trainer see
 }
-NGINX_INSTALL_HINT = (
-    "nginx is not installed. The load-balancer tests run Debian's nginx; scripts/setup.sh "
-    "installs it with: command -v nginx >/dev/null || "
-    "{ apt-get update -qq && apt-get install -y -qq nginx-light; }"
-)
 
 
 def compose_binary() -> Path:
@@ -323,56 +316,6 @@ def test_env_example_documents_exactly_the_defaults() -> None:
 
 
 # --- the load balancer's nginx config ----------------------------------------------------------
-
-
-def nginx_binary() -> str:
-    path = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if Path(p).is_file()), None
-    )
-    if path is None:
-        pytest.fail(NGINX_INSTALL_HINT)
-    return path
-
-
-def render_lb_config(conf_dir: Path, env: dict[str, str]) -> Path:
-    """deploy/lb-entrypoint.sh's own rendering (what the compose `lb` service runs)."""
-    result = subprocess.run(
-        ["sh", str(LB_ENTRYPOINT), "render"],
-        env={
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LB_TEMPLATE": str(NGINX_TEMPLATE),
-            "LB_CONF_DIR": str(conf_dir),
-            "LB_TEMP_DIR": str(conf_dir / "temp"),
-            **env,
-        },
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return Path(result.stdout.strip())
-
-
-def nginx_argv(conf: Path, *extra: str) -> list[str]:
-    """nginx on a rendered config, with its pid and error log beside it, in the foreground.
-
-    ``user`` is the current user: a root master would otherwise run its workers as ``nobody``,
-    who cannot enter the test's private temporary directories.
-    """
-    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout
-    return [
-        nginx_binary(),
-        "-p",
-        str(conf.parent),
-        "-c",
-        str(conf),
-        "-e",
-        "stderr",
-        "-g",
-        f"daemon off; pid {conf.parent / 'nginx.pid'}; user {user.strip()};",
-        *extra,
-    ]
 
 
 def test_lb_entrypoint_lists_one_server_per_compose_replica(tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ import inside a function counts as much as one at the top):
     cli/       the commands and the local stack (``cli/dev/``) on top: anything
 
 and aiokafka and FastStream are imported by ``titoflow/bus/`` alone, torch (the optional extra
-``titoflow[torch]``, never a core dependency) by ``titoflow/client/torch_data.py`` alone. The
-second half shows the check finds a planted violation, so it cannot pass by reading nothing.
+``titoflow[torch]``, never a core dependency) by ``titoflow/client/torch_data.py`` alone. In
+tests/, no module imports a test module (``test_*.py``) or ``tests.conftest``: what tests
+share lives in ``tests/support/``. The planted-violation tests show each check finds one,
+so it cannot pass by reading nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +70,31 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+def imports_of_test_modules(root: Path) -> list[str]:
+    """Imports of a test module (``test_*.py``) or of ``tests.conftest`` by a module of
+    ``root/tests``: a ``from`` import counts with each name it takes (``from tests.x import
+    test_y`` imports the module ``tests.x.test_y``)."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        relative = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            hit = next((name for name in names if _names_a_test_module(name)), None)
+            if hit is not None:
+                found.append(f"{relative}:{node.lineno} imports {hit} (a test module)")
+    return found
+
+
+def _names_a_test_module(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "tests" and any(p.startswith("test_") or p == "conftest" for p in parts)
+
+
 def test_every_package_imports_only_what_lies_below_it() -> None:
     for package in PACKAGES:
         assert any((PROJECT_ROOT / package).rglob("*.py")), f"{package}/ has no modules"
@@ -104,6 +131,34 @@ def test_a_planted_violation_is_found(
     (tmp_path / module).write_text(source)
     [found] = violations(tmp_path)
     assert found.startswith(module) and expected in found
+
+
+def test_no_module_of_the_tests_imports_a_test_module_or_the_conftest() -> None:
+    assert any((PROJECT_ROOT / "tests").rglob("test_*.py")), "tests/ has no test modules"
+    assert imports_of_test_modules(PROJECT_ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("tests/x/test_a.py", "from tests.y.test_b import helper\n", "imports tests.y.test_b"),
+        ("tests/x/test_a.py", "from tests.conftest import witnessed\n", "imports tests.conftest"),
+        ("tests/x/test_a.py", "def f():\n    import tests.y.test_b\n", "imports tests.y.test_b"),
+        ("tests/x/test_a.py", "from tests.y import test_b\n", "imports tests.y.test_b"),
+        ("tests/support/x.py", "from tests.y.test_b import helper\n", "imports tests.y.test_b"),
+    ],
+)
+def test_a_planted_test_module_import_is_found(
+    tmp_path: Path, module: str, source: str, expected: str
+) -> None:
+    """Beside it, a test module importing from tests/support/ is not one."""
+    (tmp_path / "tests" / "support").mkdir(parents=True)
+    (tmp_path / "tests" / "y").mkdir()
+    (tmp_path / "tests" / "y" / "test_c.py").write_text("from tests.support.x import helper\n")
+    (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / module).write_text(source)
+    [found] = imports_of_test_modules(tmp_path)
+    assert found.startswith(f"{module}:") and expected in found
 
 
 def test_the_services_never_import_torch() -> None:

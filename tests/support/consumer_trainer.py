@@ -4,7 +4,8 @@ the training loop of docs/trainer.md "Delivery and restarts", run as written.
 Its "model" is the list of segment ids of the last batch; a checkpoint is one JSON line per batch
 (the batch's ids and ``SegmentConsumer.offsets()``), written and fsynced at once. Invariant: a
 complete line is a batch trained on; a torn last line (a kill mid-write) is cut off on start, so
-the checkpoint holds both or neither, as the loop asks of ``save_checkpoint``.
+the checkpoint holds both or neither, as the loop asks of ``save_checkpoint``. The tests read what
+its group committed with :func:`committed_offsets`.
 
     python -m tests.support.consumer_trainer BOOTSTRAP PREFIX CHECKPOINT LIFE BATCH_SIZE HORIZON_S
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from schemas.events import SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by
+from titoflow.bus import TopicPartition, make_consumer
 from titoflow.client import consumer
 from titoflow.settings import Settings
 
@@ -42,6 +44,18 @@ def load_checkpoint_lines(path: Path) -> list[dict[str, Any]]:
         with path.open("r+b") as out:
             out.truncate(len(complete))
     return [json.loads(line) for line in complete.splitlines()]
+
+
+async def committed_offsets(settings: Settings, partitions: list[int]) -> dict[int, int | None]:
+    """The offsets the trainer's group (``GROUP``) committed on ``partitions`` of the segments
+    topic (``None`` where it committed none)."""
+    group = make_consumer(settings, group_id=GROUP)
+    await group.start()
+    try:
+        topic = settings.topic("segments")
+        return {p: await group.committed(TopicPartition(topic, p)) for p in partitions}
+    finally:
+        await group.stop()
 
 
 def run(

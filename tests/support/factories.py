@@ -3,11 +3,14 @@ the fields a test does not look at filled: assembly, replay) and :data:`THREE_TU
 three-step TITO chain); :func:`assemble` (steps into segments, as a worker makes them);
 :func:`filled_segment` (two steps with a tool result between them, every field filled: exports,
 trainer formats), :func:`step_segment` (steps of context then completion: batches, topics) and
-:func:`token_segment` (a token sequence as it is: packing, datasets)."""
+:func:`token_segment` (a token sequence as it is: packing, datasets); :func:`block` (routed
+experts rows from an array: routing replay)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from schemas.events import SegmentFinalized, SegmentStep, StepRecorded, VersionSpan
 from schemas.routed_experts import RoutedExperts
@@ -207,4 +210,10 @@ def token_segment(
         unused_sample=unused,
         reward=reward,
         metadata=metadata or {},
+    )
+
+
+def block(start: int, values: np.ndarray) -> RoutedExperts:
+    return RoutedExperts(
+        start=start, shape=values.shape, dtype="uint8", data=values.astype("u1").tobytes()
     )

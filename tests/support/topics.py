@@ -1,5 +1,6 @@
 """What the end-to-end tests read back: topics from the beginning (no consumer group), a
-session's recorded steps and segments, and the engine's own answer to a recorded prompt."""
+session's recorded steps and segments, the dead letters, and the engine's own answer to a
+recorded prompt; and the partition a session's events are published to."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
+from aiokafka.partitioner import DefaultPartitioner
 from pydantic import TypeAdapter
 
 from schemas.events import SegmentFinalized, StepRecorded, steps_topic_adapter
@@ -15,6 +17,7 @@ from titoflow.bus import ConsumerRecord, TopicPartition, make_consumer
 from titoflow.settings import Settings
 
 T = TypeVar("T")
+segment_adapter: TypeAdapter[SegmentFinalized] = TypeAdapter(SegmentFinalized)
 
 
 async def read_until(
@@ -63,6 +66,17 @@ async def read_topic(settings: Settings, topic: str) -> list[ConsumerRecord]:
     finally:
         await consumer.stop()
     return [r for tp in partitions for r in records[tp]]
+
+
+async def dead_letters(settings: Settings) -> list[ConsumerRecord]:
+    return await read_topic(settings, settings.topic("dlq"))
+
+
+def partition_of(session: str, settings: Settings) -> int:
+    """Where the producer's default partitioner puts a session's events."""
+    partitions = list(range(settings.steps_partitions))
+    partition: int = DefaultPartitioner()(session.encode(), partitions, partitions)
+    return partition
 
 
 async def read_all(

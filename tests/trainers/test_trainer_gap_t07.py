@@ -39,10 +39,8 @@ from cli.up import write_run_env
 from schemas.events import SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by, run_env
 from tests.support.trainer_rollouts import rollout_sessions
+from tests.support.trainer_steps import openrlhf_step, tinker_step, verl_step
 from tests.support.witness import Witness, check_segments
-from tests.trainers.test_trainer_openrlhf import openrlhf_step
-from tests.trainers.test_trainer_tinker import tinker_step
-from tests.trainers.test_trainer_verl import verl_step
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.tinker import to_tinker_batch
 from titoflow.client.formats.trl import to_trl

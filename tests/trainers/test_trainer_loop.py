@@ -23,7 +23,7 @@ from cli.dev.stack import start_ingress, start_worker
 from schemas.events import SegmentFinalized
 from tests.support.apps import ADMIN_TOKEN, admin
 from tests.support.doc_blocks import blocks_run_by
-from tests.titoflow.client.test_torch_data import check_item_holds
+from tests.support.packed_items import check_item_holds
 from titoflow.client.rollout import OpenedSession, RolloutClient
 from titoflow.client.topic_source import TopicSource
 from titoflow.client.torch_data import SegmentDataset, block_causal_mask

@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 from tests.support.doc_blocks import blocks_run_by
-from tests.support.trainer_rollouts import PROMPTS, rollout_sessions, trainer_step
+from tests.support.trainer_rollouts import PROMPTS, rollout_sessions
+from tests.support.trainer_steps import openrlhf_step
 from tests.support.witness import Witness
 from titoflow.client.batch import instance_key
 from titoflow.settings import Settings
@@ -40,26 +41,6 @@ pytestmark = pytest.mark.engine
 # vLLM CPU and torch CPU on the same float32 weights; bf16 rounds each weight to 8 bits.
 GAP_BOUND = 1e-3
 BF16_GAP_BOUND = 0.2
-
-
-def openrlhf_step(
-    samples: list[dict[str, Any]],
-    to_experiences: str,
-    model_dir: Path,
-    tmp_path: Path,
-    temperature: float,
-) -> Any:
-    """What tests/support/openrlhf_step.py computed in OpenRLHF's code from ``samples`` (made by
-    ``to_openrlhf`` at ``temperature``, OpenRLHF's ``--rollout.temperature``)."""
-    given = {
-        "model": str(model_dir),
-        "n_samples_per_prompt": 2,
-        "temperature": temperature,
-        "pad_token_id": 151643,
-        "samples": samples,
-        "block": to_experiences,
-    }
-    return trainer_step(".venv-openrlhf", "openrlhf_step", given, tmp_path)
 
 
 def group_norm(rewards: list[float]) -> list[float]:

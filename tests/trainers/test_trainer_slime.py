@@ -34,9 +34,9 @@ import torch
 from cli.dev.stack import start_ingress, start_worker
 from cli.up import write_run_env
 from tests.support.doc_blocks import blocks_run_by, run_env
+from tests.support.format_definitions import DEFINED, SlimeSample, Status, conforms
 from tests.support.trainer_rollouts import PROMPTS
 from tests.support.witness import Witness
-from tests.titoflow.client.test_trainer_formats import DEFINED, SlimeSample, Status, conforms
 from titoflow.client.formats.slime import group_normalized_rewards
 from titoflow.settings import Settings
 

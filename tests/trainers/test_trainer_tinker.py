@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.events import SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by
-from tests.support.trainer_rollouts import PROMPTS, REWARDS, rollout_sessions, trainer_step
+from tests.support.trainer_rollouts import REWARDS, rollout_sessions
+from tests.support.trainer_steps import tinker_step
 from tests.support.witness import Witness
 from titoflow.settings import Settings
 
@@ -36,49 +36,6 @@ pytestmark = pytest.mark.engine
 
 # vLLM CPU and torch CPU on the same float32 weights.
 GAP_BOUND = 1e-3
-
-
-def trajectory(segments: list[SegmentFinalized], reward: float) -> dict[str, Any]:
-    """A session as tinker-cookbook's rollout records it: per step, the prompt the policy saw,
-    the tokens it sampled and their logprobs."""
-    steps = [
-        (
-            s.token_ids[: step.completion_start],
-            s.token_ids[step.completion_start : step.completion_end],
-            s.logprobs[step.completion_start : step.completion_end],
-        )
-        for s in segments
-        for step in s.steps
-    ]
-    return {"steps": steps, "reward": reward}
-
-
-def tinker_step(
-    sessions: list[list[SegmentFinalized]],
-    made: tuple[list[dict[str, Any]], list[dict[str, int]]] | None,
-    cookbook_step: str,
-    model_dir: Path,
-    tmp_path: Path,
-    temperature: float,
-) -> Any:
-    """What tests/support/tinker_step.py computed in tinker-cookbook's code from ``made``
-    (``to_tinker_batch``'s, ``None`` where it refused) and ``sessions`` (:data:`PROMPTS` × 2,
-    interleaved, sampled at ``temperature``) as cookbook's rollout records them."""
-    # The groups cookbook's rollout makes: each prompt's sessions, in open order.
-    groups = [
-        [trajectory(sessions[i], REWARDS[i]) for i in range(len(sessions)) if i % 2 == g]
-        for g in range(len(PROMPTS))
-    ]
-    data, metadata = made if made is not None else (None, None)
-    given = {
-        "data": data,
-        "metadata": metadata,
-        "groups": groups,
-        "block": cookbook_step,
-        "policy_path": str(model_dir),
-        "temperature": temperature,
-    }
-    return trainer_step(".venv-tinker", "tinker_step", given, tmp_path)
 
 
 async def test_a_step_of_tinker_cookbooks_rl_loop_on_titoflow_rollouts(

@@ -35,6 +35,7 @@ import pytest
 from schemas.events import SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by
 from tests.support.trainer_rollouts import PROMPTS, rollout_sessions, trainer_step
+from tests.support.trainer_steps import verl_step
 from tests.support.witness import Witness
 from titoflow.client.batch import instance_key
 from titoflow.settings import Settings
@@ -44,13 +45,6 @@ pytestmark = pytest.mark.engine
 # vLLM CPU and torch CPU on the same float32 weights; bf16 rounds each weight to 8 bits.
 GAP_BOUND = 1e-3
 BF16_GAP_BOUND = 0.2
-
-
-def verl_step(batch: Any, step_block: str, model_dir: Path, tmp_path: Path) -> Any:
-    """What tests/support/verl_step.py computed in verl's code from ``batch`` (``to_verl``'s)."""
-    handed = {k: getattr(batch, k) for k in ("batch", "non_tensor_batch", "meta_info")}
-    given = {"batch": handed, "block": step_block, "policy_path": str(model_dir)}
-    return trainer_step(".venv-verl", "verl_step", given, tmp_path)
 
 
 def verl_current_step(batch: Any, model_dir: Path, tmp_path: Path) -> Any:

@@ -27,7 +27,7 @@ from PIL import Image
 from cli.dev.vl_policy import IMAGE_PAD_ID, write_processor
 from schemas.events import SegmentFinalized, SessionFinalized, StepRecorded
 from schemas.images import ImageProcessorFingerprint, ImageRecord
-from tests.ingress.turns.test_chat_images import (
+from tests.support.chat_images import (
     CALL,
     PROCESSING,
     TOOLS,

@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 
 import workers.worker
 from schemas.events import SegmentFinalized
-from tests.e2e.test_fault import (
+from tests.support.load import ScriptedLoad, reference_segments, scripted_load
+from tests.support.topics import (
     dead_letters,
     partition_of,
+    read_until,
     segment_adapter,
 )
-from tests.support.load import ScriptedLoad, reference_segments, scripted_load
-from tests.support.topics import read_until
 from titoflow.bus import (
     BatchSubscription,
     Publisher,

@@ -27,7 +27,7 @@ from schemas.events import (
     VersionSpan,
 )
 from schemas.reasons import DeadLetterReason, SplitReason
-from tests.e2e.test_routing import block
+from tests.support.factories import block
 from tests.support.factories import recorded_step as step
 from tests.support.families import qwen3
 from tests.support.topics import read_until

@@ -34,7 +34,8 @@ from ingress.turns.service import ServiceOptions
 from ingress.turns.turn import SessionRef
 from ingress.wire import openai_responses
 from ingress.wire.http import session_key
-from tests.ingress.turns.test_chat_images import (
+from tests.support.apps import asgi_client, serving
+from tests.support.chat_images import (
     OPTIONS,
     PROCESSING,
     client_for,
@@ -42,7 +43,6 @@ from tests.ingress.turns.test_chat_images import (
     vl_app,
     vl_options,
 )
-from tests.support.apps import asgi_client, serving
 from tests.support.doubles import RecordingPublisher, ScriptedEngine
 from titoflow.settings import Settings
 from titoflow.tito.messages import MessageImage

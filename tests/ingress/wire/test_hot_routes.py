@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingress.wire.hot_routes import HotRoutes
-from tests.ingress.wire.test_edge_fuzz import (
+from tests.support.edge_fuzz import (
     ENDPOINTS,
     SCAFFOLD_PORT,
     Case,

@@ -23,10 +23,10 @@ import pytest
 
 from cli.dev.procs import ManagedProcess, stop_all
 from schemas.events import SegmentFinalized
-from tests.support.consumer_trainer import GROUP, load_checkpoint_lines
+from tests.support.consumer_trainer import committed_offsets, load_checkpoint_lines
 from tests.support.factories import step_segment
 from tests.support.topics import read_topic
-from titoflow.bus import CommitFailedError, Publisher, TopicPartition, make_consumer
+from titoflow.bus import CommitFailedError, Publisher
 from titoflow.client.consumer import SegmentConsumer
 from titoflow.settings import PROJECT_ROOT, Settings
 
@@ -104,16 +104,6 @@ async def first_line_of(trainer: ManagedProcess, checkpoint: Path, life: int) ->
         while not any(line["life"] == life for line in load_checkpoint_lines(checkpoint)):
             assert trainer.alive(), trainer.log_tail()
             await asyncio.sleep(0.05)
-
-
-async def committed_offsets(settings: Settings, partitions: list[int]) -> dict[int, int | None]:
-    consumer = make_consumer(settings, group_id=GROUP)
-    await consumer.start()
-    try:
-        topic = settings.topic("segments")
-        return {p: await consumer.committed(TopicPartition(topic, p)) for p in partitions}
-    finally:
-        await consumer.stop()
 
 
 def repeats_behind_restarts(lines: list[dict[str, Any]], records: list[Any]) -> int:

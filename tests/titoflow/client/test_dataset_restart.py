@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from schemas.events import SegmentFinalized, SessionDiscarded
+from tests.support.consumer_trainer import committed_offsets
 from tests.support.doc_blocks import blocks_run_by
 from tests.support.factories import token_segment
-from tests.titoflow.client.test_consumer_restart import committed_offsets
 from titoflow.bus import Publisher, home_partition
 from titoflow.client.progress import Position, Progress
 from titoflow.client.topic_source import TopicSource

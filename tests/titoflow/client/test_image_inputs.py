@@ -17,7 +17,6 @@ import io
 import itertools
 import shutil
 import tempfile
-import types
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,20 @@ from cli.dev.vl_policy import (
 )
 from schemas.events import SegmentFinalized
 from schemas.images import ImageProcessorFingerprint, ImageRecord
-from tests.ingress.turns.test_chat_images import PROCESSING
+from tests.support.chat_images import PROCESSING
 from tests.support.doc_blocks import blocks_run_by
 from tests.support.factories import filled_segment, step_segment
+from tests.support.format_definitions import DEFINED, Status, conforms
+from tests.support.image_items import (
+    FINGERPRINT,
+    bound,
+    check_item_images,
+    check_item_positions,
+    qwen3_vl_rope_index,
+)
 from tests.support.image_samples import png, reference_inputs, runs
+from tests.support.packed_items import PAD
 from tests.support.trainer_rollouts import trainer_step
-from tests.titoflow.client.test_trainer_formats import DEFINED, Status, conforms
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import to_slime
 from titoflow.client.formats.tinker import to_tinker, to_tinker_batch
@@ -51,9 +58,6 @@ from titoflow.client.image_processor import processor_for
 from titoflow.client.mrope import mrope_position_ids
 from titoflow.client.torch_data import SegmentDataset, block_causal_mask
 from titoflow.image_store import ImageStore
-
-PAD = 151643
-FINGERPRINT = PROCESSING.fingerprint("5.19.0")
 
 
 def jpeg_sideways(width: int, height: int) -> bytes:
@@ -190,67 +194,6 @@ def test_pixels_that_do_not_match_the_recorded_tokens_raise_naming_the_image(
 
 
 # --- SegmentDataset ---------------------------------------------------------------------------
-
-
-def check_item_images(item: dict[str, Any], segments: list[SegmentFinalized], store: Any) -> None:
-    """The item's images are its segments' in row-major token order, each run located."""
-    holding = [s for s in segments if s.images]
-    if not holding:
-        assert not {"pixel_values", "image_grid_thw", "image_sequence_ids", "image_runs"} & set(
-            item
-        )
-        return
-    each = [image_inputs(s, store) for s in holding]
-    assert torch.equal(
-        item["pixel_values"], torch.from_numpy(np.concatenate([i.pixel_values for i in each]))
-    )
-    assert item["image_grid_thw"].tolist() == [g for i in each for g in i.image_grid_thw.tolist()]
-    assert item["image_grid_thw"].dtype == torch.int64
-    ids, sequence_ids = item["input_ids"], item["sequence_ids"]
-    expected_runs = [
-        [row, start, length]
-        for row in range(ids.shape[0])
-        for start, length in runs(ids[row].tolist())
-    ]
-    assert item["image_runs"].tolist() == expected_runs  # row-major: the forward's order
-    for (row, start, length), sequence in zip(
-        item["image_runs"].tolist(), item["image_sequence_ids"].tolist(), strict=True
-    ):
-        assert (sequence_ids[row, start : start + length] == sequence).all()
-        assert (ids[row, start : start + length] == IMAGE_PAD_ID).all()
-    # The vision tower's patches cover the pads: one token per merge_size^2 patches.
-    patches = item["image_grid_thw"].prod(dim=1)
-    assert item["pixel_values"].shape[0] == int(patches.sum())
-    assert (patches // FINGERPRINT.merge_size**2).tolist() == item["image_runs"][:, 2].tolist()
-
-
-def qwen3_vl_rope_index(policy: Path) -> Any:
-    """The Qwen3-VL policy's own ``get_rope_index`` (transformers), as verl binds it."""
-    return bound(transformers.Qwen3VLModel, transformers.AutoConfig.from_pretrained(policy))
-
-
-def check_item_positions(
-    item: dict[str, Any], segments: list[SegmentFinalized], get_rope_index: Any
-) -> None:
-    """``mrope=True``: ``[4, rows, length]``, the text positions (0, 1, ... restarting with each
-    segment), then at each segment's place the model's ``get_rope_index`` of it alone; 0 on
-    padding."""
-    positions, sequence_ids = item["position_ids"], item["sequence_ids"]
-    assert positions.dtype == torch.int64
-    assert positions.shape == (4, *item["input_ids"].shape)
-    assert (positions[:, sequence_ids < 0] == 0).all()
-    for index, segment in enumerate(segments):
-        at = sequence_ids == index
-        ids = torch.tensor([segment.token_ids])
-        # The images' grids in token order (the records may be listed in another).
-        grids = [r.grid_thw for r in sorted(segment.images, key=lambda r: r.offset)]
-        expected, _ = get_rope_index(
-            input_ids=ids,
-            mm_token_type_ids=(ids == IMAGE_PAD_ID).int(),
-            image_grid_thw=torch.tensor(grids) if grids else None,
-        )
-        assert positions[0][at].tolist() == list(range(len(segment.token_ids)))
-        assert positions[1:, at].tolist() == expected[:, 0].tolist()
 
 
 @settings(
@@ -426,16 +369,6 @@ def position_segments() -> list[SegmentFinalized]:
         filled_segment("text", [-0.5, -0.25]),
         filled_segment("longer", [-0.5, -0.25, -0.125, -0.0625]),
     ]
-
-
-def bound(model_class: Any, config: Any) -> Any:
-    """The model's ``get_rope_index`` on a stand-in holding its config, as verl binds it to the
-    processor (verl/utils/tokenizer.py ``hf_processor``): the method needs nothing else."""
-    stand_in = types.SimpleNamespace(config=config)
-    stand_in.get_vision_position_ids = types.MethodType(
-        model_class.get_vision_position_ids, stand_in
-    )
-    return types.MethodType(model_class.get_rope_index, stand_in)
 
 
 @pytest.mark.parametrize("model", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])

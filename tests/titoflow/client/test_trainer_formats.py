@@ -6,11 +6,8 @@ tokens, masks and logprob bits in the places each format reads them."""
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
-from enum import Enum
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +17,7 @@ import pytest
 from schemas.events import SamplingUsed, SegmentFinalized
 from tests.support.doc_blocks import blocks_run_by
 from tests.support.factories import filled_segment, step_segment
+from tests.support.format_definitions import DEFINED, SlimeSample, Status, conforms
 from titoflow.client.batch import instance_key
 from titoflow.client.formats.openrlhf import to_openrlhf
 from titoflow.client.formats.slime import group_normalized_rewards, to_slime
@@ -27,7 +25,6 @@ from titoflow.client.formats.tinker import to_tinker, to_tinker_batch
 from titoflow.client.formats.trl import to_trl
 from titoflow.client.formats.verl import to_verl
 
-DEFINED = json.loads((Path(__file__).parents[2] / "support" / "trainer_formats.json").read_text())
 PAD = 151643
 
 
@@ -149,47 +146,6 @@ def test_verl_refuses_logprobs_of_another_policy_than_its_actor(
 
 
 # --- slime / miles --------------------------------------------------------------------------
-
-
-class Status(Enum):
-    """``Sample.Status`` as slime and miles define it (utils/types.py; checked against both)."""
-
-    PENDING = "pending"
-    COMPLETED = "completed"
-    TRUNCATED = "truncated"
-    ABORTED = "aborted"
-    FAILED = "failed"
-
-
-class SlimeSample:
-    """What slime's and miles' reward processing reads of a ``Sample``: its fields, and
-    ``get_reward_value`` as both write it (slime utils/types.py:246, miles :177)."""
-
-    reward: Any
-
-    def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
-
-    def get_reward_value(self, args: Any) -> Any:
-        return self.reward if not args.reward_key else self.reward[args.reward_key]
-
-
-def conforms(value: Any, annotation: str, status: list[str]) -> bool:
-    """Whether ``value`` fits a field annotation of Sample (the forms it uses)."""
-    options = [option.strip() for option in annotation.split(" | ")]
-    checks = {
-        "None": lambda v: v is None,
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, float),
-        "str": lambda v: isinstance(v, str),
-        "dict": lambda v: isinstance(v, dict),
-        "dict[str, Any]": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-        "list[int]": lambda v: isinstance(v, list) and all(type(x) is int for x in v),
-        "list[float]": lambda v: isinstance(v, list) and all(type(x) is float for x in v),
-        "list[str]": lambda v: isinstance(v, list) and all(type(x) is str for x in v),
-        "Status": lambda v: isinstance(v, Status) and v.value in status,
-    }
-    return any(checks[option](value) for option in options if option in checks)
 
 
 def samples_of(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

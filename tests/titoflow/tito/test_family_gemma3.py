@@ -16,8 +16,8 @@ import pytest
 from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.gemma3 import BOS, EOS, MARKERS, PAD, TEMPLATE
 from tests.support.families import family_tokenizer
+from tests.support.family_corpus import TEMPLATE_REFUSES, in_family_ids, renderer_of
 from tests.titoflow.tito.corpus import corpus
-from tests.titoflow.tito.test_family_corpus import TEMPLATE_REFUSES, in_family_ids, renderer_of
 from titoflow.errors import TemplateError
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions

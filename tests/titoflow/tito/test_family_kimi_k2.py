@@ -21,10 +21,11 @@ import pytest
 from cli.dev.tokenizers import kimi_k2 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
 from tests.support.families import family_tokenizer
+from tests.support.family_corpus import generated_text, opened_reasoning, output_ids
+from tests.support.family_corpus import parse as parse_corpus
+from tests.support.family_corpus import turns as corpus_turns
+from tests.support.kimi_k2_corpus import CORPUS
 from tests.titoflow.tito.corpus import PROBE, Conversation, corpus
-from tests.titoflow.tito.test_family_corpus import generated_text, opened_reasoning, output_ids
-from tests.titoflow.tito.test_family_corpus import parse as parse_corpus
-from tests.titoflow.tito.test_family_corpus import turns as corpus_turns
 from titoflow.tito.families import detect_family, family_named, grammar
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.kimi_k2 import (
@@ -34,7 +35,6 @@ from titoflow.tito.families.kimi_k2 import (
     KIMI_K2,
     SECTION_BEGIN,
     SECTION_END,
-    call_id,
 )
 from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.output import ParsedOutput, ReasoningDelta, TextDelta, ToolCallDone
@@ -58,27 +58,6 @@ MARKERS = (
 @pytest.fixture(scope="module")
 def renderer() -> ChatRenderer:
     return ChatRenderer(family_tokenizer("kimi_k2"))
-
-
-def kimi_ids(conversation: Conversation) -> Conversation:
-    """The conversation with the corpus's ``call_N`` ids written as Kimi writes them."""
-    ids: dict[str, str] = {}
-    messages = []
-    for message in conversation.messages:
-        calls = []
-        for call in message.tool_calls:
-            ids[call.id] = call_id(call.name, int(call.id.removeprefix("call_")))
-            calls.append(call.model_copy(update={"id": ids[call.id]}))
-        update: dict[str, Any] = {"tool_calls": tuple(calls)}
-        if message.tool_call_id is not None:
-            update["tool_call_id"] = ids[message.tool_call_id]
-        messages.append(message.model_copy(update=update))
-    return Conversation(
-        conversation.name, tuple(messages), conversation.tools, conversation.thinking
-    )
-
-
-CORPUS = [kimi_ids(c) for c in corpus()]
 
 
 def generated_call(call: ToolCall) -> str:

@@ -24,8 +24,7 @@ from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from cli.dev.tokenizers import mistral_v11 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
 from tests.support.families import family_tokenizer
-from tests.titoflow.tito.corpus import Conversation, corpus
-from tests.titoflow.tito.test_family_mistral import (
+from tests.support.mistral_family import (
     ANSWER,
     CALLS,
     CONVERSATIONS,
@@ -38,6 +37,7 @@ from tests.titoflow.tito.test_family_mistral import (
     prove_on_corpus,
     reference_request,
 )
+from tests.titoflow.tito.corpus import Conversation, corpus
 from titoflow.errors import TemplateError
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions, tool_call_id

@@ -8,7 +8,7 @@ goes turn by turn through titoflow and the oracle, and their token ids are compa
   with the generation prompt);
 - TITO: the turn's prompt built by extension, the previous turn's prompt and output (the same
   tokens for both) followed by what the new messages add (titoflow's chain, as
-  tests/titoflow/tito/test_family_corpus.py builds it; ``bridge_to_next_turn`` / ``merge_tokens``).
+  tests/support/family_corpus.py builds it; ``bridge_to_next_turn`` / ``merge_tokens``).
 
 Invariant: the ids are equal, or the difference is one the pair declares below, each a text
 rewrite that turns titoflow's decoded prompt into the oracle's exactly (or a refusal the oracle
@@ -34,14 +34,14 @@ import renderers
 from miles_tito_tokenizers import get_tito_tokenizer
 
 from cli.dev.tokenizers import tokenizer_dir
-from tests.titoflow.tito.corpus import Conversation
-from tests.titoflow.tito.test_family_corpus import (
+from tests.support.family_corpus import (
     CORPUS,
     in_family_ids,
     renderer_of,
     template_kwargs,
     turns,
 )
+from tests.titoflow.tito.corpus import Conversation
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer

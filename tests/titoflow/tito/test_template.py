@@ -12,28 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.harness import claude_code_tools
-from tests.titoflow.tito.corpus import TOOLS, corpus
-from tests.titoflow.tito.test_family_corpus import (
+from tests.support.family_corpus import (
     PROVEN,
     THINKING_SWITCH,
     in_family_ids,
     renderer_of,
+    reordered,
     template_kwargs,
     turns,
 )
+from tests.titoflow.tito.corpus import TOOLS, corpus
 from titoflow.errors import TemplateError
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
-
-
-def reordered(value: Any) -> Any:
-    """``value`` with every object's keys in reverse order: equal, but written apart."""
-    if isinstance(value, dict):
-        return {key: reordered(value[key]) for key in reversed(value)}
-    if isinstance(value, list | tuple):
-        return type(value)(reordered(item) for item in value)
-    return value
-
 
 TOOL_LISTS: tuple[tuple[dict[str, Any], ...], ...] = (
     (),

@@ -29,9 +29,9 @@ from transformers.convert_slow_tokenizer import TikTokenConverter
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from cli.dev.tokenizers import mistral as mistral_recipe
 from cli.dev.tokenizers import mistral_v11 as mistral_v11_recipe
+from tests.support.mistral_family import CONVERSATIONS, TOOLS
 from tests.titoflow.tito.engine_env import run_in_engine
 from tests.titoflow.tito.hostile import CORPUS, QUOTED_WORDS, SPELLS_CONTROL_TOKENS
-from tests.titoflow.tito.test_family_mistral import CONVERSATIONS, TOOLS
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import TEKKEN, RemoteCodeRefused, TextEncoder, load_tokenizer

@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 from bench.harness import claude_code_tools
 from cli.dev.tokenizers import tokenizer_dir
-from tests.titoflow.tito.corpus import TOOLS, Conversation, corpus, tool
-from tests.titoflow.tito.test_family_corpus import (
+from tests.support.family_corpus import (
     PROVEN,
     in_family_ids,
     renderer_of,
+    reordered,
     template_kwargs,
 )
-from tests.titoflow.tito.test_template import reordered
+from tests.titoflow.tito.corpus import TOOLS, Conversation, corpus, tool
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import family_named
 from titoflow.tito.messages import Message, ToolCall
