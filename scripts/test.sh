@@ -21,8 +21,8 @@ fi
 rest_log="$(mktemp -t titoflow-tests-rest.XXXXXX)"
 nice -n 10 .venv/bin/python -m pytest -m "not engine and not processes" -p no:cacheprovider >"$rest_log" 2>&1 &
 rest=$!
-# Whatever ends this script ends the other half too.
-trap 'kill "$rest" 2>/dev/null || true' EXIT
+# Whatever ends this script ends the other half too, and removes its log.
+trap 'kill "$rest" 2>/dev/null || true; rm -f "$rest_log"' EXIT
 set +e
 .venv/bin/python -m pytest -m "engine or processes"
 engine_status=$?
@@ -32,6 +32,5 @@ set -e
 echo
 echo "========== the rest (-m 'not engine and not processes'), run beside the above =========="
 cat "$rest_log"
-rm -f "$rest_log"
 echo "engine and process tests: exit $engine_status; the rest: exit $rest_status"
 [ "$engine_status" -eq 0 ] && [ "$rest_status" -eq 0 ]

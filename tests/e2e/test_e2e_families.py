@@ -3,12 +3,14 @@ and template (cli/dev/family_models.py) served by real vLLM CPU, titoflow's ingr
 worker on tansu, the OpenAI SDK running a linear tool loop (a named forced call, a required
 streamed call, free text), and the witness holding the segment to what the engine sampled.
 
-Each family's test takes its own engine, started while the test before it ran
-(tests/support/engines.py EngineLine) and stopped after it; Qwen3-Coder, whose vocabulary
-is Qwen3's, runs on the session's Qwen3 engine. Qwen3, the default policy's family, runs end to
-end in every other engine test of the suite. No two other families share an engine: the engine
-compiles the forced calls' grammar against its own tokenizer, and their vocabularies differ. A
-family's engine runs eager (no torch.compile warm-up, most of a start) for its three requests.
+Each family's test takes its vocabulary's engine, started while the test before it ran
+(tests/support/engines.py EngineLine) and stopped after the last test on it. Families whose
+tokenizer files are another's, token for token (``SHARES_ENGINE``), run on that family's engine
+with their own template: the engine compiles the forced calls' grammar against its tokenizer,
+which is theirs too, and the ingress renders with the family's own directory. Qwen3, the default
+policy's family, runs end to end in every other engine test of the suite: its sharers run on the
+session's engine. A family's engine runs eager (no torch.compile warm-up, most of a start) for
+its three requests.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ from titoflow.tito.families import FAMILIES
 
 pytestmark = pytest.mark.engine
 
+# family -> the family whose engine serves it: their tokenizer files are identical
+# (the last test below holds each pair to it). Qwen3's is the session's.
+SHARES_ENGINE = {"qwen3_coder": "qwen3"}
 # Every family with a tokenizer recipe and a tool-call grammar (the loop forces its calls).
 SERVED = sorted(
-    f.name for f in FAMILIES if f.name in SOURCES and f.grammar is not None and f.name != "qwen3"
+    (f.name for f in FAMILIES if f.name in SOURCES and f.grammar is not None and f.name != "qwen3"),
+    key=lambda name: (SHARES_ENGINE.get(name, name), name),  # an engine's takers adjacent
 )
-# Families whose tokenizer is Qwen3's, token for token: the session's engine serves them.
-QWEN3_VOCABULARY = {"qwen3_coder"}
 # Bounded strings: a random model rarely closes an unbounded one (it runs to max_tokens).
 TOOLS: Any = [
     {
@@ -74,7 +78,7 @@ def family_engines(
         if isinstance(item, pytest.Function) and item.module is request.module
     ]
     line = EngineLine(
-        [f for f in taken if f not in QWEN3_VOCABULARY],
+        [SHARES_ENGINE.get(f, f) for f in taken if SHARES_ENGINE.get(f) != "qwen3"],
         lambda family: start_vllm(
             Settings(
                 model_path=build_family_model(family), engine_kv_cache_bytes=FAMILY_KV_CACHE_BYTES
@@ -93,15 +97,17 @@ def family_settings(
     request: pytest.FixtureRequest, settings: Settings, witness: Witness
 ) -> Iterator[Settings]:
     family = request.param
-    if family in QWEN3_VOCABULARY:  # the session's Qwen3 engine, the family's own template
+    engine = SHARES_ENGINE.get(family, family)
+    if engine == "qwen3":
         url = request.getfixturevalue("engine_url")
         yield from witnessed(settings, url, tokenizer_dir(family), witness, request)
         return
-    engine, url = request.getfixturevalue("family_engines").take(family)
+    line = request.getfixturevalue("family_engines")
+    url = line.take(engine)
     try:
-        yield from witnessed(settings, url, build_family_model(family), witness, request)
+        yield from witnessed(settings, url, tokenizer_dir(family), witness, request)
     finally:
-        engine.stop()
+        line.release(engine)
 
 
 @pytest.mark.parametrize("family_settings", SERVED, indirect=True)
@@ -178,3 +184,18 @@ async def test_a_linear_tool_loop_is_one_exact_segment(
     ] == names
     [segment] = [s for s in segments if s.session_id == session]
     assert [s.step_id for s in segment.steps] == [s.step_id for s in steps]
+
+
+@pytest.mark.parametrize("family", sorted(SHARES_ENGINE))
+def test_a_family_sharing_an_engine_has_its_tokenizer(family: str) -> None:
+    """The engine's grammar and detokenizer are the serving family's: the sharer's tokenizer
+    files must be the same, only its chat template differs."""
+    own, serving = tokenizer_dir(family), tokenizer_dir(SHARES_ENGINE[family])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        mine, theirs = (
+            json.loads((own / name).read_text()),
+            json.loads((serving / name).read_text()),
+        )
+        mine.pop("chat_template", None)
+        theirs.pop("chat_template", None)
+        assert mine == theirs, name

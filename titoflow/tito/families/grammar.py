@@ -140,3 +140,14 @@ def sequence(elements: list[dict[str, Any]]) -> dict[str, Any]:
 
 def one_of(alternatives: list[dict[str, Any]]) -> dict[str, Any]:
     return alternatives[0] if len(alternatives) == 1 else {"type": "or", "elements": alternatives}
+
+
+def json_object_call(function: Function, arguments_key: str) -> list[dict[str, Any]]:
+    """``{"name": "NAME", "<arguments_key>": {...}``, a call as a JSON object left open for the
+    family's own ending; the name a JSON string, so quotes and backslashes in it stay
+    parseable."""
+    name, parameters = function
+    return [
+        text('{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{arguments_key}": '),
+        arguments(parameters, "json"),
+    ]

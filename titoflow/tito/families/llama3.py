@@ -207,17 +207,7 @@ def _parser(options: ParserOptions) -> OutputParser:
 
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
     """``{"name": "NAME", "parameters": {...}}``, as the template writes a call."""
-    bodies = [
-        g.sequence(
-            [
-                # A JSON string body: quotes and backslashes in a name stay parseable.
-                g.text('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "parameters": '),
-                g.arguments(parameters, "json"),
-                g.text("}"),
-            ]
-        )
-        for name, parameters in functions
-    ]
+    bodies = [g.sequence([*g.json_object_call(f, "parameters"), g.text("}")]) for f in functions]
     return g.one_of(bodies)
 
 

@@ -173,16 +173,7 @@ def _parser(options: ParserOptions) -> OutputParser:
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
     """``{"name": "NAME", "arguments": {...}, "id": "ID"}`` as the template writes it: the id is
     sampled (nine letters or digits), so a forced call re-renders to its own tokens."""
-    bodies = [
-        g.sequence(
-            [
-                # A JSON string: quotes and backslashes in a name stay parseable.
-                g.text('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '),
-                g.arguments(parameters, "json"),
-            ]
-        )
-        for name, parameters in functions
-    ]
+    bodies = [g.sequence(g.json_object_call(f, "arguments")) for f in functions]
     identifier = {"type": "regex", "pattern": ID_PATTERN.pattern}
     return g.sequence([g.one_of(bodies), g.text(', "id": "'), identifier, g.text('"}')])
 

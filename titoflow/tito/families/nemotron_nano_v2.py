@@ -25,7 +25,6 @@ nowhere (it reads only the first message as the system prompt).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,17 +47,7 @@ def _parser(options: ParserOptions) -> OutputParser:
 
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
     """``{"name": "NAME", "arguments": {...}}`` as the template writes a call."""
-    bodies = [
-        g.sequence(
-            [
-                # A JSON string: quotes and backslashes in a name stay parseable.
-                g.text('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '),
-                g.arguments(parameters, "json"),
-                g.text("}"),
-            ]
-        )
-        for name, parameters in functions
-    ]
+    bodies = [g.sequence([*g.json_object_call(f, "arguments"), g.text("}")]) for f in functions]
     return g.one_of(bodies)
 
 
