@@ -75,7 +75,9 @@ def family_engines(
     taken = [
         str(item.callspec.params["family_settings"])
         for item in request.session.items
-        if isinstance(item, pytest.Function) and item.module is request.module
+        if isinstance(item, pytest.Function)
+        and item.module is request.module
+        and "family_settings" in item.callspec.params
     ]
     line = EngineLine(
         [SHARES_ENGINE.get(f, f) for f in taken if SHARES_ENGINE.get(f) != "qwen3"],
