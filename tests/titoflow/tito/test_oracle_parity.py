@@ -130,6 +130,9 @@ RENDERER_CONFIGS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "qwen35": lambda kw: renderers.Qwen35RendererConfig(
         enable_thinking=kw.get("enable_thinking", True), thinking_retention="all"
     ),
+    "gemma4": lambda kw: renderers.Gemma4RendererConfig(
+        enable_thinking=kw.get("enable_thinking", False)
+    ),
     # MiniMax-M2's default system prompt (renderers' default is M2.5's).
     "minimax_m2": lambda kw: renderers.MiniMaxM2RendererConfig(
         model_identity="You are a helpful assistant.", thinking_retention="all"
@@ -323,6 +326,23 @@ PAIRS = [
         ),
     ),
     Pair(RENDERERS, "llama3"),
+    Pair(
+        RENDERERS,
+        "gemma4",
+        (
+            Difference(
+                "bridge_declined",
+                "renderers' gemma4 bridge extends a turn that ended asking for tool results "
+                "(`<|tool_response>`) with those results alone, and with thinking on re-renders "
+                "at a user query (its tool_cycle retention, which enable_thinking implies): it "
+                "declines results followed by a user turn in one step and a user turn after a "
+                "thinking answer; the template writes both after the chain as it stands (the "
+                "model turn closed with `<turn|>`), and titoflow continues it",
+                kinds=("tito",),
+                refused="declined to extend",
+            ),
+        ),
+    ),
     Pair(
         RENDERERS,
         "qwen35",

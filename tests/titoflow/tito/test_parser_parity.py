@@ -34,7 +34,9 @@ from tests.titoflow.tito.parity import (
     Case,
     Family,
     deepseek_v3,
+    deepseek_v32,
     gemma3,
+    gemma4,
     glm45,
     gpt_oss,
     hermes,
@@ -64,6 +66,7 @@ MODULES = (
     mistral_v11,
     glm45,
     deepseek_v3,
+    deepseek_v32,
     qwen3,
     hermes,
     llama3,
@@ -71,6 +74,7 @@ MODULES = (
     minimax_m2,
     llama4,
     gemma3,
+    gemma4,
     seed_oss,
 )
 FAMILIES = {module.FAMILY.name: module.FAMILY for module in MODULES}

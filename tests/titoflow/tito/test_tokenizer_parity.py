@@ -44,7 +44,7 @@ from vllm.tokenizers import get_tokenizer
 request = json.load(sys.stdin)
 out = {}
 for family, path in request["dirs"].items():
-    tok = get_tokenizer(path)
+    tok = get_tokenizer(path, tokenizer_mode=request["modes"].get(family, "auto"))
     shipped = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
     out[family] = {
         "class": type(tok).__name__,
@@ -81,6 +81,10 @@ DECLARED = {
     # the model as ids it was never trained on. titoflow sends ids, so its are the file's.
     "deepseek_v3": "vLLM 0.32 (transformers 5.19) loads LlamaTokenizer over the byte-level file",
 }
+# The tokenizer mode vLLM picks for a family's checkpoints where it is not "auto": DeepSeek-V3.2's
+# architecture (DeepseekV32ForCausalLM) selects "deepseek_v32", which reads tokenizer.json as
+# written (the same file as deepseek_v3's, which the "auto" mode misreads: see DECLARED).
+MODES = {"deepseek_v32": "deepseek_v32"}
 
 
 # The pre-tokenizer pattern transformers' tiktoken converter falls back on (digits in threes, no
@@ -147,6 +151,7 @@ def engine_ids(dirs: dict[str, Path], checkpoints: dict[str, Path]) -> dict[str,
     ]
     request = {
         "dirs": {f: str(d) for f, d in dirs.items()},
+        "modes": MODES,
         "texts": CORPUS,
         "mistral": {
             "dirs": {name: str(path) for name, path in checkpoints.items()},

@@ -17,7 +17,11 @@ import json, sys
 import xgrammar as xgr
 from transformers import AutoTokenizer
 request = json.load(sys.stdin)
-tok = AutoTokenizer.from_pretrained(request["tokenizer"])
+if request["mode"] == "auto":
+    tok = AutoTokenizer.from_pretrained(request["tokenizer"])
+else:
+    from vllm.tokenizers import get_tokenizer
+    tok = get_tokenizer(request["tokenizer"], tokenizer_mode=request["mode"])
 end = tok.convert_tokens_to_ids(request["end"])
 compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
 out = {}
@@ -45,10 +49,14 @@ def structural_tag(
     return str(found["structured_outputs"]["structural_tag"])
 
 
-def admitted(family: str, end: str, cases: Mapping[str, tuple[str, str]]) -> dict[str, bool]:
-    """Per case name, whether the tag admits the text and then ``end`` ends it."""
+def admitted(
+    family: str, end: str, cases: Mapping[str, tuple[str, str]], tokenizer_mode: str = "auto"
+) -> dict[str, bool]:
+    """Per case name, whether the tag admits the text and then ``end`` ends it, on the tokenizer
+    vLLM loads in ``tokenizer_mode`` (the mode it serves the family's checkpoints in)."""
     request = {
         "tokenizer": str(tokenizer_dir(family)),
+        "mode": tokenizer_mode,
         "end": end,
         "cases": {n: {"tag": tag, "text": text} for n, (tag, text) in cases.items()},
     }

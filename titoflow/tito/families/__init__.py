@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from titoflow.tito.families.base import Family
 from titoflow.tito.families.deepseek import DEEPSEEK_V3
+from titoflow.tito.families.deepseek_v32 import DEEPSEEK_V32
 from titoflow.tito.families.gemma3 import GEMMA3
+from titoflow.tito.families.gemma4 import GEMMA4
 from titoflow.tito.families.glm45 import GLM45
 from titoflow.tito.families.gpt_oss import GPT_OSS
 from titoflow.tito.families.hermes import HERMES
@@ -35,12 +37,14 @@ FAMILIES: tuple[Family, ...] = (
     MISTRAL_V11,
     MISTRAL,
     DEEPSEEK_V3,
+    DEEPSEEK_V32,  # the DSML markers are its own: no other detector matches it
     LLAMA3,
     GPT_OSS,
     GLM45,
     MINIMAX_M2,  # its markers are its own: no other detector matches it
     LLAMA4,  # <|header_start|> and the pythonic format's instruction are its own
     GEMMA3,  # <start_of_turn> and the pythonic format's instruction are its own
+    GEMMA4,  # <|turn> and <|tool_call>call: are its own: no other detector matches it
     SEED_OSS,  # <seed:bos> and <seed:tool_call> are its own: no other detector matches it
     NEMOTRON_NANO_V2,  # <SPECIAL_11>Assistant and <TOOLCALL> are its own
 )

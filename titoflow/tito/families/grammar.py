@@ -84,10 +84,10 @@ def tool_call_constraint(
         opening, closing = family.reasoning_tags
         think: dict[str, Any] = {
             "type": "tag",
-            "begin": literal(opening, token_id),
+            "begin": tag_edge(opening, token_id),
             # Without the exclusion the free text would swallow the closing tag and never end.
             "content": {"type": "any_text", "excludes": [closing]},
-            "end": literal(closing, token_id),
+            "end": tag_edge(closing, token_id),
         }
         before, after = grammar.reasoning_layout
         lead, trail = [text(before)] if before else [], [text(after)] if after else []
@@ -123,6 +123,14 @@ def literal(value: str, token_id: TokenLookup) -> dict[str, Any]:
     """``value`` as its single token where the vocabulary has one, else as text."""
     found = token_id(value)
     return token(found) if found is not None else text(value)
+
+
+def tag_edge(value: str, token_id: TokenLookup) -> dict[str, Any] | str:
+    """A ``tag`` element's begin or end: ``value``'s single token, else ``value`` itself (xgrammar
+    takes a string or a token there, not a ``const_string`` element: Gemma 4's
+    ``<|channel>thought`` is two tokens)."""
+    found = token_id(value)
+    return token(found) if found is not None else value
 
 
 def arguments(parameters: dict[str, Any] | bool, style: str = "json") -> dict[str, Any]:
