@@ -46,6 +46,7 @@ from cli.dev.tokenizers import deepseek_v3, template_path
 PACKAGES = deepseek_v3.PACKAGES
 STAND_IN = ""
 TEMPLATE = "deepseek_v3.2.jinja"
+BASE = "deepseek_v3"
 # (name, the port's text, what the served template has instead), each applied exactly once.
 EDITS = (
     (

@@ -45,6 +45,7 @@ TOOL_USE_TEMPLATE = "hermes3_tool_use.jinja"
 DEFAULT_TEMPLATE = "hermes_default.jinja"
 SPECIALS = ("<|im_start|>", "<|im_end|>")
 MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+BASE = "llama3"
 
 
 def write(dest: Path) -> None:

@@ -46,9 +46,11 @@ MARKERS = (
     "</tool_response>",
 )
 
+BASE = "mistral"
+
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_dir("mistral"))
+    tokenizer = load_tokenizer(tokenizer_dir(BASE))
     tokenizer.add_special_tokens(
         {"eos_token": END, "additional_special_tokens": [START]},
         replace_extra_special_tokens=False,

@@ -48,9 +48,11 @@ MARKERS = (
     "</TOOL_RESPONSE>",
 )
 
+BASE = "mistral"
+
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_dir("mistral"))
+    tokenizer = load_tokenizer(tokenizer_dir(BASE))
     tokenizer.add_special_tokens(
         {"eos_token": EOS, "additional_special_tokens": [SYSTEM, TURN]},
         replace_extra_special_tokens=False,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,8 @@ import pytest
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from tests.support.families import family_tokenizer
 from titoflow.settings import PROJECT_ROOT, Settings
-from titoflow.tito.families import AUTO, FAMILIES, NAMES, detect_family, resolve_family
-from titoflow.tito.render import template_source
+from titoflow.tito.families import AUTO, FAMILIES, NAMES, detect_family, grammar, resolve_family
+from titoflow.tito.render import ChatRenderer, template_source
 
 
 def test_the_family_list_is_written_once() -> None:
@@ -32,6 +33,34 @@ def test_each_template_is_detected_as_its_family_only(name: str) -> None:
     # A refinement may also match its base families (Qwen3-Coder's template is Qwen3's kind,
     # Qwen3.5's Qwen3-Coder's); the registry order puts the refinement first.
     assert others in ([], ["qwen3"], ["qwen3_coder", "qwen3"])
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("name", [f.name for f in FAMILIES if f.grammar is not None])
+def test_no_grammar_asks_for_a_stop_token(name: str) -> None:
+    """xgrammar admits none of a request's stop tokens until the grammar is complete: a grammar
+    that named one would leave nothing to sample (vLLM then samples token 0 and its engine core
+    dies). Every marker a grammar names by id is checked against the stop tokens the renderer
+    sends, with and without a reasoning block."""
+    renderer = ChatRenderer(family_tokenizer(name))
+    family = renderer.family
+    for reasoning in (False, True) if family.reasoning_tags else (False,):
+        found = grammar.tool_call_constraint(
+            family, TOOLS, "required", None, renderer.token_id, parallel=True, reasoning=reasoning
+        )
+        assert found is not None
+        named = re.findall(r'"token":(\d+)', found["structured_outputs"]["structural_tag"])
+        assert not set(renderer.stop_token_ids) & {int(t) for t in named}, reasoning
 
 
 def test_an_unknown_template_or_setting_names_the_known_families() -> None:
