@@ -43,3 +43,27 @@ def path_tool(name: str, description: str) -> dict[str, Any]:
             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
         },
     }
+
+
+# The family tests' tools: a call with a string, an integer, an object and a boolean argument
+# (one required), and one without parameters.
+CALL_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a command",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string"},
+                    "timeout": {"type": "integer"},
+                    "env": {"type": "object"},
+                    "dry": {"type": "boolean"},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "list_dir", "description": "List"}},
+]

@@ -15,7 +15,7 @@ import pytest
 
 from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.deepseek_v32 import EDITS, TEMPLATE, chat_template
-from tests.support.families import family_token_id, family_tokenizer
+from tests.support.families import CALL_TOOLS, family_token_id, family_tokenizer
 from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
 from titoflow.tito.families import FAMILIES, detect_family, grammar
 from titoflow.tito.families.base import ParserOptions
@@ -33,25 +33,6 @@ from titoflow.tito.tokenizer import TextEncoder
 # ggml-org/llama.cpp models/templates/DeepSeek-V3.2.jinja @708653d, as vendored.
 TEMPLATE_SHA256 = "1739ce6e935aca276bcdda205be89698e91928a623ea681ca75ccb9d91f61be0"
 EOS = "<｜end▁of▁sentence｜>"
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string"},
-                "timeout": {"type": "integer"},
-                "env": {"type": "object"},
-                "dry": {"type": "boolean"},
-            },
-            "required": ["command"],
-        },
-    },
-}
-LIST_DIR = {"type": "function", "function": {"name": "list_dir", "description": "List"}}
-TOOLS = [RUN, LIST_DIR]
 USER = Message(role="user", content="go")
 
 token_id = family_token_id("deepseek_v32")
@@ -63,7 +44,7 @@ def tokenizer() -> Any:
 
 def render(messages: list[Message], **kwargs: Any) -> str:
     dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
+    return str(tokenizer().apply_chat_template(dicts, tools=CALL_TOOLS, tokenize=False, **kwargs))
 
 
 def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
@@ -71,7 +52,7 @@ def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCa
 
 
 def parse(text: str, reasoning_open: bool = False) -> ParsedOutput:
-    options = ParserOptions("step", tools=TOOLS, reasoning_open=reasoning_open)
+    options = ParserOptions("step", tools=CALL_TOOLS, reasoning_open=reasoning_open)
     parser = DEEPSEEK_V32.parser(options)
     parser.feed(text)
     return parser.finish()[1]
@@ -220,7 +201,7 @@ def test_a_block_inside_the_reasoning_is_reasoning() -> None:
 
 
 def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(DEEPSEEK_V32, TOOLS, choice, token_id, **options)
+    return structural_tag(DEEPSEEK_V32, CALL_TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_what_the_template_writes_and_refuses_the_rest() -> None:

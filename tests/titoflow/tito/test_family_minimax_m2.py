@@ -13,7 +13,7 @@ import pytest
 
 from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.minimax_m2 import CALL_MARKERS, SPECIALS, TEMPLATE
-from tests.support.families import family_token_id, family_tokenizer
+from tests.support.families import CALL_TOOLS, family_token_id, family_tokenizer
 from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
 from titoflow.tito.families import detect_family, grammar
 from titoflow.tito.families.base import ParserOptions
@@ -24,25 +24,6 @@ from titoflow.tito.tokenizer import TextEncoder
 
 # ggml-org/llama.cpp models/templates/unsloth-MiniMax-M2.jinja @a21f05a, as vendored.
 TEMPLATE_SHA256 = "44ec5484bf60ce519b422889550eb7c52c6a27e00ca3a688b8cb8b489d621410"
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string"},
-                "timeout": {"type": "integer"},
-                "env": {"type": "object"},
-                "dry": {"type": "boolean"},
-            },
-            "required": ["command"],
-        },
-    },
-}
-LIST_DIR = {"type": "function", "function": {"name": "list_dir", "description": "List"}}
-TOOLS = [RUN, LIST_DIR]
 USER = Message(role="user", content="go")
 EMPTY = "\n</think>\n\n"  # an empty reasoning block's end, as the template writes one
 
@@ -56,7 +37,7 @@ token_id = family_token_id("minimax_m2")
 
 def render(messages: list[Message], **kwargs: Any) -> str:
     dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
+    return str(tokenizer().apply_chat_template(dicts, tools=CALL_TOOLS, tokenize=False, **kwargs))
 
 
 def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
@@ -64,7 +45,7 @@ def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCa
 
 
 def parse(text: str, reasoning_open: bool = True) -> ParsedOutput:
-    options = ParserOptions("step", tools=TOOLS, reasoning_open=reasoning_open)
+    options = ParserOptions("step", tools=CALL_TOOLS, reasoning_open=reasoning_open)
     parser = MINIMAX_M2.parser(options)
     parser.feed(text)
     return parser.finish()[1]
@@ -175,7 +156,7 @@ def test_a_call_opened_in_the_reasoning_ends_it_and_a_bare_invoke_is_a_call() ->
 
 
 def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(MINIMAX_M2, TOOLS, choice, token_id, **options)
+    return structural_tag(MINIMAX_M2, CALL_TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from titoflow.tito.families import grammar as g
@@ -48,7 +48,7 @@ from titoflow.tito.families.base import (
     ParserOptions,
     TokenLookup,
 )
-from titoflow.tito.families.tagged import BlockParser, TaggedParser, Tags
+from titoflow.tito.families.tagged import TaggedParser, Tags
 from titoflow.tito.output import OutputParser
 
 DSML = "｜DSML｜"
@@ -134,12 +134,8 @@ def parse_block(inner: str) -> list[tuple[str, Any]]:
     return calls
 
 
-def _block_parser(tools: Sequence[Mapping[str, Any]]) -> BlockParser:
-    return parse_block
-
-
 def _parser(options: ParserOptions) -> OutputParser:
-    return TaggedParser(options, _block_parser(options.tools), TAGS, implicit_close=True)
+    return TaggedParser(options, parse_block, TAGS, implicit_close=True)
 
 
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:

@@ -215,7 +215,7 @@ def _value(schema: Any, token_id: TokenLookup, depth: int = _FREE_DEPTH) -> dict
     if kind == "null":
         return g.text("null")
     if kind == "array":
-        return _list(_value(schema.get("items", True), token_id, depth))
+        return _delimited("[", _value(schema.get("items", True), token_id, depth), "]")
     if kind == "object" or (kind is None and "properties" in schema):
         if "properties" not in schema:
             return _free(token_id, depth)
@@ -250,9 +250,12 @@ def _constant(value: Any, token_id: TokenLookup) -> dict[str, Any]:
     raise ValueError(f"cannot write the constant {value!r}")
 
 
-def _list(item: dict[str, Any]) -> dict[str, Any]:
+def _delimited(opening: str, item: dict[str, Any], closing: str) -> dict[str, Any]:
+    """``opening`` + zero or more ``item`` separated by commas + ``closing``."""
     more = {"type": "star", "content": g.sequence([g.text(","), item])}
-    return g.sequence([g.text("["), g.one_of([g.sequence([item, more]), g.text("")]), g.text("]")])
+    return g.sequence(
+        [g.text(opening), g.one_of([g.sequence([item, more]), g.text("")]), g.text(closing)]
+    )
 
 
 def _free(token_id: TokenLookup, depth: int) -> dict[str, Any]:
@@ -264,11 +267,7 @@ def _free(token_id: TokenLookup, depth: int) -> dict[str, Any]:
         return g.one_of(scalars)
     inner = _free(token_id, depth - 1)
     member = g.sequence([{"type": "regex", "pattern": _KEY.pattern}, g.text(":"), inner])
-    more = {"type": "star", "content": g.sequence([g.text(","), member])}
-    mapping = g.sequence(
-        [g.text("{"), g.one_of([g.sequence([member, more]), g.text("")]), g.text("}")]
-    )
-    return g.one_of([*scalars, mapping, _list(inner)])
+    return g.one_of([*scalars, _delimited("{", member, "}"), _delimited("[", inner, "]")])
 
 
 def _members(schema: Mapping[str, Any], token_id: TokenLookup, depth: int) -> dict[str, Any]:
