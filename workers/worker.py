@@ -106,10 +106,11 @@ async def publish_dead_letter(
     reason: DeadLetterReason,
     detail: str = "",
 ) -> None:
-    """Send ``record`` to the DLQ (logged, and counted by why)."""
+    """Send ``record`` to the DLQ; logged and counted by why once the broker acked it (a send
+    that fails raises instead, and the batch stops uncommitted)."""
+    await send_to_dlq(publisher, settings, record, reason, detail)
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     log.warning("dead letter %s: %s %s", where, reason, detail)
-    await send_to_dlq(publisher, settings, record, reason, detail)
     metrics.DEAD_LETTERS.labels(reason.value).inc()
 
 

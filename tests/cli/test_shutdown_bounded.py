@@ -73,8 +73,10 @@ def sigterm_and_time(proc: ManagedProcess) -> tuple[float, int | None]:
 
 
 async def consumed(settings: Settings, topic: str, service: ManagedProcess) -> None:
-    """Publish one undecodable record to ``topic`` and wait until the service dead-lettered it:
-    it now has an offset to commit, the step that hung."""
+    """Publish one undecodable record to ``topic`` and wait until the service dead-lettered it
+    (logged once the broker acked the dead letter: killed before that, the send would still be
+    waiting for its ack when the signal comes): it now has an offset to commit, the step that
+    hung."""
     publisher = Publisher(settings)
     try:
         await publisher.publish(topic, KEY, b"not an event")
