@@ -4,9 +4,11 @@
 Invariant: an offset is committed only by the service's own code, after what its records
 produced was acknowledged. Acknowledgement is manual, and a batch that raises stops the service
 uncommitted: FastStream would log the error and hand over the next batch, whose commit would
-pass the failed one's records. One batch runs at a time, under ``lock``, which a rebalance
-listener takes too. Stopping waits for the batch in hand; cancelling is a death (as SIGKILL):
-the batch in hand is abandoned and nothing more is published or committed by it. The service's
+pass the failed one's records. One batch (or tick) runs at a time, under ``lock``, which a
+rebalance listener takes too; a tick never waits behind a batch (a batch may be waiting on a
+broker that is gone, and stopping must not wait behind the tick). Stopping gives the batch or tick
+in hand the drain budget; one abandoned then, or cancelled (a death, as SIGKILL), publishes and
+commits nothing more, and no final commit follows it. The service's
 own start and stop (topics, publisher, engine client) are the FastStream application's hooks
 around its broker. Stopping takes at most the drain and close budgets of ``shutdown_grace_s``
 (:mod:`titoflow.shutdown`), broker up or down: the final commit gets half the close budget, and
@@ -84,6 +86,7 @@ class BatchSubscription:
         self.subscriber(self._on_batch)
         self.lock = asyncio.Lock()
         self.closing = False
+        self._abandoned = False  # a batch or tick was cancelled part-way: commit nothing more
         self._failed: BaseException | None = None
         self._stop = asyncio.Event()
 
@@ -103,14 +106,16 @@ class BatchSubscription:
         stopped: Sequence[Hook] = (),
     ) -> None:
         """Consume until ``stop``, as a FastStream application: its startup hooks ``starting``
-        (before the broker starts: topics, publishers), then ``tick`` (under the lock) every
-        poll interval, batches or not; at shutdown ``last`` (under the lock, unless a batch is
-        in hand or one failed) before the consumer leaves its group, the broker's graceful stop
-        (it waits for a batch in hand), then ``stopped``. Raises what a batch raised."""
+        (before the broker starts: topics, publishers), then ``tick`` (under the lock, when no
+        batch holds it) every poll interval, batches or not; at shutdown the tick in hand gets
+        the drain budget, then ``last`` (under the lock, unless a batch is in hand or one failed
+        or was abandoned) before the consumer leaves its group, the broker's graceful stop (it
+        waits for a batch in hand), then ``stopped``. Raises what a batch raised."""
 
         async def final() -> None:
             self.closing = True  # a batch fetched from now on is left for the next owner
-            if last is not None and self._failed is None and not self.lock.locked():
+            unfinished = self._failed is not None or self._abandoned or self.lock.locked()
+            if last is not None and not unfinished:
                 async with self.lock:
                     # aiokafka retries a commit forever while the broker is away
                     commit = Deadline(close_budget(self.grace_s) / 2, self.log)
@@ -125,20 +130,27 @@ class BatchSubscription:
         )
         await app.start()
         relay = asyncio.create_task(self._stop_on(stop))
+        stopping = asyncio.create_task(self._stop.wait())
+        in_hand: asyncio.Task[None] | None = None
         try:
             while not self._stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), POLL_TIMEOUT_MS / 1000)
-                if tick is not None:
-                    await self._guarded(tick)
+                if tick is not None and not self._stop.is_set():
+                    in_hand = asyncio.create_task(self._tick_unless_busy(tick))
+                    await asyncio.wait({in_hand, stopping}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             self.closing = True
-            for task in self.subscriber.tasks:
+            for task in [*self.subscriber.tasks, *([in_hand] if in_hand else [])]:
                 task.cancel()
             raise
         finally:
             relay.cancel()
+            stopping.cancel()
+            drain = Deadline(drain_budget(self.grace_s), self.log)
             closing = Deadline(drain_budget(self.grace_s) + close_budget(self.grace_s), self.log)
+            if in_hand is not None and not in_hand.done():
+                await drain.run("the tick in hand", in_hand)
             await closing.run(
                 "stopping (the batch in hand, the final commit, leaving the group, flushing "
                 "the producer)",
@@ -155,6 +167,11 @@ class BatchSubscription:
         batch = Batch(batch_records(message), message)
         await self._guarded(lambda: self.handle(batch))
 
+    async def _tick_unless_busy(self, tick: Hook) -> None:
+        """``tick`` under the lock, or nothing while a batch holds it (the next poll ticks)."""
+        if not self.lock.locked():  # nothing awaited between this and taking the lock
+            await self._guarded(tick)
+
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         async with self.lock:
             if self.closing:
@@ -162,7 +179,8 @@ class BatchSubscription:
             try:
                 await work()
             except asyncio.CancelledError:
-                self.closing = True  # abandoned (a death, or stopping past the grace period)
+                # abandoned (a death, or stopping past the drain budget)
+                self.closing = self._abandoned = True
                 raise
             except Exception as exc:
                 self.closing, self._failed = True, exc
