@@ -5,16 +5,14 @@ saw against the recorded steps: exact ids, one step per call, chain reuse."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
-from cli.dev.stack import start_ingress, start_worker
 from tests.support.families import path_tool
+from tests.support.sessions import session_on_stack
+from tests.support.tool_loop import tool_loop
 from tests.support.topics import finalized_segments, recorded_steps
 from titoflow.settings import Settings
 from titoflow.tito.tokenizer import load_tokenizer
@@ -27,74 +25,13 @@ TOOLS: Any = [path_tool("ls", "list a directory"), path_tool("cat", "print a fil
 async def test_tool_loop_streaming_and_not_matches_the_recorded_steps(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    ingress, url = start_ingress(stack_settings, tmp_path)
-    worker = start_worker(stack_settings, tmp_path)
-    session = f"chat-{uuid.uuid4().hex[:8]}"
-    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
     messages: list[Any] = [
         {"role": "system", "content": "You are a shell agent."},
         {"role": "user", "content": "What is in /tmp?"},
     ]
-    seen: list[dict[str, Any]] = []
-    try:
-        # Turn 1, not streamed: the engine is constrained to call `ls`.
-        first = await client.chat.completions.create(
-            model="policy",
-            messages=messages,
-            tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "ls"}},
-            max_tokens=64,
-            seed=7,
-        )
-        [call] = first.choices[0].message.tool_calls or []
-        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
-        assert call.function.name == "ls" and first.choices[0].finish_reason == "tool_calls"
-        seen.append({"calls": [call.model_dump()], "content": first.choices[0].message.content})
-        messages += [
-            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-            {"role": "tool", "tool_call_id": call.id, "content": "notes.txt"},
-        ]
-        # Turn 2, streamed: any tool must be called.
-        stream = await client.chat.completions.create(
-            model="policy",
-            messages=messages,
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=64,
-            seed=8,
-            stream=True,
-        )
-        streamed = [
-            tc
-            async for chunk in stream
-            if chunk.choices
-            for tc in chunk.choices[0].delta.tool_calls or []
-        ]
-        [second_call] = streamed
-        assert second_call.function is not None and second_call.function.name in {"ls", "cat"}
-        calls = [
-            {
-                "id": second_call.id,
-                "type": "function",
-                "function": second_call.function.model_dump(),
-            }
-        ]
-        seen.append({"calls": calls, "content": None})
-        messages += [
-            {"role": "assistant", "content": "", "tool_calls": calls},
-            {"role": "tool", "tool_call_id": second_call.id, "content": "hello"},
-        ]
-        # Turn 3, streamed, free text.
-        stream = await client.chat.completions.create(
-            model="policy", messages=messages, tools=TOOLS, max_tokens=16, seed=9, stream=True
-        )
-        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        seen.append({"calls": [], "content": text})
+    async with session_on_stack(stack_settings, tmp_path, "chat") as (url, session, client):
+        seen = await tool_loop(client, messages, TOOLS, max_tokens=64)
         segments = await finalized_segments(stack_settings, url, session)
-    finally:
-        await client.close()
-        ingress.stop()
-        worker.stop()
 
     steps = await recorded_steps(stack_settings, session, 3)
     assert len(steps) == 3  # one step per call

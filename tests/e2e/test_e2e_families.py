@@ -16,21 +16,19 @@ its three requests.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from cli.dev.engine_process import start_vllm
 from cli.dev.family_models import build_family_model
-from cli.dev.stack import start_ingress, start_worker
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from tests.support.engines import EngineLine
+from tests.support.sessions import session_on_stack
 from tests.support.stacks import witnessed
+from tests.support.tool_loop import tool_loop
 from tests.support.topics import finalized_segments, recorded_steps
 from tests.support.witness import Witness
 from titoflow.settings import Settings
@@ -40,7 +38,12 @@ pytestmark = pytest.mark.engine
 
 # family -> the family whose engine serves it: their tokenizer files are identical
 # (the last test below holds each pair to it). Qwen3's is the session's.
-SHARES_ENGINE = {"qwen3_coder": "qwen3", "gemma4": "gemma3", "deepseek_v32": "deepseek_v3"}
+SHARES_ENGINE = {
+    "qwen3_coder": "qwen3",
+    "gemma4": "gemma3",
+    "deepseek_v32": "deepseek_v3",
+    "magistral": "mistral_v11",
+}
 # Every family with a tokenizer recipe and a tool-call grammar (the loop forces its calls).
 SERVED = sorted(
     (f.name for f in FAMILIES if f.name in SOURCES and f.grammar is not None and f.name != "qwen3"),
@@ -120,71 +123,19 @@ def family_settings(
 async def test_a_linear_tool_loop_is_one_exact_segment(
     family_settings: Settings, tmp_path: Path
 ) -> None:
-    ingress, url = start_ingress(family_settings, tmp_path)
-    worker = start_worker(family_settings, tmp_path)
-    session = f"family-{uuid.uuid4().hex[:8]}"
-    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
     messages: list[Any] = [
         {"role": "system", "content": "You are a shell agent."},
         {"role": "user", "content": "What is in /tmp? Ünïcode 🙂"},
     ]
-    names: list[list[str]] = []
-    try:
-        first = await client.chat.completions.create(
-            model="policy",
-            messages=messages,
-            tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "ls"}},
-            max_tokens=FORCED_MAX_TOKENS,
-            seed=7,
-        )
-        [call] = first.choices[0].message.tool_calls or []
-        assert isinstance(call, ChatCompletionMessageFunctionToolCall)
-        assert call.function.name == "ls" and first.choices[0].finish_reason == "tool_calls"
-        assert isinstance(json.loads(call.function.arguments), dict)
-        names.append([call.function.name])
-        messages += [
-            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-            {"role": "tool", "tool_call_id": call.id, "content": "notes.txt"},
-        ]
-        stream = await client.chat.completions.create(
-            model="policy",
-            messages=messages,
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=FORCED_MAX_TOKENS,
-            seed=8,
-            stream=True,
-        )
-        streamed = [
-            tc
-            async for chunk in stream
-            if chunk.choices
-            for tc in chunk.choices[0].delta.tool_calls or []
-        ]
-        [second] = streamed
-        assert second.function is not None and second.function.name in {"ls", "cat"}
-        names.append([second.function.name])
-        calls = [{"id": second.id, "type": "function", "function": second.function.model_dump()}]
-        messages += [
-            {"role": "assistant", "content": "", "tool_calls": calls},
-            {"role": "tool", "tool_call_id": second.id, "content": "hello"},
-        ]
-        stream = await client.chat.completions.create(
-            model="policy", messages=messages, tools=TOOLS, max_tokens=16, seed=9, stream=True
-        )
-        async for _ in stream:
-            pass
-        names.append([])
+    async with session_on_stack(family_settings, tmp_path, "family") as (url, session, client):
+        seen = await tool_loop(client, messages, TOOLS, max_tokens=FORCED_MAX_TOKENS)
         segments = await finalized_segments(family_settings, url, session)
-    finally:
-        await client.close()
-        ingress.stop()
-        worker.stop()
 
     steps = await recorded_steps(family_settings, session, 3)
     assert [s.prefix for s in steps] == ["rendered", "tito", "tito"]  # the chain was extended
     assert [s.parent_step_id for s in steps] == [None, steps[0].step_id, steps[1].step_id]
+    assert isinstance(json.loads(seen[0]["calls"][0]["function"]["arguments"]), dict)
+    names = [[c["function"]["name"] for c in turn["calls"]] for turn in seen]
     assert [
         [c["function"]["name"] for c in s.response_message.get("tool_calls", [])] for s in steps
     ] == names

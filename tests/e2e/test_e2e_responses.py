@@ -11,7 +11,6 @@ decoding); the segment is those exact tokens.
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,8 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.responses import Response
 
-from cli.dev.stack import start_ingress, start_worker
 from schemas.events import StepRecorded
+from tests.support.sessions import session_on_stack
 from tests.support.topics import finalized_segments, recorded_steps
 from titoflow.settings import Settings
 
@@ -95,10 +94,6 @@ def recorded(step: StepRecorded) -> dict[str, Any]:
 async def test_three_responses_turns_echoed_as_items_are_one_tito_chain(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    ingress, url = start_ingress(stack_settings, tmp_path)
-    worker = start_worker(stack_settings, tmp_path)
-    session = f"resp-{uuid.uuid4().hex[:8]}"
-    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
     conversation: list[dict[str, Any]] = [
         {"role": "developer", "content": [{"type": "input_text", "text": "You are a shell agent."}]}
     ]
@@ -108,7 +103,7 @@ async def test_three_responses_turns_echoed_as_items_are_one_tito_chain(
         ("Now delete the largest one.", True, FORCED),
     ]
     responses: list[Response] = []
-    try:
+    async with session_on_stack(stack_settings, tmp_path, "resp") as (url, session, client):
         for question, stream, choice in plan:
             if question:
                 conversation.append({"role": "user", "content": question})
@@ -132,10 +127,6 @@ async def test_three_responses_turns_echoed_as_items_are_one_tito_chain(
                 if i["type"] == "function_call"
             ]
         segments = await finalized_segments(stack_settings, url, session)
-    finally:
-        await client.close()
-        ingress.stop()
-        worker.stop()
 
     steps = await recorded_steps(stack_settings, session, 3)
 

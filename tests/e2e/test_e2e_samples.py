@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from cli.dev.stack import start_ingress, start_worker
 from schemas.events import DeadLetter, StepRecorded
 from tests.support.apps import echoed_choices
 from tests.support.families import path_tool
+from tests.support.sessions import session_on_stack
 from tests.support.topics import finalized_segments, read_all, recorded_steps
 from tests.support.witness import Witness, check_segments
 from titoflow.client.consumer import SegmentConsumer
@@ -97,20 +97,12 @@ async def _conversation(
 async def test_one_session_runs_a_conversation_twice_and_every_sample_reaches_training_once(
     stack_settings: Settings, witness: Witness, tmp_path: Path
 ) -> None:
-    ingress, url = start_ingress(stack_settings, tmp_path)
-    worker = start_worker(stack_settings, tmp_path)
-    session = f"samples-{uuid.uuid4().hex[:8]}"
-    client = AsyncOpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
     received: list[dict[str, Any]] = []
-    try:
+    async with session_on_stack(stack_settings, tmp_path, "samples") as (url, session, client):
         await _conversation(client, stream=False, received=received)
         await _conversation(client, stream=True, received=received)
         segments = await finalized_segments(stack_settings, url, session)
         dead = await read_all(stack_settings, stack_settings.topic("dlq"), TypeAdapter(DeadLetter))
-    finally:
-        await client.close()
-        ingress.stop()
-        worker.stop()
 
     steps = await recorded_steps(stack_settings, session, len(received))
     # One step per sample: 2 x (5 + retry + best-of-2 + the other n - 1 samples).

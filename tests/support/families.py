@@ -33,37 +33,39 @@ def qwen3() -> Any:
     return load_tokenizer(tokenizer_source_dir())
 
 
+def function_tool(
+    name: str,
+    properties: dict[str, Any],
+    description: str | None = None,
+    required: list[str] | None = None,
+) -> dict[str, Any]:
+    """An OpenAI function tool taking an object of ``properties`` (keys in the order a template
+    writes them: name, description, parameters; type, properties, required)."""
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required is not None:
+        parameters["required"] = required
+    described = {} if description is None else {"description": description}
+    return {"type": "function", "function": {"name": name, **described, "parameters": parameters}}
+
+
 def path_tool(name: str, description: str) -> dict[str, Any]:
     """An OpenAI function tool taking one string ``path``."""
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    }
+    return function_tool(name, {"path": {"type": "string"}}, description)
 
 
 # The family tests' tools: a call with a string, an integer, an object and a boolean argument
 # (one required), and one without parameters.
 CALL_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run",
-            "description": "Run a command",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string"},
-                    "timeout": {"type": "integer"},
-                    "env": {"type": "object"},
-                    "dry": {"type": "boolean"},
-                },
-                "required": ["command"],
-            },
+    function_tool(
+        "run",
+        {
+            "command": {"type": "string"},
+            "timeout": {"type": "integer"},
+            "env": {"type": "object"},
+            "dry": {"type": "boolean"},
         },
-    },
+        "Run a command",
+        ["command"],
+    ),
     {"type": "function", "function": {"name": "list_dir", "description": "List"}},
 ]

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from cli.dev.tokenizers import SOURCES
+from tests.support.corpus import Conversation, corpus, expressible
 from tests.support.families import family_tokenizer
-from tests.titoflow.tito.corpus import Conversation, corpus, expressible
 from titoflow.errors import NotAppendOnly
 from titoflow.tito.families import FAMILIES, family_named
 from titoflow.tito.families.base import Family, ParserOptions
@@ -34,6 +34,7 @@ THINKING_SWITCH = {
     "glm45": "enable_thinking",
     "deepseek_v3": "thinking",
     "deepseek_v32": "enable_thinking",
+    "deepseek_v4": "enable_thinking",
     "gemma4": "enable_thinking",
 }
 

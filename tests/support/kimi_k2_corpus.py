@@ -1,4 +1,4 @@
-"""The shared corpus (tests/titoflow/tito/corpus.py) as a Kimi K2 model writes it: its
+"""The shared corpus (tests/support/corpus.py) as a Kimi K2 model writes it: its
 ``call_N`` ids written as Kimi writes them (``functions.NAME:IDX``, IDX counting calls over the
 conversation), shared by the Kimi K2 family's tests and the remote-code tokenizer's.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.titoflow.tito.corpus import Conversation, corpus
+from tests.support.corpus import Conversation, corpus
 from titoflow.tito.families.kimi_k2 import call_id
 
 

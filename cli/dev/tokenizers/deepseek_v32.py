@@ -8,8 +8,8 @@ encoder (``encoding/encoding_dsv32.py`` of its model repository), which vLLM 0.3
 as ``vllm/tokenizers/deepseek_v32_encoding.py`` and applies in its ``deepseek_v32`` tokenizer mode;
 tests/titoflow/tito/test_template_deepseek_v32.py holds the template to that encoder.
 
-Two edits, each pinned (its text must occur exactly once), so that the served template writes
-what DeepSeek's encoder writes as vLLM serves it:
+Five edits, each pinned (each of its texts must occur exactly once), so that the served
+template writes what DeepSeek's encoder writes as vLLM serves it:
 
 - ``generation_prompt_removed``: DeepSeek's encoder writes the assistant's opening
   (``<｜Assistant｜>`` and ``<think>`` or ``</think>``) at the end of the user turn, and
@@ -20,6 +20,18 @@ what DeepSeek's encoder writes as vLLM serves it:
 - ``chat_mode_by_default``: vLLM's ``deepseek_v32`` tokenizer mode encodes in chat mode unless
   the request turns thinking on (``thinking`` or ``enable_thinking``); the port's
   ``enable_thinking`` defaults to true.
+- ``tools_as_functions``: the encoder writes each tool's ``function`` object
+  (``tools_from_openai_format``); the port writes the tool as the request gives it,
+  ``{"type": "function", "function": {…}}``.
+- ``tools_prose_single_spaced``: the encoder's tool instructions (``TOOLS_SYSTEM_TEMPLATE``) have
+  no blank line between paragraphs; the port's have one at each of seven places.
+- ``tools_first``: vLLM hands the encoder the tools as a system message of its own, inserted
+  first, which the encoder writes as a blank line, the tool block and a newline, before the
+  conversation's own system prompt; the port writes the system prompt, a blank line, the tools
+  and a newline, and with no system prompt the tools with no blank line before them.
+
+The port still writes a system message after the first nowhere, where the encoder writes its
+content in place (a declared difference of the judge).
 
 The vocabulary: V3's, as ``deepseek_v3`` writes it. DeepSeek-V3.2's own ``tokenizer.json``
 is on the model hub only and was not read; the V3 vocabulary is taken because V3.2's encoder
@@ -47,7 +59,8 @@ PACKAGES = deepseek_v3.PACKAGES
 STAND_IN = ""
 TEMPLATE = "deepseek_v3.2.jinja"
 BASE = "deepseek_v3"
-# (name, the port's text, what the served template has instead), each applied exactly once.
+# (name, the port's text, what the served template has instead), each text applied exactly once;
+# an edit may take several texts.
 EDITS = (
     (
         "generation_prompt_removed",
@@ -67,6 +80,68 @@ EDITS = (
         "chat_mode_by_default",
         "{%- set enable_thinking = enable_thinking | default(true) -%}",
         "{%- set enable_thinking = enable_thinking | default(false) -%}",
+    ),
+    (
+        "tools_as_functions",
+        "{{ tool | tojson(ensure_ascii=False) }}",
+        "{{ (tool.function if tool.get('function') else tool) | tojson(ensure_ascii=False) }}",
+    ),
+    (
+        "tools_prose_single_spaced",
+        '## Tools{{- "\\n\\n" -}}You have',
+        "## Tools\nYou have",
+    ),
+    (
+        "tools_prose_single_spaced",
+        "</{{ dsml_token }}function_calls>\n\nString and scalar",
+        "</{{ dsml_token }}function_calls>\nString and scalar",
+    ),
+    (
+        "tools_prose_single_spaced",
+        "objects).\n\nIf the thinking_mode",
+        "objects).\nIf the thinking_mode",
+    ),
+    (
+        "tools_prose_single_spaced",
+        "Here is an example:\n\n<{{ dsml_token }}",
+        "Here is an example:\n<{{ dsml_token }}",
+    ),
+    (
+        "tools_prose_single_spaced",
+        "function_calls>\n\n<function_results>",
+        "function_calls>\n<function_results>",
+    ),
+    (
+        "tools_prose_single_spaced",
+        "</function_results>\n\n{{ thinking_start_token }}",
+        "</function_results>\n{{ thinking_start_token }}",
+    ),
+    (
+        "tools_prose_single_spaced",
+        '{{ thinking_end_token }}{{- "\\n\\n" -}}Here are',
+        "{{ thinking_end_token }}\nHere are",
+    ),
+    (
+        "tools_first",
+        """{%- if has_system -%}
+  {{ messages[0].get('content', '') }}
+  {%- if tools -%}
+    {{ "\\n\\n" }}{{ render_tools(tools) }}{{ "\\n" }}
+  {%- endif -%}
+""",
+        """{%- if has_system -%}
+  {%- if tools -%}
+    {{ "\\n\\n" }}{{ render_tools(tools) }}{{ "\\n" }}
+  {%- endif -%}
+  {{ messages[0].get('content', '') }}
+""",
+    ),
+    (
+        "tools_first",
+        """    {%- if tools -%}
+      {{ render_tools(tools) }}{{ "\\n" }}""",
+        """    {%- if tools -%}
+      {{ "\\n\\n" }}{{ render_tools(tools) }}{{ "\\n" }}""",
     ),
 )
 

@@ -1,7 +1,7 @@
-"""Mistral tekken v11 (Mistral Small 3.2, Devstral Small 2507, Magistral Small 2506): the
-v7 family's tekken vocabulary with the two control tokens v11 adds, ``[ARGS]`` and
-``[CALL_ID]``, at the ranks the released v11 ``tekken.json`` gives them, and the chat template
-mistral-common generates for v11.
+"""Mistral tekken v11 (Mistral Small 3.2, Devstral Small 2507; Magistral Small 2506's too, the
+``magistral`` recipe): the v7 family's tekken vocabulary with the two control tokens v11 adds,
+``[ARGS]`` and ``[CALL_ID]``, at the ranks the released v11 ``tekken.json`` gives them, and the
+chat template mistral-common generates for v11.
 
 Sources:
 

@@ -1,4 +1,4 @@
-"""Every registered model family, proven on the shared corpus (tests/titoflow/tito/corpus.py) with
+"""Every registered model family, proven on the shared corpus (tests/support/corpus.py) with
 its own tokenizer and chat template (cli/dev/tokenizers):
 
 - TITO: every turn's prompt built as the chain (the previous prompt plus what the model
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.corpus import PROBE, Conversation
 from tests.support.family_corpus import (
     CORPUS,
     PROVEN,
@@ -34,7 +35,6 @@ from tests.support.family_corpus import (
     template_kwargs,
     turns,
 )
-from tests.titoflow.tito.corpus import PROBE, Conversation
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.messages import Message, ToolCall
 from workers.rebuild import Rebuilder
@@ -184,7 +184,17 @@ def test_a_call_cut_off_is_text_with_a_parse_error(name: str) -> None:
 # Families whose models open calls before closing their reasoning, and whose parsers read such a
 # call as the reasoning's end, as vLLM's reasoning parsers for them do.
 CALL_ENDS_REASONING = frozenset(
-    {"qwen3", "qwen35", "nemotron3", "glm45", "minimax_m2", "seed_oss", "gemma4"}
+    {
+        "qwen3",
+        "qwen35",
+        "nemotron3",
+        "glm45",
+        "minimax_m2",
+        "seed_oss",
+        "gemma4",
+        "magistral",
+        "deepseek_v4",
+    }
 )
 
 

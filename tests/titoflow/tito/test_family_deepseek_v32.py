@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2: its template as vendored and as served (two pinned edits), the directory (V3's
+"""DeepSeek-V3.2: its template as vendored and as served (its pinned edits), the directory (V3's
 vocabulary, ``deepseek_v3``'s tokenizer file byte for byte), the thinking switch, the history the
 template keeps, the parser on the DSML shapes V3.2 writes, and the forced-call grammar as xgrammar
 compiles it on the family's vocabulary (as vLLM does). The template against DeepSeek's encoder is
@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
+from cli.dev.tokenizers import template_path, tokenizer_dir
 from cli.dev.tokenizers.deepseek_v32 import EDITS, TEMPLATE, chat_template
-from tests.support.families import CALL_TOOLS, family_token_id, family_tokenizer
-from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
-from titoflow.tito.families import FAMILIES, detect_family, grammar
-from titoflow.tito.families.base import ParserOptions
+from tests.support.families import CALL_TOOLS
+from tests.support.family_checks import USER, FamilyUnderTest, assert_left_as_text, read_calls
+from tests.support.family_checks import tool_call as call
+from tests.support.xgrammar_check import admitted
+from titoflow.tito.families import FAMILIES, detect_family
 from titoflow.tito.families.deepseek_v32 import (
     CALLS_CLOSE,
     CALLS_OPEN,
@@ -26,36 +27,16 @@ from titoflow.tito.families.deepseek_v32 import (
     DSML,
     INVOKE_OPEN,
 )
-from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
+from titoflow.tito.messages import Message
 from titoflow.tito.tokenizer import TextEncoder
 
 # ggml-org/llama.cpp models/templates/DeepSeek-V3.2.jinja @708653d, as vendored.
 TEMPLATE_SHA256 = "1739ce6e935aca276bcdda205be89698e91928a623ea681ca75ccb9d91f61be0"
 EOS = "<｜end▁of▁sentence｜>"
-USER = Message(role="user", content="go")
 
-token_id = family_token_id("deepseek_v32")
-
-
-def tokenizer() -> Any:
-    return family_tokenizer("deepseek_v32")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=CALL_TOOLS, tokenize=False, **kwargs))
-
-
-def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{index}", name=name, arguments=json.dumps(arguments))
-
-
-def parse(text: str, reasoning_open: bool = False) -> ParsedOutput:
-    options = ParserOptions("step", tools=CALL_TOOLS, reasoning_open=reasoning_open)
-    parser = DEEPSEEK_V32.parser(options)
-    parser.feed(text)
-    return parser.finish()[1]
+UNDER_TEST = FamilyUnderTest("deepseek_v32", DEEPSEEK_V32, CALL_TOOLS)
+tokenizer, token_id, render = UNDER_TEST.tokenizer, UNDER_TEST.token_id, UNDER_TEST.render
+parse, constraint = UNDER_TEST.parse, UNDER_TEST.constraint
 
 
 def written(turn: Message, **kwargs: Any) -> str:
@@ -98,7 +79,7 @@ def test_the_vendored_port_appends_an_empty_user_turn_the_served_one_does_not() 
 def test_the_directory_is_deepseek_v3s_vocabulary_and_dsml_is_text() -> None:
     ours, v3 = tokenizer_dir("deepseek_v32"), tokenizer_dir("deepseek_v3")
     assert (ours / "tokenizer.json").read_bytes() == (v3 / "tokenizer.json").read_bytes()
-    assert json.loads((ours / STAMP).read_text())["stand_in"] == ""
+    assert UNDER_TEST.stand_in() == ""
     for marker in (DSML, CALLS_OPEN, CALLS_CLOSE, INVOKE_OPEN):
         assert token_id(marker) is None, marker  # plain text, several tokens
     for marker in ("<think>", "</think>", "<｜User｜>", "<｜Assistant｜>", EOS):
@@ -138,7 +119,7 @@ def test_arguments_are_written_raw_or_as_json_and_read_back_typed() -> None:
     assert f'{DSML}parameter name="env" string="false">{{"A": "1"}}</{DSML}parameter>' in text
     parsed = parse(text)
     assert parsed.parse_error is None and parsed.content == "Sure."
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("run", arguments)]
+    assert read_calls(parsed) == [("run", arguments)]
 
 
 def test_the_string_attribute_types_the_value_not_the_schema() -> None:
@@ -175,9 +156,7 @@ def dsml(parameters: str, name: str = "run") -> str:
     ],
 )
 def test_malformed_calls_stay_text_and_are_reported(text: str, why: str) -> None:
-    parsed = parse("Hm. " + text)
-    assert parsed.tool_calls == [] and parsed.content == "Hm. " + text
-    assert parsed.parse_error is not None and why in parsed.parse_error, parsed.parse_error
+    assert_left_as_text(parse("Hm. " + text), "Hm. " + text, why)
 
 
 def test_a_skipped_parameter_closer_and_a_cut_block_are_read_as_vllm_reads_them() -> None:
@@ -198,10 +177,6 @@ def test_a_block_inside_the_reasoning_is_reasoning() -> None:
     parsed = parse(f"Maybe {block}</think>Done.", reasoning_open=True)
     assert parsed.tool_calls == [] and parsed.content == "Done."
     assert parsed.reasoning == f"Maybe {block}"
-
-
-def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(DEEPSEEK_V32, CALL_TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_what_the_template_writes_and_refuses_the_rest() -> None:

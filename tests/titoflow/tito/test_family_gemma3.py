@@ -7,64 +7,38 @@ grammar is Llama 4's, compiled by xgrammar in test_family_llama4.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 import pytest
 
-from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.gemma3 import BOS, EOS, MARKERS, PAD, TEMPLATE
-from tests.support.families import family_tokenizer
+from tests.support.corpus import corpus
+from tests.support.family_checks import (
+    LIST_DIR,
+    USER,
+    FamilyUnderTest,
+    assert_left_as_text,
+    assert_only_calls,
+    run_tool,
+)
 from tests.support.family_corpus import TEMPLATE_REFUSES, in_family_ids, renderer_of
-from tests.titoflow.tito.corpus import corpus
 from titoflow.errors import TemplateError
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.gemma3 import GEMMA3
 from titoflow.tito.families.llama4 import LLAMA4
 from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
-from titoflow.tito.tokenizer import TextEncoder
 
 # vllm-project/vllm examples/tool_chat_template_gemma3_pythonic.jinja @c6991a3, as vendored.
 TEMPLATE_SHA256 = "659a5b7f8c93ba6364ddd81b0e0224b3c98987268bfe03f2c8a01a18c1087a15"
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-            "required": ["command"],
-        },
-    },
-}
-TOOLS = [RUN, {"type": "function", "function": {"name": "list_dir", "description": "List"}}]
-USER = Message(role="user", content="go")
-
-
-def tokenizer() -> Any:
-    return family_tokenizer("gemma3")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
-
-
-def parse(text: str) -> ParsedOutput:
-    parser = GEMMA3.parser(ParserOptions("step", tools=TOOLS))
-    parser.feed(text)
-    return parser.finish()[1]
+TOOLS = [run_tool(), LIST_DIR]
+UNDER_TEST = FamilyUnderTest("gemma3", GEMMA3, TOOLS)
+tokenizer, render, parse = UNDER_TEST.tokenizer, UNDER_TEST.render, UNDER_TEST.parse
 
 
 def test_the_template_is_the_vendored_file_and_detected() -> None:
-    text = template_path(TEMPLATE).read_text()
-    assert hashlib.sha256(text.encode()).hexdigest() == TEMPLATE_SHA256
-    assert tokenizer().chat_template == text
-    assert detect_family(text) is GEMMA3
+    text = UNDER_TEST.vendored_template(TEMPLATE, TEMPLATE_SHA256)
     # Google's own Gemma 3 template has the same turns and no tool format: without the
     # pythonic instruction nothing is detected (its tools would vanish from the prompt).
     with pytest.raises(ValueError, match="no known model family"):
@@ -72,11 +46,8 @@ def test_the_template_is_the_vendored_file_and_detected() -> None:
 
 
 def test_the_stand_in_vocabulary_has_gemmas_markers_as_special_tokens() -> None:
-    encode = TextEncoder(tokenizer())
-    for marker in (BOS, EOS, PAD, *MARKERS):
-        assert len(encode(marker)) == 1, marker
-        assert marker in tokenizer().all_special_tokens, marker
-    assert json.loads((tokenizer_dir("gemma3") / STAMP).read_text())["stand_in"]
+    UNDER_TEST.assert_single_tokens((BOS, EOS, PAD, *MARKERS), special=True)
+    assert UNDER_TEST.stand_in()
 
 
 def test_the_generation_prompt_and_what_history_writes() -> None:
@@ -123,9 +94,7 @@ def test_the_template_refuses_a_user_message_right_after_tool_results() -> None:
     ],
 )
 def test_call_lists_are_read(text: str, calls: list[tuple[str, Any]]) -> None:
-    parsed = parse(text)
-    assert parsed.parse_error is None and parsed.content == ""
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == calls
+    assert_only_calls(parse(text), calls)
 
 
 @pytest.mark.parametrize(
@@ -138,9 +107,7 @@ def test_call_lists_are_read(text: str, calls: list[tuple[str, Any]]) -> None:
     ],
 )
 def test_malformed_call_lists_stay_text_and_are_reported(text: str, why: str) -> None:
-    parsed = parse(text)
-    assert parsed.tool_calls == [] and parsed.content == text
-    assert parsed.parse_error is not None and why in parsed.parse_error
+    assert_left_as_text(parse(text), text, why)
 
 
 def test_a_python_tag_is_not_gemmas() -> None:

@@ -8,67 +8,40 @@ parsers and the corpus proof are in test_parser_parity.py and test_family_corpus
 
 from __future__ import annotations
 
-import hashlib
 import json
 from importlib.resources import files
 from typing import Any
 
 import pytest
 
-from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
+from cli.dev.tokenizers import template_path, tokenizer_dir
 from cli.dev.tokenizers.gemma3 import GEMMA4_MARKERS
 from cli.dev.tokenizers.gemma4 import TEMPLATE
-from tests.support.families import family_token_id, family_tokenizer
-from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
+from tests.support.family_checks import (
+    LIST_DIR,
+    USER,
+    FamilyUnderTest,
+    assert_left_as_text,
+    assert_only_calls,
+    run_tool,
+)
+from tests.support.xgrammar_check import admitted
 from titoflow.tito.families import detect_family, grammar
-from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.gemma4 import GEMMA4, RESULTS
 from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
-from titoflow.tito.tokenizer import TextEncoder
 
 # trl 1.16.0 trl/chat_templates/gemma4_v5.jinja (google/gemma-4-E2B-it @8995379), as vendored.
 TEMPLATE_SHA256 = "0a2c8073c878ab1da004bee933a998606537bbb62016310352c7285c3f01c5b5"
 # TRL's other Gemma 4 revisions (its README: google/gemma-4-E2B-it at earlier commits).
 REVISIONS = ("gemma4.jinja", "gemma4_v2.jinja", "gemma4_v3.jinja", "gemma4_v4.jinja")
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-            "required": ["command"],
-        },
-    },
-}
-TOOLS = [RUN, {"type": "function", "function": {"name": "list_dir", "description": "List"}}]
-USER = Message(role="user", content="go")
+TOOLS = [run_tool(), LIST_DIR]
 CALL = ToolCall(id="c0", name="run", arguments=json.dumps({"timeout": None, "command": "ls"}))
-
-
-def tokenizer() -> Any:
-    return family_tokenizer("gemma4")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
-
-
-def parse(text: str, reasoning_open: bool = False) -> ParsedOutput:
-    options = ParserOptions("step", tools=TOOLS, reasoning_open=reasoning_open)
-    parser = GEMMA4.parser(options)
-    parser.feed(text)
-    return parser.finish()[1]
+UNDER_TEST = FamilyUnderTest("gemma4", GEMMA4, TOOLS)
+tokenizer, render, parse = UNDER_TEST.tokenizer, UNDER_TEST.render, UNDER_TEST.parse
 
 
 def test_the_template_is_the_vendored_file_and_every_revision_is_detected() -> None:
-    text = template_path(TEMPLATE).read_text()
-    assert hashlib.sha256(text.encode()).hexdigest() == TEMPLATE_SHA256
-    assert tokenizer().chat_template == text
-    assert detect_family(text) is GEMMA4
+    text = UNDER_TEST.vendored_template(TEMPLATE, TEMPLATE_SHA256)
     shipped = files("trl") / "chat_templates"
     assert (shipped / "gemma4_v5.jinja").read_text() == text
     for revision in REVISIONS:
@@ -78,13 +51,10 @@ def test_the_template_is_the_vendored_file_and_every_revision_is_detected() -> N
 
 
 def test_the_stand_in_is_the_gemma3_directory_with_gemma4s_template() -> None:
-    encode = TextEncoder(tokenizer())
-    for marker in GEMMA4_MARKERS:
-        assert len(encode(marker)) == 1, marker
-        assert marker in tokenizer().all_special_tokens, marker
+    UNDER_TEST.assert_single_tokens(GEMMA4_MARKERS, special=True)
     own, gemma3 = tokenizer_dir("gemma4"), tokenizer_dir("gemma3")
     assert (own / "tokenizer.json").read_bytes() == (gemma3 / "tokenizer.json").read_bytes()
-    assert json.loads((own / STAMP).read_text())["stand_in"]
+    assert UNDER_TEST.stand_in()
 
 
 def test_the_reasoning_switch() -> None:
@@ -142,9 +112,7 @@ def test_what_history_writes() -> None:
     ],
 )
 def test_calls_are_read(text: str, calls: list[tuple[str, Any]]) -> None:
-    parsed = parse(text)
-    assert parsed.parse_error is None and parsed.content == ""
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == calls
+    assert_only_calls(parse(text), calls)
 
 
 def test_reasoning_then_a_call_and_a_call_that_ends_the_reasoning() -> None:
@@ -166,38 +134,24 @@ def test_reasoning_then_a_call_and_a_call_that_ends_the_reasoning() -> None:
     ],
 )
 def test_malformed_calls_stay_text_and_are_reported(text: str, why: str) -> None:
-    parsed = parse(text)
-    assert parsed.tool_calls == [] and parsed.content == text
-    assert parsed.parse_error is not None and why in parsed.parse_error
+    assert_left_as_text(parse(text), text, why)
 
 
 # A tool of every kind of value the template writes, for the grammar.
-TYPED = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string"},
-                "timeout": {"type": "integer"},
-                "Env": {"type": "object", "properties": {"HOME": {"type": "string"}}},
-                "args": {"type": "array", "items": {"type": "string"}},
-                "mode": {"enum": ["fast", "slow"]},
-                "ratio": {"type": ["number", "null"]},
-                "dry": {"type": "boolean"},
-                "extra": {"type": "object"},
-            },
-            "required": ["command"],
-        },
-    },
-}
-GRAMMAR_TOOLS = [TYPED, TOOLS[1]]
-
-
-def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(GEMMA4, GRAMMAR_TOOLS, choice, family_token_id("gemma4"), **options)
+TYPED = run_tool(
+    {
+        "command": {"type": "string"},
+        "timeout": {"type": "integer"},
+        "Env": {"type": "object", "properties": {"HOME": {"type": "string"}}},
+        "args": {"type": "array", "items": {"type": "string"}},
+        "mode": {"enum": ["fast", "slow"]},
+        "ratio": {"type": ["number", "null"]},
+        "dry": {"type": "boolean"},
+        "extra": {"type": "object"},
+    }
+)
+GRAMMAR_TOOLS = [TYPED, LIST_DIR]
+constraint = FamilyUnderTest("gemma4", GEMMA4, GRAMMAR_TOOLS).constraint
 
 
 def written(*calls: ToolCall, reasoning: str | None = None) -> str:
@@ -270,4 +224,4 @@ def test_xgrammar_admits_what_the_template_writes_and_nothing_else() -> None:
 def test_a_tool_the_format_cannot_write_is_refused(parameters: dict[str, Any]) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
     with pytest.raises(ValueError, match=r"cannot be written|object schema"):
-        grammar.tool_call_constraint(GEMMA4, [tool], "required", None, family_token_id("gemma4"))
+        grammar.tool_call_constraint(GEMMA4, [tool], "required", None, UNDER_TEST.token_id)

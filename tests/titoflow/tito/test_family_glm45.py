@@ -17,7 +17,7 @@ import pytest
 
 from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.glm45 import ORDINARY, SPECIALS
-from tests.support.families import family_token_id, family_tokenizer, qwen3
+from tests.support.families import family_token_id, family_tokenizer, function_tool, qwen3
 from titoflow.settings import Settings
 from titoflow.tito.families import detect_family, family_named, grammar
 from titoflow.tito.families.base import ParserOptions
@@ -43,23 +43,17 @@ PUBLISHED = {
 }
 GLM47 = template_path("glm47.jinja").read_text()
 
-READ_FILE = {
-    "type": "function",
-    "function": {
-        "name": "read_file",
-        "description": "Read a file",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "path": {"type": "string"},
-                "limit": {"type": "integer"},
-                "follow": {"type": "boolean"},
-                "ranges": {"type": "array", "items": {"type": "integer"}},
-            },
-            "required": ["path"],
-        },
+READ_FILE = function_tool(
+    "read_file",
+    {
+        "path": {"type": "string"},
+        "limit": {"type": "integer"},
+        "follow": {"type": "boolean"},
+        "ranges": {"type": "array", "items": {"type": "integer"}},
     },
-}
+    "Read a file",
+    ["path"],
+)
 LIST_DIR = {"type": "function", "function": {"name": "list_dir", "description": "List"}}
 TOOLS = [READ_FILE, LIST_DIR]
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from cli.dev.tokenizers import tokenizer_dir
+from tests.support.corpus import ARGUMENTS, PROBE, REASONING, RESULTS, TOOLS
 from tests.support.families import family_tokenizer
-from tests.titoflow.tito.corpus import ARGUMENTS, PROBE, REASONING, RESULTS, TOOLS
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.gpt_oss import GPT_OSS, parse_header

@@ -11,10 +11,10 @@ import pytest
 
 from cli.dev.tokenizers import hermes as recipe
 from cli.dev.tokenizers import template_path
+from tests.support.corpus import corpus
 from tests.support.families import family_tokenizer
-from tests.titoflow.tito.corpus import corpus
-from tests.titoflow.tito.hostile import CORPUS as HOSTILE
-from tests.titoflow.tito.hostile import MARKERS
+from tests.support.hostile import CORPUS as HOSTILE
+from tests.support.hostile import MARKERS
 from titoflow.tito.families import detect_family, grammar
 from titoflow.tito.families.hermes import HERMES, SYSTEM_PROMPT
 from titoflow.tito.families.qwen3 import QWEN3

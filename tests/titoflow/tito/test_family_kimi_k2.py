@@ -20,12 +20,12 @@ import pytest
 
 from cli.dev.tokenizers import kimi_k2 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
+from tests.support.corpus import PROBE, Conversation, corpus
 from tests.support.families import family_tokenizer
 from tests.support.family_corpus import generated_text, opened_reasoning, output_ids
 from tests.support.family_corpus import parse as parse_corpus
 from tests.support.family_corpus import turns as corpus_turns
 from tests.support.kimi_k2_corpus import CORPUS
-from tests.titoflow.tito.corpus import PROBE, Conversation, corpus
 from titoflow.tito.families import detect_family, family_named, grammar
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.kimi_k2 import (

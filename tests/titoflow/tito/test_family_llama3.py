@@ -22,8 +22,8 @@ import tiktoken
 
 from cli.dev.tokenizers import llama3 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
+from tests.support.corpus import PROBE, TOOLS, Conversation, corpus
 from tests.support.families import family_tokenizer
-from tests.titoflow.tito.corpus import PROBE, TOOLS, Conversation, corpus
 from titoflow.errors import TemplateError
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions, tool_call_id

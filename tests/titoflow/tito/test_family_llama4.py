@@ -6,7 +6,6 @@ test_parser_parity.py and test_family_corpus.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from typing import Any
@@ -15,60 +14,32 @@ import pytest
 from llama_models.llama4.tokenizer import Tokenizer  # type: ignore[import-untyped]
 
 from cli.dev.tokenizers import llama4 as recipe
-from cli.dev.tokenizers import template_path, tokenizer_dir
-from tests.support.families import family_token_id, family_tokenizer
-from tests.titoflow.tito.hostile import CORPUS
-from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
-from titoflow.tito.families import detect_family, grammar
-from titoflow.tito.families.base import ParserOptions
+from tests.support.family_checks import (
+    LIST_DIR,
+    USER,
+    FamilyUnderTest,
+    assert_left_as_text,
+    assert_only_calls,
+    run_tool,
+)
+from tests.support.family_checks import tool_call as call
+from tests.support.hostile import CORPUS
+from tests.support.xgrammar_check import admitted
+from titoflow.tito.families import detect_family
 from titoflow.tito.families.llama4 import LLAMA4
-from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
+from titoflow.tito.messages import Message
 from titoflow.tito.tokenizer import TextEncoder
 
 # vllm-project/vllm examples/tool_chat_template_llama4_pythonic.jinja @0471aed, as vendored.
 TEMPLATE_SHA256 = "70aeb214dc6adc9eea1b68a344912469b94250c358a50840d51955057f766a09"
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "maxLength": 12},
-                "timeout": {"type": "integer"},
-            },
-            "required": ["command"],
-        },
-    },
-}
-LIST_DIR = {"type": "function", "function": {"name": "list_dir", "description": "List"}}
-TOOLS = [RUN, LIST_DIR]
-USER = Message(role="user", content="go")
+TOOLS = [
+    run_tool({"command": {"type": "string", "maxLength": 12}, "timeout": {"type": "integer"}}),
+    LIST_DIR,
+]
 HEADER = "<|header_start|>assistant<|header_end|>\n\n"
-
-
-def tokenizer() -> Any:
-    return family_tokenizer("llama4")
-
-
-token_id = family_token_id("llama4")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
-
-
-def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{index}", name=name, arguments=json.dumps(arguments))
-
-
-def parse(text: str) -> ParsedOutput:
-    parser = LLAMA4.parser(ParserOptions("step", tools=TOOLS))
-    parser.feed(text)
-    return parser.finish()[1]
+UNDER_TEST = FamilyUnderTest("llama4", LLAMA4, TOOLS)
+tokenizer, token_id, render = UNDER_TEST.tokenizer, UNDER_TEST.token_id, UNDER_TEST.render
+parse, constraint = UNDER_TEST.parse, UNDER_TEST.constraint
 
 
 def test_ids_are_metas() -> None:
@@ -86,17 +57,12 @@ def test_ids_are_metas() -> None:
         assert encode(text) == meta.encode(text, bos=False, eos=False), text
     framed = HEADER + '[run(command="ls")]<|eot|>'
     assert encode(framed) == meta.encode(framed, bos=False, eos=False, allowed_special="all")
-    assert json.loads((tokenizer_dir("llama4") / "titoflow-tokenizer.json").read_text())[
-        "stand_in"
-    ] in ("", None)
+    assert UNDER_TEST.stand_in() in ("", None)
     assert recipe.STAND_IN == ""
 
 
 def test_the_template_is_the_vendored_file_and_detected() -> None:
-    text = template_path(recipe.TEMPLATE).read_text()
-    assert hashlib.sha256(text.encode()).hexdigest() == TEMPLATE_SHA256
-    assert tokenizer().chat_template == text
-    assert detect_family(text) is LLAMA4
+    text = UNDER_TEST.vendored_template(recipe.TEMPLATE, TEMPLATE_SHA256)
     # Meta's own Llama 4 template (JSON calls) is not this family's: without the pythonic
     # instruction, the same markers detect nothing.
     with pytest.raises(ValueError, match="no known model family"):
@@ -131,9 +97,7 @@ def test_the_generation_prompt_and_what_history_writes() -> None:
     ],
 )
 def test_call_lists_are_read(text: str, calls: list[tuple[str, Any]]) -> None:
-    parsed = parse(text)
-    assert parsed.parse_error is None and parsed.content == ""
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == calls
+    assert_only_calls(parse(text), calls)
 
 
 @pytest.mark.parametrize(
@@ -149,19 +113,13 @@ def test_call_lists_are_read(text: str, calls: list[tuple[str, Any]]) -> None:
     ],
 )
 def test_malformed_call_lists_stay_text_and_are_reported(text: str, why: str) -> None:
-    parsed = parse(text)
-    assert parsed.tool_calls == [] and parsed.content == text
-    assert parsed.parse_error is not None and why in parsed.parse_error
+    assert_left_as_text(parse(text), text, why)
 
 
 @pytest.mark.parametrize("text", ["[1, 2, 3]", "[see the docs](https://x)", "[]", "Plain."])
 def test_other_text_is_content(text: str) -> None:
     parsed = parse(text)
     assert (parsed.content, parsed.tool_calls, parsed.parse_error) == (text, [], None)
-
-
-def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(LLAMA4, TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_a_call_list_the_parser_reads() -> None:

@@ -5,50 +5,27 @@ the corpus proof are in test_parser_parity.py and test_family_corpus.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import Any
 
 import pytest
 
-from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.minimax_m2 import CALL_MARKERS, SPECIALS, TEMPLATE
-from tests.support.families import CALL_TOOLS, family_token_id, family_tokenizer
-from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
-from titoflow.tito.families import detect_family, grammar
-from titoflow.tito.families.base import ParserOptions
+from tests.support.families import CALL_TOOLS
+from tests.support.family_checks import USER, FamilyUnderTest, assert_left_as_text, read_calls
+from tests.support.family_checks import tool_call as call
+from tests.support.xgrammar_check import admitted
 from titoflow.tito.families.minimax_m2 import MINIMAX_M2
-from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
+from titoflow.tito.messages import Message
 from titoflow.tito.tokenizer import TextEncoder
 
 # ggml-org/llama.cpp models/templates/unsloth-MiniMax-M2.jinja @a21f05a, as vendored.
 TEMPLATE_SHA256 = "44ec5484bf60ce519b422889550eb7c52c6a27e00ca3a688b8cb8b489d621410"
-USER = Message(role="user", content="go")
 EMPTY = "\n</think>\n\n"  # an empty reasoning block's end, as the template writes one
 
 
-def tokenizer() -> Any:
-    return family_tokenizer("minimax_m2")
-
-
-token_id = family_token_id("minimax_m2")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=CALL_TOOLS, tokenize=False, **kwargs))
-
-
-def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{index}", name=name, arguments=json.dumps(arguments))
-
-
-def parse(text: str, reasoning_open: bool = True) -> ParsedOutput:
-    options = ParserOptions("step", tools=CALL_TOOLS, reasoning_open=reasoning_open)
-    parser = MINIMAX_M2.parser(options)
-    parser.feed(text)
-    return parser.finish()[1]
+UNDER_TEST = FamilyUnderTest("minimax_m2", MINIMAX_M2, CALL_TOOLS, reasoning_open=True)
+tokenizer, render, parse = UNDER_TEST.tokenizer, UNDER_TEST.render, UNDER_TEST.parse
+constraint = UNDER_TEST.constraint
 
 
 def generated(messages: list[Message]) -> str:
@@ -64,22 +41,17 @@ def generated(messages: list[Message]) -> str:
 
 
 def test_the_template_is_the_vendored_file_and_detected() -> None:
-    text = template_path(TEMPLATE).read_text()
-    assert hashlib.sha256(text.encode()).hexdigest() == TEMPLATE_SHA256
-    assert tokenizer().chat_template == text
-    assert detect_family(text) is MINIMAX_M2
+    UNDER_TEST.vendored_template(TEMPLATE, TEMPLATE_SHA256)
 
 
 def test_markers_are_single_tokens_and_the_directory_says_stand_in() -> None:
-    for marker in (*SPECIALS, *CALL_MARKERS, "<think>", "</think>"):
-        assert token_id(marker) is not None, marker
+    UNDER_TEST.assert_single_tokens((*SPECIALS, *CALL_MARKERS, "<think>", "</think>"))
     # The call markers survive a decode that skips special tokens (the parser reads them).
     ids = TextEncoder(tokenizer())("<minimax:tool_call>x</minimax:tool_call>[e~[")
     assert tokenizer().decode(ids, skip_special_tokens=True) == (
         "<minimax:tool_call>x</minimax:tool_call>"
     )
-    stamp = json.loads((tokenizer_dir("minimax_m2") / STAMP).read_text())
-    assert "Qwen3 vocabulary" in stamp["stand_in"]
+    assert "Qwen3 vocabulary" in (UNDER_TEST.stand_in() or "")
 
 
 def test_the_generation_prompt_opens_reasoning() -> None:
@@ -111,7 +83,7 @@ def test_arguments_are_written_raw_or_as_json_and_read_back_typed() -> None:
     parsed = parse(text)
     assert parsed.parse_error is None
     assert (parsed.reasoning, parsed.content) == ("R", "Sure.")
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("run", arguments)]
+    assert read_calls(parsed) == [("run", arguments)]
 
 
 def test_a_string_parameter_stays_text_and_a_bad_typed_value_is_kept_as_written() -> None:
@@ -141,9 +113,7 @@ def test_a_string_parameter_stays_text_and_a_bad_typed_value_is_kept_as_written(
     ],
 )
 def test_malformed_calls_stay_text_and_are_reported(text: str, why: str) -> None:
-    parsed = parse("R</think>" + text)
-    assert parsed.tool_calls == [] and parsed.content == text
-    assert parsed.parse_error is not None and why in parsed.parse_error
+    assert_left_as_text(parse("R</think>" + text), text, why)
 
 
 def test_a_call_opened_in_the_reasoning_ends_it_and_a_bare_invoke_is_a_call() -> None:
@@ -153,10 +123,6 @@ def test_a_call_opened_in_the_reasoning_ends_it_and_a_bare_invoke_is_a_call() ->
     bare = parse("R</think>\n\nSure.\n" + text + "\n</minimax:tool_call>")
     assert bare.parse_error is None and bare.content == "Sure."
     assert [c.name for c in early.tool_calls] == [c.name for c in bare.tool_calls] == ["list_dir"]
-
-
-def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(MINIMAX_M2, CALL_TOOLS, choice, token_id, **options)
 
 
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:

@@ -13,7 +13,6 @@ import functools
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,33 +21,42 @@ from mistral_common.tokens.tokenizers.base import TokenizerVersion
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
 from cli.dev.tokenizers import mistral as recipe
-from cli.dev.tokenizers import template_path, tokenizer_dir
+from cli.dev.tokenizers import template_path
+from tests.support.corpus import Conversation
 from tests.support.families import family_tokenizer
 from tests.support.mistral_family import (
     AGAIN,
     ANSWER,
     CALLS,
+    CHECKPOINT_CORPUS,
     CONVERSATIONS,
     RESULTS,
     SAY_AND_CALL,
     SYSTEM,
     TOOLS,
     USER,
-    call,
+    assert_encodes_as_mistral_common,
+    assert_ids_of_another_shape_refused,
+    assert_malformed_call_comes_back,
+    assert_streaming_equals_whole,
+    assert_text_encodes_as_mistral_common,
+    assert_turn_parses_back,
+    checkpoint_renderer,
     generated_template,
+    mistral_common_tokenizers,
+    parse_output,
     prove_on_corpus,
     reference_request,
+    sampled_call_turn,
 )
-from tests.titoflow.tito.corpus import Conversation, corpus
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import detect_family
-from titoflow.tito.families.base import ParserOptions, tool_call_id
+from titoflow.tito.families.base import tool_call_id
 from titoflow.tito.families.grammar import tool_call_constraint
 from titoflow.tito.families.mistral import MISTRAL, TOOL_CALLS
 from titoflow.tito.messages import Message
-from titoflow.tito.output import ParsedOutput, TextDelta, ToolCallDone
+from titoflow.tito.output import TextDelta, ToolCallDone
 from titoflow.tito.render import ChatRenderer
-from titoflow.tito.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +70,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
     format uses only the control tokens the file's default list already has)."""
     data = json.loads(recipe.tekken_file().read_text())
     data["config"]["version"] = TokenizerVersion.v7.value
-    path = Path(tmp_path_factory.mktemp("tekken")) / "tekken.json"
-    path.write_text(json.dumps(data))
-    return {
-        mode: MistralTokenizer.from_file(str(path), mode=mode)
-        for mode in (ValidationMode.test, ValidationMode.finetuning)
-    }
+    return mistral_common_tokenizers(data, tmp_path_factory.mktemp("tekken"))
 
 
 def test_template_is_mistral_commons_own() -> None:
@@ -88,12 +91,7 @@ def test_template_is_mistral_commons_own() -> None:
 def test_plain_text_encodes_as_mistral_common_does(
     tokenizer: Any, reference: Any, text: str
 ) -> None:
-    ours = tokenizer.encode(text, add_special_tokens=False)
-    theirs = reference[ValidationMode.test].instruct_tokenizer.tokenizer.encode(
-        text, bos=False, eos=False
-    )
-    assert ours == theirs
-    assert tokenizer.decode(ours) == text
+    assert_text_encodes_as_mistral_common(tokenizer, reference, text)
 
 
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
@@ -101,17 +99,8 @@ def test_plain_text_encodes_as_mistral_common_does(
 def test_conversations_encode_as_mistral_common_does(
     tokenizer: Any, reference: Any, name: str, with_tools: bool
 ) -> None:
-    messages = CONVERSATIONS[name]
     tools = TOOLS if with_tools else []
-    renderer = ChatRenderer(tokenizer)
-    # mistral-common encodes a finished conversation (ending with the assistant's answer) in
-    # its fine-tuning mode, a prompt in its serving one.
-    finished = messages[-1].role == "assistant"
-    ours = renderer.full_prompt(messages, tools, {}, add_generation_prompt=not finished)
-    mode = ValidationMode.finetuning if finished else ValidationMode.test
-    request = reference_request(messages, tools)
-    theirs = reference[mode].encode_chat_completion(request).tokens
-    assert ours == theirs, tokenizer.decode(ours, skip_special_tokens=False)
+    assert_encodes_as_mistral_common(tokenizer, reference, CONVERSATIONS[name], tools)
 
 
 def test_detection_and_turn_end(tokenizer: Any) -> None:
@@ -128,11 +117,7 @@ def test_detects_the_json_list_versions_only() -> None:
         assert not MISTRAL.detect(generated_template(later))
 
 
-def parse(text: str, **options: Any) -> tuple[list[Any], ParsedOutput]:
-    parser = MISTRAL.parser(ParserOptions("step-1", **options))
-    deltas = parser.feed(text)
-    last, summary = parser.finish()
-    return deltas + last, summary
+parse = functools.partial(parse_output, MISTRAL)
 
 
 def calls_text(*calls: dict[str, Any]) -> str:
@@ -167,11 +152,7 @@ def test_a_call_without_id_gets_a_deterministic_nine_character_one() -> None:
 
 
 def test_the_template_rejects_ids_of_another_shape(tokenizer: Any) -> None:
-    """Why the parser never hands out ``call_…`` ids: the client echoes them into history."""
-    renderer = ChatRenderer(tokenizer)
-    other = Message(role="assistant", content="", tool_calls=(call("call_0", "list_dir"),))
-    with pytest.raises(TemplateError, match="9 characters"):
-        renderer.full_prompt([USER, other], TOOLS, {}, add_generation_prompt=False)
+    assert_ids_of_another_shape_refused(tokenizer)
 
 
 @pytest.mark.parametrize(
@@ -189,10 +170,7 @@ def test_the_template_rejects_ids_of_another_shape(tokenizer: Any) -> None:
     ],
 )
 def test_malformed_calls_come_back_as_generated(calls: str, why: str) -> None:
-    text = "Hi " + TOOL_CALLS + calls
-    _, out = parse(text)
-    assert out.tool_calls == [] and out.content == text
-    assert out.parse_error is not None and why in out.parse_error
+    assert_malformed_call_comes_back(MISTRAL, calls, why)
 
 
 @pytest.mark.parametrize(
@@ -234,29 +212,12 @@ STREAMED = [
 
 @pytest.mark.parametrize("text", STREAMED)
 def test_streaming_equals_whole_on_every_split(text: str) -> None:
-    for tools in (True, False):
-        _, whole = parse(text, parse_tools=tools)
-        for cut in range(len(text) + 1):
-            parser = MISTRAL.parser(ParserOptions("step-1", parse_tools=tools))
-            deltas = parser.feed(text[:cut]) + parser.feed(text[cut:])
-            last, summary = parser.finish()
-            assert summary == whole, (tools, cut)
-            text_deltas = "".join(d.text for d in deltas + last if isinstance(d, TextDelta))
-            assert text_deltas == summary.content
+    assert_streaming_equals_whole(MISTRAL, text)
 
 
 @pytest.mark.parametrize("assistant", [CALLS, SAY_AND_CALL, ANSWER], ids=["calls", "both", "text"])
 def test_rendered_turn_parses_back_and_renders_the_same(tokenizer: Any, assistant: Message) -> None:
-    renderer = ChatRenderer(tokenizer)
-    history = [SYSTEM, USER]
-    prompt = renderer.full_prompt(history, TOOLS, {})
-    full = renderer.full_prompt([*history, assistant], TOOLS, {}, add_generation_prompt=False)
-    output = full[len(prompt) :]
-    assert output[-1] == renderer.terminator_id
-    _, out = parse(tokenizer.decode(output[:-1], skip_special_tokens=False), tools=TOOLS)
-    again = Message(role="assistant", content=out.content, tool_calls=tuple(out.tool_calls))
-    assert again == assistant
-    assert renderer.full_prompt([*history, again], TOOLS, {}, add_generation_prompt=False) == full
+    assert_turn_parses_back(tokenizer, assistant)
 
 
 def test_tito_continuations_after_calls_and_results(tokenizer: Any) -> None:
@@ -347,12 +308,8 @@ DEFAULT_SYSTEM = (
 )
 
 
-@functools.cache  # loading the tokenizer takes seconds; the renderer is not changed by use
-def checkpoint_renderer(template: str = CHECKPOINT) -> ChatRenderer:
-    tokenizer = load_tokenizer(tokenizer_dir("mistral"))
-    tokenizer.chat_template = template
-    # It writes a calling turn's calls alone: the corpus as it can express it.
-    return ChatRenderer(tokenizer, replace(MISTRAL, content_with_calls=False))
+# It writes a calling turn's calls alone (Nemo's too): the corpus as it can express it.
+CHECKPOINT_FAMILY = replace(MISTRAL, content_with_calls=False)
 
 
 def test_the_checkpoint_template_is_detected_as_mistral() -> None:
@@ -393,22 +350,23 @@ def test_the_checkpoint_template_departs_from_mistral_common_as_declared(
     messages, tools = CONVERSATIONS[name], TOOLS if with_tools else []
     finished = messages[-1].role == "assistant"
     ours = ChatRenderer(tokenizer).render_text(messages, tools, {}, not finished)
-    theirs = checkpoint_renderer().render_text(messages, tools, {}, not finished)
+    theirs = checkpoint_renderer(CHECKPOINT_FAMILY, CHECKPOINT).render_text(
+        messages, tools, {}, not finished
+    )
     today = dt.date.today().isoformat()
     assert as_the_checkpoint_writes(ours, with_tools, today) == theirs
 
 
 def test_the_checkpoint_template_refuses_a_later_system_message() -> None:
     with pytest.raises(TemplateError, match="Only user and assistant roles"):
-        checkpoint_renderer().full_prompt(CONVERSATIONS["system-changes"], TOOLS, {})
-
-
-CHECKPOINT_CORPUS = [c for c in corpus() if not c.name.startswith("system-change")]
+        checkpoint_renderer(CHECKPOINT_FAMILY, CHECKPOINT).full_prompt(
+            CONVERSATIONS["system-changes"], TOOLS, {}
+        )
 
 
 @pytest.mark.parametrize("conversation", CHECKPOINT_CORPUS, ids=lambda c: c.name)
 def test_corpus_on_the_checkpoint_template(conversation: Conversation) -> None:
-    prove_on_corpus(checkpoint_renderer(), conversation)
+    prove_on_corpus(checkpoint_renderer(CHECKPOINT_FAMILY, CHECKPOINT), conversation)
 
 
 def test_what_the_model_writes_diverges_from_the_checkpoint_template_as_declared() -> None:
@@ -416,20 +374,10 @@ def test_what_the_model_writes_diverges_from_the_checkpoint_template_as_declared
     grammar too); the checkpoint template writes the call back alone after "[TOOL_CALLS] [":
     the chain keeps what was sampled, the continuation is the full render's tail
     (``call_content_dropped``, ``call_list_spaced``)."""
-    renderer = checkpoint_renderer()
-    history = [SYSTEM, USER]
+    renderer = checkpoint_renderer(CHECKPOINT_FAMILY, CHECKPOINT)
     call = {"name": "run", "arguments": {"command": "x"}, "id": "q1w2e3r4t"}
-    sampled = [*renderer.encode("Let me check." + calls_text(call)), renderer.terminator_id]
-    _, out = parse(renderer.tokenizer.decode(sampled[:-1], skip_special_tokens=False))
-    assert out.parse_error is None and out.content == "Let me check."
-    messages = [*history, SAY_AND_CALL, Message(role="tool", content="r", tool_call_id="q1w2e3r4t")]
-    chain = renderer.full_prompt(history, TOOLS, {}) + sampled
-    continuation = renderer.continuation(messages, 3, True, TOOLS, {})
-    full = renderer.full_prompt(messages, TOOLS, {})
-    assert chain + continuation != full and full[-len(continuation) :] == continuation
-    rendered = renderer.tokenizer.decode(full[len(chain) - len(sampled) : -len(continuation)])
     assert (
-        rendered
+        sampled_call_turn(renderer, "Let me check." + calls_text(call))
         == '[TOOL_CALLS] [{"name": "run", "arguments": {"command": "x"}, "id": "q1w2e3r4t"}]</s>'
     )
     assert {"call_content_dropped", "call_list_spaced"} <= set(MISTRAL.divergences)
@@ -484,7 +432,7 @@ def test_nemo_template_departs_from_mistral_common_v3_as_declared(
     v3 = v3_reference[ValidationMode.finetuning if finished else ValidationMode.test]
     assert type(v3.instruct_tokenizer).__name__ == "InstructTokenizerV3"
     theirs = v3.encode_chat_completion(reference_request(messages, tools)).tokens
-    renderer = checkpoint_renderer(NEMO)
+    renderer = checkpoint_renderer(CHECKPOINT_FAMILY, NEMO)
     expected = as_nemo_writes(tokenizer.decode(theirs, skip_special_tokens=False), messages)
     assert renderer.render_text(messages, tools, {}, not finished) == expected
     if name in ("chat", "system-user-again"):  # no departure: token for token
@@ -493,7 +441,7 @@ def test_nemo_template_departs_from_mistral_common_v3_as_declared(
 
 @pytest.mark.parametrize("conversation", CHECKPOINT_CORPUS, ids=lambda c: c.name)
 def test_corpus_on_nemo_template(conversation: Conversation) -> None:
-    prove_on_corpus(checkpoint_renderer(NEMO), conversation)
+    prove_on_corpus(checkpoint_renderer(CHECKPOINT_FAMILY, NEMO), conversation)
 
 
 def test_nemo_template_moves_the_system_prompt_as_declared() -> None:
@@ -502,7 +450,7 @@ def test_nemo_template_moves_the_system_prompt_as_declared() -> None:
     results, or the next user turn's chain) it is gone. No continuation of the chain exists,
     with or without tools: the ingress renders the turn in full, a new chain
     (``system_in_last_user_moved``)."""
-    renderer = checkpoint_renderer(NEMO)
+    renderer = checkpoint_renderer(CHECKPOINT_FAMILY, NEMO)
     messages = [SYSTEM, USER, ANSWER, AGAIN]
     with pytest.raises(NotAppendOnly):
         renderer.continuation(messages, 3, True, [], {})

@@ -12,42 +12,44 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mistral_common.protocol.instruct.validator import ValidationMode
-from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
 from cli.dev.tokenizers import mistral_v11 as recipe
-from cli.dev.tokenizers import template_path, tokenizer_dir
+from cli.dev.tokenizers import template_path
+from tests.support.corpus import Conversation
 from tests.support.families import family_tokenizer
 from tests.support.mistral_family import (
     ANSWER,
     CALLS,
+    CHECKPOINT_CORPUS,
     CONVERSATIONS,
     SAY_AND_CALL,
-    SYSTEM,
     TOOLS,
-    USER,
-    call,
+    assert_encodes_as_mistral_common,
+    assert_ids_of_another_shape_refused,
+    assert_malformed_call_comes_back,
+    assert_streaming_equals_whole,
+    assert_text_encodes_as_mistral_common,
+    assert_turn_parses_back,
+    checkpoint_renderer,
     generated_template,
+    mistral_common_tokenizers,
+    parse_output,
     prove_on_corpus,
-    reference_request,
+    sampled_call_turn,
 )
-from tests.titoflow.tito.corpus import Conversation, corpus
-from titoflow.errors import TemplateError
 from titoflow.tito.families import detect_family
-from titoflow.tito.families.base import ParserOptions, tool_call_id
+from titoflow.tito.families.base import tool_call_id
 from titoflow.tito.families.grammar import tool_call_constraint
 from titoflow.tito.families.mistral import MISTRAL, TOOL_CALLS
 from titoflow.tito.families.mistral_v11 import ARGS, CALL_ID, MISTRAL_V11
 from titoflow.tito.messages import Message
-from titoflow.tito.output import ParsedOutput, TextDelta, ToolCallDone
+from titoflow.tito.output import TextDelta, ToolCallDone
 from titoflow.tito.render import ChatRenderer
-from titoflow.tito.tokenizer import load_tokenizer
 
 RELEASED = Path(__file__).parent / "fixtures" / "mistral_v11" / "released_v11_weather.json"
 
@@ -60,12 +62,7 @@ def tokenizer() -> Any:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """mistral-common's v11 tokenizer over the recipe's tekken file."""
-    path = Path(tmp_path_factory.mktemp("tekken")) / "tekken.json"
-    path.write_text(json.dumps(recipe.tekken_v11(), ensure_ascii=False))
-    return {
-        mode: MistralTokenizer.from_file(str(path), mode=mode)
-        for mode in (ValidationMode.test, ValidationMode.finetuning)
-    }
+    return mistral_common_tokenizers(recipe.tekken_v11(), tmp_path_factory.mktemp("tekken"))
 
 
 def test_template_is_mistral_commons_own() -> None:
@@ -88,11 +85,7 @@ def test_a_released_v11_tokenizers_ids(tokenizer: Any) -> None:
 def test_plain_text_encodes_as_mistral_common_does(
     tokenizer: Any, reference: Any, text: str
 ) -> None:
-    ours = tokenizer.encode(text, add_special_tokens=False)
-    theirs = reference[ValidationMode.test].instruct_tokenizer.tokenizer.encode(
-        text, bos=False, eos=False
-    )
-    assert ours == theirs
+    assert_text_encodes_as_mistral_common(tokenizer, reference, text)
 
 
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
@@ -100,15 +93,8 @@ def test_plain_text_encodes_as_mistral_common_does(
 def test_conversations_encode_as_mistral_common_does(
     tokenizer: Any, reference: Any, name: str, with_tools: bool
 ) -> None:
-    messages = CONVERSATIONS[name]
     tools = TOOLS if with_tools else []
-    finished = messages[-1].role == "assistant"
-    ours = ChatRenderer(tokenizer).full_prompt(
-        messages, tools, {}, add_generation_prompt=not finished
-    )
-    mode = ValidationMode.finetuning if finished else ValidationMode.test
-    theirs = reference[mode].encode_chat_completion(reference_request(messages, tools)).tokens
-    assert ours == theirs, tokenizer.decode(ours, skip_special_tokens=False)
+    assert_encodes_as_mistral_common(tokenizer, reference, CONVERSATIONS[name], tools)
 
 
 SMALL_3_2 = template_path(recipe.SMALL_3_2_TEMPLATE).read_text()
@@ -131,11 +117,7 @@ def test_turn_end_and_markers(tokenizer: Any) -> None:
     assert renderer.assistant_opening() == []
 
 
-def parse(text: str, **options: Any) -> tuple[list[Any], ParsedOutput]:
-    parser = MISTRAL_V11.parser(ParserOptions("step-1", **options))
-    deltas = parser.feed(text)
-    last, summary = parser.finish()
-    return deltas + last, summary
+parse = functools.partial(parse_output, MISTRAL_V11)
 
 
 def test_content_then_calls_with_and_without_ids() -> None:
@@ -172,10 +154,7 @@ def test_content_then_calls_with_and_without_ids() -> None:
     ],
 )
 def test_malformed_calls_come_back_as_generated(calls: str, why: str) -> None:
-    text = "Hi " + TOOL_CALLS + calls
-    _, out = parse(text)
-    assert out.tool_calls == [] and out.content == text
-    assert out.parse_error is not None and why in out.parse_error
+    assert_malformed_call_comes_back(MISTRAL_V11, calls, why)
 
 
 def test_without_tools_call_syntax_stays_text() -> None:
@@ -199,29 +178,12 @@ STREAMED = [
 
 @pytest.mark.parametrize("text", STREAMED)
 def test_streaming_equals_whole_on_every_split(text: str) -> None:
-    for tools in (True, False):
-        _, whole = parse(text, parse_tools=tools)
-        for cut in range(len(text) + 1):
-            parser = MISTRAL_V11.parser(ParserOptions("step-1", parse_tools=tools))
-            deltas = parser.feed(text[:cut]) + parser.feed(text[cut:])
-            last, summary = parser.finish()
-            assert summary == whole, (tools, cut)
-            text_deltas = "".join(d.text for d in deltas + last if isinstance(d, TextDelta))
-            assert text_deltas == summary.content
+    assert_streaming_equals_whole(MISTRAL_V11, text)
 
 
 @pytest.mark.parametrize("assistant", [CALLS, SAY_AND_CALL, ANSWER], ids=["calls", "both", "text"])
 def test_rendered_turn_parses_back_and_renders_the_same(tokenizer: Any, assistant: Message) -> None:
-    renderer = ChatRenderer(tokenizer)
-    history = [SYSTEM, USER]
-    prompt = renderer.full_prompt(history, TOOLS, {})
-    full = renderer.full_prompt([*history, assistant], TOOLS, {}, add_generation_prompt=False)
-    output = full[len(prompt) :]
-    assert output[-1] == renderer.terminator_id
-    _, out = parse(tokenizer.decode(output[:-1], skip_special_tokens=False), tools=TOOLS)
-    again = Message(role="assistant", content=out.content, tool_calls=tuple(out.tool_calls))
-    assert again == assistant
-    assert renderer.full_prompt([*history, again], TOOLS, {}, add_generation_prompt=False) == full
+    assert_turn_parses_back(tokenizer, assistant)
 
 
 def test_forced_call_grammar(tokenizer: Any) -> None:
@@ -242,10 +204,7 @@ def test_forced_call_grammar(tokenizer: Any) -> None:
 
 
 def test_the_template_rejects_ids_of_another_shape(tokenizer: Any) -> None:
-    renderer = ChatRenderer(tokenizer)
-    other = Message(role="assistant", content="", tool_calls=(call("call_0", "list_dir"),))
-    with pytest.raises(TemplateError, match="9 characters"):
-        renderer.full_prompt([USER, other], TOOLS, {}, add_generation_prompt=False)
+    assert_ids_of_another_shape_refused(tokenizer)
 
 
 # --- The checkpoints' own templates ---------------------------------------------------------------
@@ -253,41 +212,26 @@ def test_the_template_rejects_ids_of_another_shape(tokenizer: Any) -> None:
 # unsloth republished it), sources in cli/dev/tokenizers/mistral_v11.py.
 
 
-@functools.cache  # loading the tokenizer takes seconds; the renderer is not changed by use
-def checkpoint_renderer(template: str) -> ChatRenderer:
-    tokenizer = load_tokenizer(tokenizer_dir("mistral_v11"))
-    tokenizer.chat_template = template
-    # Small 3.2's writes a calling turn's calls alone; Devstral's its text too.
-    family = replace(MISTRAL_V11, content_with_calls=template is not SMALL_3_2)
-    return ChatRenderer(tokenizer, family)
-
-
-# Both refuse a system message after the first (Small 3.2: roles must alternate once it is
-# taken out; Devstral: alike by its role check).
-CHECKPOINT_CORPUS = [c for c in corpus() if not c.name.startswith("system-change")]
+# Small 3.2's writes a calling turn's calls alone; Devstral's its text too. Both refuse a
+# system message after the first (Small 3.2: roles must alternate once it is taken out;
+# Devstral: alike by its role check).
+CHECKPOINTS = {
+    "small_3_2": (replace(MISTRAL_V11, content_with_calls=False), SMALL_3_2),
+    "devstral": (MISTRAL_V11, DEVSTRAL),
+}
 
 
 @pytest.mark.parametrize("conversation", CHECKPOINT_CORPUS, ids=lambda c: c.name)
 @pytest.mark.parametrize("template", ["small_3_2", "devstral"])
 def test_corpus_on_the_checkpoint_templates(conversation: Conversation, template: str) -> None:
-    source = {"small_3_2": SMALL_3_2, "devstral": DEVSTRAL}[template]
-    prove_on_corpus(checkpoint_renderer(source), conversation)
+    prove_on_corpus(checkpoint_renderer(*CHECKPOINTS[template]), conversation)
 
 
 def test_what_the_model_writes_diverges_from_small_3_2s_template_as_declared() -> None:
     """The model (and mistral-common, and the grammar) writes text before its calls; Small
     3.2's template writes a calling turn's calls alone: the chain keeps what was sampled, the
     continuation is the full render's tail (``call_content_dropped``)."""
-    renderer = checkpoint_renderer(SMALL_3_2)
-    history = [SYSTEM, USER]
-    written = 'Let me check.[TOOL_CALLS]run[CALL_ID]q1w2e3r4t[ARGS]{"command": "x"}'
-    sampled = [*renderer.encode(written), renderer.terminator_id]
-    _, out = parse(renderer.tokenizer.decode(sampled[:-1], skip_special_tokens=False))
-    assert out.parse_error is None and out.content == "Let me check."
-    messages = [*history, SAY_AND_CALL, Message(role="tool", content="r", tool_call_id="q1w2e3r4t")]
-    chain = renderer.full_prompt(history, TOOLS, {}) + sampled
-    continuation = renderer.continuation(messages, 3, True, TOOLS, {})
-    full = renderer.full_prompt(messages, TOOLS, {})
-    assert chain + continuation != full and full[-len(continuation) :] == continuation
-    assert re.search(r"\[/INST\]\[TOOL_CALLS\]run", renderer.tokenizer.decode(full))
+    renderer = checkpoint_renderer(*CHECKPOINTS["small_3_2"])
+    call = '[TOOL_CALLS]run[CALL_ID]q1w2e3r4t[ARGS]{"command": "x"}'
+    assert sampled_call_turn(renderer, "Let me check." + call) == call + "</s>"
     assert "call_content_dropped" in MISTRAL_V11.divergences

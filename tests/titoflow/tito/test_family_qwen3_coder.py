@@ -10,7 +10,7 @@ import pytest
 
 from cli.dev.model_build import tokenizer_source_dir
 from cli.dev.tokenizers import tokenizer_dir
-from tests.support.families import family_tokenizer
+from tests.support.families import family_tokenizer, function_tool
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.qwen3 import QWEN3_CODER
@@ -19,14 +19,7 @@ from titoflow.tito.render import ChatRenderer
 
 
 def tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"The {name} tool.",
-            "parameters": {"type": "object", "properties": properties},
-        },
-    }
+    return function_tool(name, properties, f"The {name} tool.")
 
 
 TOOLS = [

@@ -4,6 +4,7 @@ families, and the services say so before they start."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -16,7 +17,15 @@ import pytest
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from tests.support.families import family_tokenizer
 from titoflow.settings import PROJECT_ROOT, Settings
-from titoflow.tito.families import AUTO, FAMILIES, NAMES, detect_family, grammar, resolve_family
+from titoflow.tito.families import (
+    AUTO,
+    FAMILIES,
+    NAMES,
+    detect_family,
+    family_named,
+    grammar,
+    resolve_family,
+)
 from titoflow.tito.render import ChatRenderer, template_source
 
 
@@ -31,8 +40,9 @@ def test_each_template_is_detected_as_its_family_only(name: str) -> None:
     assert detect_family(template).name == name
     others = [f.name for f in FAMILIES if f.name != name and f.detect(template or "")]
     # A refinement may also match its base families (Qwen3-Coder's template is Qwen3's kind,
-    # Qwen3.5's Qwen3-Coder's); the registry order puts the refinement first.
-    assert others in ([], ["qwen3"], ["qwen3_coder", "qwen3"])
+    # Qwen3.5's Qwen3-Coder's, Magistral's Mistral v11's); the registry order puts the
+    # refinement first.
+    assert others in ([], ["qwen3"], ["qwen3_coder", "qwen3"], ["mistral_v11"])
 
 
 TOOLS = [
@@ -99,3 +109,30 @@ def test_a_service_refuses_an_unknown_family_in_one_line(tmp_path: Path) -> None
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     [line] = unknown.stderr.strip().splitlines()
     assert "no known model family" in line and "TITOFLOW_MODEL_FAMILY" in line
+
+
+def divergence_rows(doc: str) -> list[tuple[set[str], set[str]]]:
+    """docs/models.md's divergence table: each row's classes and the families it names."""
+    section = doc.split("## Divergences", 1)[1]
+    lines = section.split("| class | families |", 1)[1].splitlines()[2:]
+    rows = []
+    for line in itertools.takewhile(lambda line: line.startswith("|"), lines):
+        classes, families = re.split(r"(?<!\\)\|", line)[1:3]
+        rows.append(
+            (
+                set(re.findall(r"`(\w+)`", classes)),
+                set(re.findall(r"\b\w+\b", families)) & set(NAMES),
+            )
+        )
+    return rows
+
+
+def test_the_divergence_table_is_the_registry_s() -> None:
+    rows = divergence_rows((PROJECT_ROOT / "docs" / "models.md").read_text())
+    tabled = {(name, kind) for kinds, names in rows for kind in kinds for name in names}
+    for family in FAMILIES:
+        for kind in family.divergences:
+            assert (family.name, kind) in tabled, f"{family.name}'s {kind} is not in the table"
+    for kinds, names in rows:
+        for name in names:  # a row names only families that declare one of its classes
+            assert kinds & set(family_named(name).divergences), (sorted(kinds), name)

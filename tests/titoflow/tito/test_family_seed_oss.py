@@ -6,71 +6,39 @@ test_parser_parity.py and test_family_corpus.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import Any
 
 import pytest
 
-from cli.dev.tokenizers import STAMP, template_path, tokenizer_dir
 from cli.dev.tokenizers.seed_oss import BOS, EOS, MARKERS, PAD, TEMPLATE
-from tests.support.families import family_token_id, family_tokenizer
-from tests.titoflow.tito.xgrammar_check import admitted, structural_tag
-from titoflow.tito.families import detect_family, grammar
-from titoflow.tito.families.base import ParserOptions
+from tests.support.family_checks import (
+    LIST_DIR_WITH_PARAMETERS,
+    USER,
+    FamilyUnderTest,
+    assert_left_as_text,
+    read_calls,
+    run_tool,
+)
+from tests.support.family_checks import tool_call as call
 from titoflow.tito.families.seed_oss import SEED_OSS
-from titoflow.tito.messages import Message, ToolCall
-from titoflow.tito.output import ParsedOutput
-from titoflow.tito.tokenizer import TextEncoder
+from titoflow.tito.messages import Message
 
 # ggml-org/llama.cpp models/templates/ByteDance-Seed-OSS.jinja @b1933d3, as vendored.
 TEMPLATE_SHA256 = "39a23a1a28f68acd747373fa688bea630021ec4db2bc8dec2fd3962240fb0418"
-RUN = {
-    "type": "function",
-    "function": {
-        "name": "run",
-        "description": "Run a command",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "command": {"type": "string"},
-                "timeout": {"type": "integer"},
-                "env": {"type": "object"},
-                "args": {"type": "array"},
-                "dry": {"type": "boolean"},
-            },
-            "required": ["command"],
-        },
-    },
-}
-LIST_DIR = {
-    "type": "function",
-    "function": {"name": "list_dir", "description": "List", "parameters": {"properties": {}}},
-}
-TOOLS = [RUN, LIST_DIR]
-USER = Message(role="user", content="go")
-
-
-def tokenizer() -> Any:
-    return family_tokenizer("seed_oss")
-
-
-token_id = family_token_id("seed_oss")
-
-
-def render(messages: list[Message], **kwargs: Any) -> str:
-    dicts = [m.template_dict() for m in messages]
-    return str(tokenizer().apply_chat_template(dicts, tools=TOOLS, tokenize=False, **kwargs))
-
-
-def call(arguments: dict[str, Any], name: str = "run", index: int = 0) -> ToolCall:
-    return ToolCall(id=f"call_{index}", name=name, arguments=json.dumps(arguments))
-
-
-def parse(text: str) -> ParsedOutput:
-    parser = SEED_OSS.parser(ParserOptions("step", tools=TOOLS))
-    parser.feed(text)
-    return parser.finish()[1]
+TOOLS = [
+    run_tool(
+        {
+            "command": {"type": "string"},
+            "timeout": {"type": "integer"},
+            "env": {"type": "object"},
+            "args": {"type": "array"},
+            "dry": {"type": "boolean"},
+        }
+    ),
+    LIST_DIR_WITH_PARAMETERS,
+]
+UNDER_TEST = FamilyUnderTest("seed_oss", SEED_OSS, TOOLS)
+render, parse = UNDER_TEST.render, UNDER_TEST.parse
 
 
 def generated(messages: list[Message]) -> str:
@@ -83,22 +51,14 @@ def generated(messages: list[Message]) -> str:
 
 
 def test_the_template_is_the_vendored_file_and_detected() -> None:
-    text = template_path(TEMPLATE).read_text()
-    assert hashlib.sha256(text.encode()).hexdigest() == TEMPLATE_SHA256
-    assert tokenizer().chat_template == text
-    assert detect_family(text) is SEED_OSS
+    UNDER_TEST.vendored_template(TEMPLATE, TEMPLATE_SHA256)
 
 
 def test_markers_are_single_tokens_and_the_directory_says_stand_in() -> None:
-    for marker in (BOS, EOS, PAD, *MARKERS):
-        assert token_id(marker) is not None, marker
-    assert tokenizer().eos_token == EOS
-    # The reasoning and call markers survive a decode that skips special tokens.
-    ids = TextEncoder(tokenizer())("<seed:think>r</seed:think><seed:tool_call>x</seed:tool_call>")
-    kept = tokenizer().decode([*ids, token_id(EOS)], skip_special_tokens=True)
-    assert kept == "<seed:think>r</seed:think><seed:tool_call>x</seed:tool_call>"
-    stamp = json.loads((tokenizer_dir("seed_oss") / STAMP).read_text())
-    assert "Qwen3 vocabulary" in stamp["stand_in"]
+    UNDER_TEST.assert_single_tokens((BOS, EOS, PAD, *MARKERS))
+    kept = "<seed:think>r</seed:think><seed:tool_call>x</seed:tool_call>"
+    UNDER_TEST.assert_kept_by_a_skipping_decode(kept, EOS)
+    assert "Qwen3 vocabulary" in (UNDER_TEST.stand_in() or "")
 
 
 def test_the_generation_prompt_leaves_reasoning_to_the_model_and_the_budget_is_a_system_turn() -> (
@@ -143,8 +103,7 @@ def test_the_parser_reads_what_the_template_writes_python_literals_included() ->
     parsed = parse(text)
     assert parsed.parse_error is None
     assert (parsed.reasoning, parsed.content) == ("Plan.", "Running.")
-    found = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
-    assert found == [("run", arguments), ("list_dir", {})]
+    assert read_calls(parsed) == [("run", arguments), ("list_dir", {})]
 
 
 @pytest.mark.parametrize(
@@ -177,9 +136,7 @@ def test_a_literal_of_another_type_or_not_json_stays_text(value: str) -> None:
     ],
 )
 def test_malformed_calls_stay_text_and_are_reported(text: str, why: str) -> None:
-    parsed = parse("<seed:think>R</seed:think>\n" + text)
-    assert parsed.tool_calls == [] and parsed.content == text
-    assert parsed.parse_error is not None and why in parsed.parse_error
+    assert_left_as_text(parse("<seed:think>R</seed:think>\n" + text), text, why)
 
 
 def test_a_call_opened_in_the_reasoning_ends_it_and_a_bare_function_is_a_call() -> None:
@@ -191,29 +148,18 @@ def test_a_call_opened_in_the_reasoning_ends_it_and_a_bare_function_is_a_call() 
     assert [c.name for c in early.tool_calls] == [c.name for c in bare.tool_calls] == ["list_dir"]
 
 
-def constraint(choice: grammar.ToolChoice, **options: Any) -> str:
-    return structural_tag(SEED_OSS, TOOLS, choice, token_id, **options)
-
-
 def test_xgrammar_admits_what_the_template_writes_and_no_spelled_tag() -> None:
-    """Compiled by xgrammar on the family's vocabulary, as vLLM compiles it: the template's
-    rendering of a call with string and integer values, one or two, is admitted, then
-    <seed:eos> ends the turn; a call to an undeclared tool or off its schema is not."""
+    """The template's rendering of a call with string and integer values, one or two, is
+    admitted, then <seed:eos> ends the turn; a call to an undeclared tool or off its schema is
+    not."""
     one = Message(role="assistant", tool_calls=(call({"command": "ls", "timeout": 5}),))
     two = Message(role="assistant", tool_calls=(call({"command": "a b"}), call({}, "list_dir", 1)))
     written_one = generated([USER, one])
     assert written_one.startswith("<seed:tool_call>\n<function=run>")
-    assert constraint("named").count('"type":"token"') == 2  # both call markers by id
-    cases = {
-        "named": (constraint("named"), written_one),
-        "parallel": (constraint("required", parallel=True), generated([USER, two])),
-        "undeclared_tool": (constraint("required"), written_one.replace("=run>", "=rm>")),
-        "text_for_integer": (constraint("named"), written_one.replace(">5<", ">five<")),
-    }
-    result = admitted("seed_oss", EOS, cases)
-    assert result == {
-        "named": True,
-        "parallel": True,
-        "undeclared_tool": False,
-        "text_for_integer": False,
-    }
+    UNDER_TEST.assert_xgrammar_admits_the_template(
+        EOS,
+        written_one,
+        generated([USER, two]),
+        written_one.replace("=run>", "=rm>"),
+        written_one.replace(">5<", ">five<"),
+    )

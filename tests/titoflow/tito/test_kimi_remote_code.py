@@ -35,9 +35,9 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from cli.dev.model_build import tokenizer_source_dir
 from cli.dev.tokenizers import template_path
 from cli.dev.tokenizers.kimi_k2 import TEMPLATE
+from tests.support.engine_env import run_in_engine
+from tests.support.hostile import CORPUS, QUOTED_WORDS
 from tests.support.kimi_k2_corpus import CORPUS as CONVERSATIONS
-from tests.titoflow.tito.engine_env import run_in_engine
-from tests.titoflow.tito.hostile import CORPUS, QUOTED_WORDS
 from titoflow.tito.families.kimi_tools import deep_sorted
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer

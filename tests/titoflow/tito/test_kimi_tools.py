@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from cli.dev.tokenizers import kimi_k2 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
+from tests.support.corpus import corpus
 from tests.support.families import family_tokenizer
-from tests.titoflow.tito.corpus import corpus
 from titoflow.tito.families.kimi_k2 import KIMI_K2
 from titoflow.tito.families.kimi_tools import tools_ts_str
 from titoflow.tito.messages import Message

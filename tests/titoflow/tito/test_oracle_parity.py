@@ -1,7 +1,7 @@
 """titoflow's prompts against two independent TITO implementations: the ``renderers`` package
 (prime-rl's hand-written renderers) and ``miles-tito-tokenizers`` (miles' template-driven TITO).
 
-For every family both cover, each conversation of the shared corpus (tests/titoflow/tito/corpus.py)
+For every family both cover, each conversation of the shared corpus (tests/support/corpus.py)
 goes turn by turn through titoflow and the oracle, and their token ids are compared twice per turn:
 
 - prompt: the turn's prompt rendered in full (titoflow's ``full_prompt``; the oracle's render
@@ -23,10 +23,13 @@ import functools
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +37,7 @@ import renderers
 from miles_tito_tokenizers import get_tito_tokenizer
 
 from cli.dev.tokenizers import tokenizer_dir
+from tests.support.corpus import Conversation
 from tests.support.family_corpus import (
     CORPUS,
     in_family_ids,
@@ -41,7 +45,6 @@ from tests.support.family_corpus import (
     template_kwargs,
     turns,
 )
-from tests.titoflow.tito.corpus import Conversation
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import load_tokenizer
@@ -79,7 +82,8 @@ class Difference:
 def explained(differences: tuple[Difference, ...], seen: Seen) -> list[str]:
     """The names of the declared differences that make up ``seen`` ([] where they do not)."""
     if seen.theirs is None:
-        return [d.name for d in differences if d.refused and d.refused in seen.error][:1]
+        refusals = [d for d in differences if d.refused and seen.kind in d.kinds]
+        return [d.name for d in refusals if d.refused in seen.error][:1]
     text, used = seen.ours, []
     for difference in differences:
         if seen.kind in difference.kinds and not difference.refused:
@@ -133,6 +137,16 @@ RENDERER_CONFIGS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "gemma4": lambda kw: renderers.Gemma4RendererConfig(
         enable_thinking=kw.get("enable_thinking", False)
     ),
+    # The reasoning effort titoflow's template (and vLLM's deepseek_v4 mode) takes in thinking
+    # mode when the request names none.
+    "deepseek_v4": lambda kw: renderers.DeepSeekV4RendererConfig(
+        enable_thinking=kw.get("enable_thinking", False), reasoning_effort="high"
+    ),
+    # Nano's template (Nano and Super share renderers' "nemotron-3"; Ultra's and 3.5's glue
+    # </think> otherwise).
+    "nemotron3": lambda kw: renderers.Nemotron3RendererConfig(
+        enable_thinking=kw.get("enable_thinking", True), thinking_retention="all"
+    ),
     # MiniMax-M2's default system prompt (renderers' default is M2.5's).
     "minimax_m2": lambda kw: renderers.MiniMaxM2RendererConfig(
         model_identity="You are a helpful assistant.", thinking_retention="all"
@@ -167,13 +181,16 @@ RENDERERS = Oracle(
 # titoflow family -> miles' TITO tokenizer class for the family's format (its template-generic
 # "default" is no family's: its dummy messages break DeepSeek's, Llama's and gpt-oss's templates).
 # Qwen3.5's is Qwen3-Coder's format and boundary; GLM-4.7's and Kimi K2.5's keep GLM-4.5's and
-# K2's turn boundaries.
+# K2's turn boundaries. DeepSeek V3.2's renders with SGLang's copy of DeepSeek's encoder, not the
+# template.
 MILES_TYPES = {
     "qwen3": "qwen3",
     "qwen3_coder": "qwen35",
     "qwen35": "qwen35",
     "glm45": "glm47",
     "kimi_k2": "kimi25",
+    "deepseek_v32": "deepseekv32",
+    "nemotron3": "nemotron3",
 }
 
 
@@ -183,6 +200,12 @@ MILES_TYPES = {
 # check. It adds a ``clear_thinking`` switch, which miles' row for user appends turns off
 # (every past think block kept); on, as here, the text is the original template's.
 MILES_FIXED = {"qwen35": "qwen3.5_fixed.jinja"}
+
+# Template switches held at the template's default where miles' rows change them: its Nemotron 3
+# rows for user and system appends turn truncate_history_thinking off, keeping every past
+# reasoning block in a full render, which the template's default drops before the last user
+# message (miles appends the same tokens either way: it renders only the new messages).
+MILES_TEMPLATE_DEFAULTS = {"nemotron3": {"truncate_history_thinking": True}}
 
 
 @functools.cache
@@ -194,22 +217,42 @@ def miles_tokenizer(family: str) -> Any:
     return tokenizer
 
 
+# Families miles renders with a model's own encoder, which it picks by the ``model_type`` of the
+# checkpoint's config.json beside the tokenizer (a tokenizer directory has none: miles would
+# render with the template).
+MILES_ENCODED = {"deepseek_v32": "deepseek_v32"}
+_checkpoints = tempfile.TemporaryDirectory(prefix="miles-checkpoints-")
+
+
+@functools.cache
+def miles_encoded_tokenizer(family: str) -> Any:
+    """The family's tokenizer loaded from a copy of its directory with a config.json naming the
+    model type miles renders with the encoder for."""
+    checkpoint = Path(_checkpoints.name) / family
+    shutil.copytree(tokenizer_dir(family), checkpoint)
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": MILES_ENCODED[family]}))
+    return load_tokenizer(checkpoint)
+
+
 def _miles(renderer: ChatRenderer, conversation: Conversation) -> Any:
     kwargs = template_kwargs(renderer.family, conversation)
     name = renderer.family.name
     kind = MILES_TYPES[name]
     tokenizer = renderer.tokenizer
+    kwargs = {**kwargs, **MILES_TEMPLATE_DEFAULTS.get(name, {})}
     if name in MILES_FIXED:
         tokenizer, kwargs = miles_tokenizer(name), {**kwargs, "clear_thinking": True}
+    if name in MILES_ENCODED:
+        tokenizer = miles_encoded_tokenizer(name)
     # The most roles miles supports appending for the family (it refuses the rest).
-    for roles in (["tool", "user", "system"], ["tool", "user"]):
+    for roles in (["tool", "user", "system"], ["tool", "user"], ["tool"]):
         try:
             return get_tito_tokenizer(
                 tokenizer, kind, chat_template_kwargs=kwargs, allowed_append_roles=roles
             )
         except ValueError:
             continue
-    raise AssertionError(f"miles supports no user appends for {kind}")
+    raise AssertionError(f"miles supports no appends for {kind}")
 
 
 MILES = Oracle(
@@ -229,7 +272,7 @@ MILES = Oracle(
 
 QWEN_OPEN = "<|im_start|>assistant\n"
 TOOL_DECLARE = re.compile(r"(<\|im_system\|>tool_declare<\|im_middle\|>)(.*?)(<\|im_end\|>)")
-# The corpus's later system message and the user turn before it (tests/titoflow/tito/corpus.py).
+# The corpus's later system message and the user turn before it (tests/support/corpus.py).
 LATER_SYSTEM = "Reminder: the user is waiting."
 LATER_SYSTEM_AFTER = "<|start|>user<|message|>Status?<|end|>"
 RESULT = re.compile(
@@ -250,6 +293,23 @@ def glm_calls_joined(text: str) -> str:
         if before_calls.strip():
             turns[at] = turn.replace("</tool_call>\n<tool_call>", "</tool_call><tool_call>")
     return "<|assistant|>".join(turns)
+
+
+DEEPSEEK_BOS = "<｜begin▁of▁sentence｜>"
+DEEPSEEK_TOOLS_FIRST = re.compile(
+    re.escape(DEEPSEEK_BOS) + r"\n\n(## Tools\n.*?</functions>\n)(.*?)(?=<｜User｜>)", re.S
+)
+DEEPSEEK_LATER_SYSTEM_AFTER = re.compile(r"<｜User｜>Status\?<｜Assistant｜></?think>")
+
+
+def deepseek_tools_after_system(text: str) -> str:
+    """DeepSeek V3.2 text with the tool block moved after the system prompt it precedes."""
+    return DEEPSEEK_TOOLS_FIRST.sub(lambda m: DEEPSEEK_BOS + m[2] + "\n\n" + m[1], text, count=1)
+
+
+def deepseek_system_unopened(text: str) -> str:
+    """DeepSeek V4 text without the assistant opening after the later system message."""
+    return re.sub(re.escape(LATER_SYSTEM) + "<｜Assistant｜></?think>", LATER_SYSTEM, text)
 
 
 MILES_NO_SYSTEM = Difference(
@@ -326,6 +386,21 @@ PAIRS = [
         ),
     ),
     Pair(RENDERERS, "llama3"),
+    Pair(
+        RENDERERS,
+        "nemotron3",
+        (
+            Difference(
+                "later_system_refused",
+                "renderers' nemotron-3 renders a system message only as the first message and "
+                "raises for a later one; Nemotron 3's template writes it in place as a system "
+                'turn (`message.role == "user" or message.role == "system"`), and so does '
+                "renderers' bridge when it extends a chain with one",
+                kinds=("prompt",),
+                refused="System message must be at the beginning",
+            ),
+        ),
+    ),
     Pair(
         RENDERERS,
         "gemma4",
@@ -450,11 +525,71 @@ PAIRS = [
             ),
         ),
     ),
+    Pair(
+        RENDERERS,
+        "deepseek_v4",
+        (
+            Difference(
+                "system_unopened",
+                "renderers writes no assistant opening after a system message that ends the "
+                "conversation or that the model's turn follows; DeepSeek's encoder, as vLLM's "
+                "deepseek_v4 mode runs it (the template's judge), opens the model's turn there "
+                "(<｜Assistant｜> and </think> or <think>) as after a user turn",
+                kinds=("prompt",),
+                change=deepseek_system_unopened,
+            ),
+            Difference(
+                "bridge_declined",
+                "renderers' deepseek_v4 bridge declines new messages holding more than one tool "
+                "result (it sorts results by the calls they answer only in a full render) and, "
+                "with thinking on, a user query (its tool_cycle retention); the template writes "
+                "both after the chain as it stands, and titoflow continues it",
+                kinds=("tito",),
+                refused="declined to extend",
+            ),
+        ),
+    ),
     Pair(MILES, "qwen3", (MILES_NO_SYSTEM,)),
     Pair(MILES, "qwen3_coder", (MILES_NO_SYSTEM,)),
     Pair(MILES, "qwen35"),
     Pair(MILES, "glm45"),
+    Pair(MILES, "nemotron3"),
     Pair(MILES, "kimi_k2", (MILES_NO_SYSTEM,)),
+    Pair(
+        MILES,
+        "deepseek_v32",
+        (
+            Difference(
+                "tools_in_system_prompt",
+                "miles hands DeepSeek's encoder the tools inside the conversation's own system "
+                "message (`_inject_tools_into_system`, as SGLang does), written after its "
+                "content: the system prompt, a blank line, the tools; vLLM inserts them as a "
+                "system message of their own before it (`messages.insert(0, {'role': "
+                "'system'})`), which the template writes as vLLM's encoder does: a blank line, "
+                "the tools, a newline, then the system prompt",
+                kinds=("prompt",),
+                change=deepseek_tools_after_system,
+            ),
+            Difference(
+                "later_system_written",
+                "miles renders with DeepSeek's encoder, which writes a system message after "
+                "the first in place, its content with no header; llama.cpp's port writes it "
+                "nowhere (no branch of its loop takes it)",
+                kinds=("prompt",),
+                change=lambda t: DEEPSEEK_LATER_SYSTEM_AFTER.sub(lambda m: m[0] + LATER_SYSTEM, t),
+            ),
+            Difference(
+                "user_append_refused",
+                "miles' DeepSeek V3.2 class registers a row for tool appends only "
+                "(SUPPORTED_TEMPLATES): merge_tokens raises for a user message; the template "
+                "writes the user turn after the chain, and titoflow continues it (in thinking "
+                "mode, where the new turn rewrites the previous user turn's <think>, it renders "
+                "the prompt in full: thinking_opener_moved)",
+                kinds=("tito",),
+                refused="has role='user', allowed=['tool']",
+            ),
+        ),
+    ),
 ]
 
 
@@ -480,6 +615,16 @@ def judge(renderer: ChatRenderer, dicts: Dicts, conversation: Conversation) -> l
     return list(renderer.tokenizer.encode(text, add_special_tokens=False))
 
 
+def attempt(render: Callable[[], list[int] | None]) -> tuple[list[int] | None, str]:
+    """The oracle's ids, or None and why: its own refusal (compared by its message) or its
+    declining to extend."""
+    try:
+        ids = render()
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return ids, "" if ids is not None else "declined to extend"
+
+
 def comparisons(
     pair: Pair, renderer: ChatRenderer, conversation: Conversation
 ) -> Iterator[tuple[str, list[int], list[int] | None, str, Dicts, list[int]]]:
@@ -493,14 +638,14 @@ def comparisons(
     for turn in turns(renderer, conversation):
         dicts = [pair.oracle.dicts(renderer, m) for m in turn.history]
         full = renderer.full_prompt(turn.history, conversation.tools, kwargs)
-        yield "prompt", full, pair.oracle.prompt(oracle, dicts, tools), "", dicts, []
+        theirs, error = attempt(functools.partial(pair.oracle.prompt, oracle, dicts, tools))
+        yield "prompt", full, theirs, error, dicts, []
         if previous is not None:
-            try:
-                prompt, output, before = previous
-                theirs = pair.oracle.extend(oracle, before, dicts, prompt, output, tools)
-                error = "" if theirs is not None else "declined to extend"
-            except Exception as exc:  # the oracle's own refusal, compared by its message
-                theirs, error = None, f"{type(exc).__name__}: {exc}"
+            prompt, output, before = previous
+            extend = pair.oracle.extend
+            theirs, error = attempt(
+                functools.partial(extend, oracle, before, dicts, prompt, output, tools)
+            )
             yield "tito", turn.prompt, theirs, error, dicts, prompt + output
         answer = pair.oracle.dicts(renderer, turn.answer)
         previous = (turn.prompt, turn.output, [*dicts, answer])

@@ -1,7 +1,7 @@
 """titoflow's tool-call parsers agree with vLLM's on what a model output calls: the same texts
 go to titoflow's parser and to vLLM's, run in the engine environment (``Settings().engine_python``)
 by one subprocess for the module. Each family's cases and declared differences are in its module of
-``tests/titoflow/tito/parity`` (which says what tokenizer vLLM's parser is given and why).
+``tests/support/parity`` (which says what tokenizer vLLM's parser is given and why).
 
 Invariant checked on every case: where vLLM extracts calls, titoflow extracts the same names
 and JSON-equal arguments, unless the case is one of the family's declared differences (each a
@@ -15,7 +15,8 @@ The cases: vLLM's own parser tests for the family (model outputs copied as data,
 at each list), the malformed outputs these models commonly write, and seeded random mutations
 of well-formed calls (truncation, dropped closers, extra whitespace, reordered keys).
 vLLM's parsers take a tokenizer: each family's is the directory
-:func:`cli.dev.tokenizers.tokenizer_dir` builds, loaded with ``AutoTokenizer``.
+:func:`cli.dev.tokenizers.tokenizer_dir` builds, loaded with ``AutoTokenizer``, or, for a family
+whose module names a ``tekken`` file (Magistral), vLLM's own ``MistralTokenizer`` over it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from typing import Any
 import pytest
 
 from cli.dev.tokenizers import tokenizer_dir
-from tests.titoflow.tito.engine_env import run_in_engine
-from tests.titoflow.tito.parity import (
+from tests.support.engine_env import run_in_engine
+from tests.support.parity import (
     ENGINE,
     Call,
     Case,
     Family,
     deepseek_v3,
+    deepseek_v4,
     deepseek_v32,
     gemma3,
     gemma4,
@@ -44,6 +46,7 @@ from tests.titoflow.tito.parity import (
     kimi_k2,
     llama3,
     llama4,
+    magistral,
     minimax_m2,
     mistral,
     mistral_v11,
@@ -64,9 +67,11 @@ MODULES = (
     nemotron3,
     mistral,
     mistral_v11,
+    magistral,
     glm45,
     deepseek_v3,
     deepseek_v32,
+    deepseek_v4,
     qwen3,
     hermes,
     llama3,
@@ -84,12 +89,23 @@ def cases_of(family: Family) -> list[Case]:
     return family.fixed + family.mutants
 
 
+def engine_tokenizer(family: Family, scratch: pytest.TempPathFactory) -> tuple[str, str]:
+    """The directory vLLM's parsers load their tokenizer from, and the tokenizer mode."""
+    if family.tekken is None:
+        return str(tokenizer_dir(family.name)), "auto"
+    path = scratch.mktemp(f"{family.name}-tekken")
+    (path / "tekken.json").write_text(json.dumps(family.tekken(), ensure_ascii=False))
+    return str(path), "mistral"
+
+
 @pytest.fixture(scope="module")
-def vllm_calls() -> dict[str, list[list[Call]]]:
+def vllm_calls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list[Call]]]:
     """vLLM's calls for every case of every family, from one engine-environment process."""
+    tokenizers = {name: engine_tokenizer(f, tmp_path_factory) for name, f in FAMILIES.items()}
     job = {
         name: {
-            "tokenizer": str(tokenizer_dir(name)),
+            "tokenizer": tokenizers[name][0],
+            "tokenizer_mode": tokenizers[name][1],
             "tool_parser": family.tool_parser,
             "reasoning_parser": family.reasoning_parser,
             "tools": family.tools,

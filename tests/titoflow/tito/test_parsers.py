@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.families import function_tool
 from titoflow.tito.families import NAMES, family_named
 from titoflow.tito.families.base import ParserOptions, tool_call_id
 from titoflow.tito.output import (
@@ -28,24 +29,18 @@ def make_parser(family: str, step_id: str, **options: Any) -> OutputParser:
 STEP = "step-1"
 
 TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "content": {"type": "string"},
-                    "line": {"type": "integer"},
-                    "ratio": {"type": ["number", "null"]},
-                    "overwrite": {"type": "boolean"},
-                    "options": {"type": "object"},
-                    "tags": {"type": "array"},
-                },
-            },
+    function_tool(
+        "write_file",
+        {
+            "path": {"type": "string"},
+            "content": {"type": "string"},
+            "line": {"type": "integer"},
+            "ratio": {"type": ["number", "null"]},
+            "overwrite": {"type": "boolean"},
+            "options": {"type": "object"},
+            "tags": {"type": "array"},
         },
-    }
+    )
 ]
 
 Case = tuple[str, dict[str, Any], str]

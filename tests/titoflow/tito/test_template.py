@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.harness import claude_code_tools
+from tests.support.corpus import TOOLS, corpus
 from tests.support.family_corpus import (
     PROVEN,
     THINKING_SWITCH,
@@ -21,7 +22,6 @@ from tests.support.family_corpus import (
     template_kwargs,
     turns,
 )
-from tests.titoflow.tito.corpus import TOOLS, corpus
 from titoflow.errors import TemplateError
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer

@@ -29,9 +29,9 @@ from transformers.convert_slow_tokenizer import TikTokenConverter
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
 from cli.dev.tokenizers import mistral as mistral_recipe
 from cli.dev.tokenizers import mistral_v11 as mistral_v11_recipe
+from tests.support.engine_env import run_in_engine
+from tests.support.hostile import CORPUS, QUOTED_WORDS, SPELLS_CONTROL_TOKENS
 from tests.support.mistral_family import CONVERSATIONS, TOOLS
-from tests.titoflow.tito.engine_env import run_in_engine
-from tests.titoflow.tito.hostile import CORPUS, QUOTED_WORDS, SPELLS_CONTROL_TOKENS
 from titoflow.tito.messages import Message
 from titoflow.tito.render import ChatRenderer
 from titoflow.tito.tokenizer import TEKKEN, RemoteCodeRefused, TextEncoder, load_tokenizer
@@ -83,8 +83,9 @@ DECLARED = {
 }
 # The tokenizer mode vLLM picks for a family's checkpoints where it is not "auto": DeepSeek-V3.2's
 # architecture (DeepseekV32ForCausalLM) selects "deepseek_v32", which reads tokenizer.json as
-# written (the same file as deepseek_v3's, which the "auto" mode misreads: see DECLARED).
-MODES = {"deepseek_v32": "deepseek_v32"}
+# written (the same file as deepseek_v3's, which the "auto" mode misreads: see DECLARED);
+# DeepSeek-V4's (DeepseekV4ForCausalLM) selects "deepseek_v4", which reads it so too.
+MODES = {"deepseek_v32": "deepseek_v32", "deepseek_v4": "deepseek_v4"}
 
 
 # The pre-tokenizer pattern transformers' tiktoken converter falls back on (digits in threes, no

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from bench.harness import claude_code_tools
 from cli.dev.tokenizers import tokenizer_dir
+from tests.support.corpus import TOOLS, Conversation, corpus, tool
 from tests.support.family_corpus import (
     PROVEN,
     in_family_ids,
@@ -26,7 +27,6 @@ from tests.support.family_corpus import (
     reordered,
     template_kwargs,
 )
-from tests.titoflow.tito.corpus import TOOLS, Conversation, corpus, tool
 from titoflow.errors import NotAppendOnly, TemplateError
 from titoflow.tito.families import family_named
 from titoflow.tito.messages import Message, ToolCall

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from titoflow.tito.families.base import Family
 from titoflow.tito.families.deepseek import DEEPSEEK_V3
+from titoflow.tito.families.deepseek_v4 import DEEPSEEK_V4
 from titoflow.tito.families.deepseek_v32 import DEEPSEEK_V32
 from titoflow.tito.families.gemma3 import GEMMA3
 from titoflow.tito.families.gemma4 import GEMMA4
@@ -19,6 +20,7 @@ from titoflow.tito.families.hermes import HERMES
 from titoflow.tito.families.kimi_k2 import KIMI_K2
 from titoflow.tito.families.llama3 import LLAMA3
 from titoflow.tito.families.llama4 import LLAMA4
+from titoflow.tito.families.magistral import MAGISTRAL
 from titoflow.tito.families.minimax_m2 import MINIMAX_M2
 from titoflow.tito.families.mistral import MISTRAL
 from titoflow.tito.families.mistral_v11 import MISTRAL_V11
@@ -34,9 +36,11 @@ FAMILIES: tuple[Family, ...] = (
     HERMES,  # Qwen3's markers and Hermes' own system prompt: before Qwen3
     QWEN3,
     KIMI_K2,
+    MAGISTRAL,  # mistral_v11's markers and a template that writes reasoning: before it
     MISTRAL_V11,
     MISTRAL,
     DEEPSEEK_V3,
+    DEEPSEEK_V4,  # its <｜DSML｜tool_calls> block is its own: no other detector matches it
     DEEPSEEK_V32,  # the DSML markers are its own: no other detector matches it
     LLAMA3,
     GPT_OSS,

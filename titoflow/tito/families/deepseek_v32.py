@@ -27,16 +27,16 @@ thinking mode the ``<think>`` that opens the model's turn ends the last user tur
 results after it), and every earlier user turn ends ``</think>`` instead: a new user message
 rewrites the previous one's ending (``thinking_opener_moved``), so that turn is rendered in full,
 a new chain, as DeepSeek's encoder writes it too. The template served is llama.cpp's port with
-two pinned edits (cli/dev/tokenizers/deepseek_v32.py): no generation prompt (the user turn and the
-tool results write the assistant's opening, as DeepSeek's encoder does) and thinking off by
-default (as vLLM's ``deepseek_v32`` tokenizer mode).
+pinned edits (cli/dev/tokenizers/deepseek_v32.py): no generation prompt (the user turn and the
+tool results write the assistant's opening, as DeepSeek's encoder does), thinking off by default
+(as vLLM's ``deepseek_v32`` tokenizer mode), and the tool block as DeepSeek's encoder writes it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from titoflow.tito.families import grammar as g
@@ -138,9 +138,12 @@ def _parser(options: ParserOptions) -> OutputParser:
     return TaggedParser(options, parse_block, TAGS, implicit_close=True)
 
 
-def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+def invoke_grammar(
+    functions: Sequence[Function], write: Callable[[str], list[dict[str, Any]]]
+) -> dict[str, Any]:
     """``\\n<｜DSML｜invoke name="NAME">\\n`` + parameters + ``\\n</｜DSML｜invoke>``: xgrammar's
-    ``deepseek_xml`` arguments (each value raw or JSON, as its ``string`` attribute says)."""
+    ``deepseek_xml`` arguments (each value raw or JSON, as its ``string`` attribute says); the
+    markers as ``write`` gives them (V3.2: text; V4: ``｜DSML｜`` by its id)."""
     bodies = []
     for name, parameters in functions:
         if not name or any(c in name for c in '<>"') or any(c.isspace() for c in name):
@@ -148,17 +151,22 @@ def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any
         bodies.append(
             g.sequence(
                 [
-                    g.text(f'\n{INVOKE_OPEN}"{name}">\n'),
+                    *write(f'\n{INVOKE_OPEN}"{name}">\n'),
                     g.arguments(parameters, "deepseek_xml"),
-                    g.text(INVOKE_CLOSE),
+                    *write(INVOKE_CLOSE),
                 ]
             )
         )
     return g.one_of(bodies)
 
 
+def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+    return invoke_grammar(functions, lambda text: [g.text(text)])
+
+
 def _is_deepseek_v32(template: str) -> bool:
-    return "<｜Assistant｜>" in template and DSML in template
+    # Its block is function_calls; DeepSeek-V4's DSML block is tool_calls.
+    return "<｜Assistant｜>" in template and DSML in template and "function_calls" in template
 
 
 DEEPSEEK_V32 = Family(

@@ -52,7 +52,7 @@ ID_PATTERN = re.compile(f"[A-Za-z0-9]{{{ID_LENGTH}}}")
 _CALL_KEYS = frozenset({"name", "arguments", "id"})
 # The control tokens of the tekken vocabularies besides [TOOL_CALLS]: mistral-common's named
 # ones and the <SPECIAL_n> fillers of the remaining slots.
-_CONTROL = re.compile(
+CONTROL = re.compile(
     r"<unk>|<s>|</s>|<pad>|<SPECIAL_\d{1,3}>|\[(?:INST|/INST|AVAILABLE_TOOLS|/AVAILABLE_TOOLS|"
     r"TOOL_RESULTS|/TOOL_RESULTS|IMG|IMG_BREAK|IMG_END|PREFIX|MIDDLE|SUFFIX|SYSTEM_PROMPT|"
     r"/SYSTEM_PROMPT|TOOL_CONTENT)\]"
@@ -61,7 +61,7 @@ _CONTROL = re.compile(
 _LONGEST_MARKER = len("[/AVAILABLE_TOOLS]")
 
 
-def _undecided(text: str) -> int:
+def undecided(text: str) -> int:
     """Length of the end of ``text`` that may still grow into a marker: from its last ``[`` or
     ``<`` when no closing bracket follows it and it is short enough."""
     start = max(text.rfind("["), text.rfind("<"))
@@ -137,12 +137,12 @@ class MistralParser(IncrementalParser):
             self._buf = self._buf[start + len(TOOL_CALLS) :]
             self._in_calls = True
             return
-        held = 0 if final else _undecided(self._buf)
+        held = 0 if final else undecided(self._buf)
         self._emit(self._buf[: len(self._buf) - held])
         self._buf = self._buf[len(self._buf) - held :]
 
     def _emit(self, text: str) -> None:
-        text = _CONTROL.sub("", text)
+        text = CONTROL.sub("", text)
         if text:
             self._content.append(text)
             self._out.append(TextDelta(text))

@@ -1,7 +1,7 @@
-"""Mistral's v11 instruct format of the tekken tokenizers (Mistral Small 3.2, Devstral Small 2507,
-Magistral Small 2506, its reasoning unparsed): the answer's text, then each call as
-``[TOOL_CALLS]`` (a control token), the function's name, ``[CALL_ID]`` and the call's id,
-``[ARGS]`` and the arguments as a JSON object, up to ``</s>``::
+"""Mistral's v11 instruct format of the tekken tokenizers (Mistral Small 3.2, Devstral Small
+2507): the answer's text, then each call as ``[TOOL_CALLS]`` (a control token), the function's
+name, ``[CALL_ID]`` and the call's id, ``[ARGS]`` and the arguments as a JSON object, up to
+``</s>``::
 
     Let me look.[TOOL_CALLS]read_file[CALL_ID]a1B2c3D4e[ARGS]{"path": "a"}[TOOL_CALLS]run...
 
@@ -13,9 +13,9 @@ scan (the parser is v7's with its own call reader), the nine-character ids and t
 
 Read as models and templates write them: the id is optional (v13's shape, and Devstral's
 template, write ``NAME[ARGS]{...}``; the parser then gives the call its own id), and
-``NAME{...}`` without ``[ARGS]`` is read as vLLM's Mistral parser reads it. Magistral's
-reasoning (plain ``<think>`` text in v11) and v13's ``[THINK]`` tokens are not parsed:
-reasoning stays content.
+``NAME{...}`` without ``[ARGS]`` is read as vLLM's Mistral parser reads it. Reasoning is not
+parsed: Magistral Small 2506's template, which writes its ``<think>`` text back, is the
+``magistral`` family; v13's ``[THINK]`` tokens stay content, as v13's templates write them.
 
 Invariants: the parser's result depends only on the whole text, never its chunking (the calls
 run to the end of the output and are read by ``finish``); a malformed call run goes back as text
@@ -126,7 +126,7 @@ def _is_mistral_v11(template: str) -> bool:
 MISTRAL_V11 = Family(
     name="mistral_v11",
     summary=(
-        "Mistral tekken v11 (Small 3.2, Devstral Small 2507, Magistral Small 2506): "
+        "Mistral tekken v11 (Small 3.2, Devstral Small 2507): "
         "[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{json} per call, 9-character call ids"
     ),
     detect=_is_mistral_v11,

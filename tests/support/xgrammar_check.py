@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cli.dev.tokenizers import tokenizer_dir
-from tests.titoflow.tito.engine_env import run_in_engine
+from tests.support.engine_env import run_in_engine
 from titoflow.tito.families import grammar
 from titoflow.tito.families.base import Family
 

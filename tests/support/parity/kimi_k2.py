@@ -10,24 +10,25 @@ from __future__ import annotations
 import random
 import re
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    GET_WEATHER,
+    READ_ARGUMENTS,
+    READ_FILE,
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     json_object,
     mutants,
-    space_after,
-    tool,
+    mutator,
+    read_file_keys_swapped,
 )
 
 S, E = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 B, A, C = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 
 KIMI_TOOLS = [
-    tool("get_weather", {"city": {"type": "string"}}),
-    tool("read_file", {"path": {"type": "string"}, "line": {"type": "integer"}}),
+    GET_WEATHER,
+    READ_FILE,
 ]
 
 # vLLM tests/tool_parsers/test_kimi_k2_tool_parser.py, commit
@@ -120,7 +121,7 @@ def kimi_call(name: str, index: int, arguments: str) -> str:
 
 
 WEATHER = kimi_call("get_weather", 0, '{"city": "Tokyo"}')
-READ = kimi_call("read_file", 1, '{"path": "src/a.py", "line": 3}')
+READ = kimi_call("read_file", 1, READ_ARGUMENTS)
 
 # What K2-Thinking and K2.5 commonly write around their calls.
 KIMI_MALFORMED = [
@@ -138,7 +139,6 @@ KIMI_MALFORMED = [
 
 
 def kimi_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     one = f"{S}{WEATHER}{E}"
     two = f"{S}{WEATHER}{READ}{E}"
     return [
@@ -150,21 +150,17 @@ def kimi_bases() -> list[tuple[str, bool]]:
     ]
 
 
-def kimi_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "late_think"])
-    if op == "truncate":
-        return cut_after(text, S, rng)
-    if op == "drop":
-        return drop_one(text, rng.choice([E, C, "</think>", S]), rng)
-    if op == "space":
-        return space_after(text, r"\|>|\}", rng)
-    if op == "reorder":
-        return text.replace('{"path": "src/a.py", "line": 3}', '{"line": 3, "path": "src/a.py"}')
-    # The reasoning closed after the section rather than before it.
+def late_think(text: str, rng: random.Random) -> str:
+    """The reasoning closed after the section rather than before it."""
     if "</think>" in text:
         text = text.replace("</think>", "", 1)
         return text.replace(E, E + "</think>", 1)
     return text
+
+
+kimi_mutate = mutator(
+    S, [E, C, "</think>", S], r"\|>|\}", reorder=read_file_keys_swapped, other=late_think
+)
 
 
 def kimi_header_ids(text: str) -> list[str]:
@@ -215,7 +211,6 @@ FAMILY = Family(
     mutants(kimi_bases(), kimi_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "section_before_think_close": ["get_weather"],
     "section_before_late_think_close": ["get_weather", "read_file"],

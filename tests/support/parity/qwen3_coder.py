@@ -3,20 +3,15 @@ it does not reason)."""
 
 from __future__ import annotations
 
-import random
-import re
-
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     mutants,
-    parameters_lost,
-    space_after,
-    swap_two,
+    mutator,
+    swapping,
     tool,
+    xml_parameter_differences,
 )
 
 CODER_TOOLS = [
@@ -129,45 +124,17 @@ def coder_bases() -> list[tuple[str, bool]]:
     ]
 
 
-CODER_CLOSERS = ("</parameter>", "</function>", "</tool_call>", "<tool_call>")
+coder_mutate = mutator(
+    "<",
+    ("</parameter>", "</function>", "</tool_call>", "<tool_call>"),
+    r"</?(tool_call|function|parameter)[^>]*>",
+    swapping(r"<parameter=[^>]*>\n.*?\n</parameter>\n"),  # parameters in another order
+)
 
 
-def coder_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder"])
-    if op == "truncate":
-        return cut_after(text, "<", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice(CODER_CLOSERS), rng)
-    if op == "space":
-        return space_after(text, r"</?(tool_call|function|parameter)[^>]*>", rng)
-    # Parameters in another order.
-    return swap_two(text, r"<parameter=[^>]*>\n.*?\n</parameter>\n", rng)
-
-
-def params_of(text: str) -> list[str]:
-    return re.findall(r"<parameter=([^>\n]*)>", text)
-
-
-CODER_DIFFERENCES = (  # the first that applies names the case: the specific first
-    Difference(
-        "parameter_given_twice",
-        "vLLM keeps the last value of a parameter written twice; titoflow does not guess which",
-        lambda text, calls: any(
-            len(set(params_of(block))) < len(params_of(block)) for block in text.split("<function=")
-        ),
-    ),
-    Difference(
-        "value_end_unknown",
-        "a parameter with no known end (cut off in its name or value, or its value running "
-        "into </function>): vLLM drops the parameter and calls the tool without it; titoflow "
-        "refuses rather than call with an argument missing or guessed",
-        parameters_lost,
-    ),
-    Difference(
-        "cut_inside_a_tag",
-        "the output ends inside a tag ('<', '</func'): vLLM drops the partial tag and calls the "
-        "tool; titoflow refuses, the model having been cut off writing more of the call",
-        lambda text, calls: re.search(r"<[^>]*$", text) is not None,
+CODER_DIFFERENCES = (
+    *xml_parameter_differences(
+        r"<parameter=([^>\n]*)>", "<function=", "</function>", "'<', '</func'"
     ),
     Difference(
         "function_closer_missing_mid_output",
@@ -194,7 +161,6 @@ FAMILY = Family(
     mutants(coder_bases(), coder_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "bare_function": ["edit"],
     "bare_function_stray_closer": ["edit"],

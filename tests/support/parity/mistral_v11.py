@@ -14,17 +14,21 @@ import json
 import random
 import re
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    READ_ARGUMENTS,
     Call,
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     mutants,
-    space_after,
 )
-from tests.titoflow.tito.parity.mistral import MISTRAL_READ, MISTRAL_TOOLS, SF
+from tests.support.parity.mistral import (
+    MISTRAL_READ,
+    MISTRAL_TOOLS,
+    SF,
+    mistral_mutator,
+    text_after_the_calls,
+)
 
 # vLLM tests/tool_parsers/test_mistral_tool_parser.py, commit
 # 002d5731d3ee99b92d80b103be81c212245f1acf, the v11 model outputs verbatim (the ids v11-*).
@@ -42,59 +46,61 @@ V11_VLLM = [
     ),
 ]
 
-READ = '{"path": "src/a.py", "line": 3}'
 ID = "[CALL_ID]Zz9Yy8Xx7"
 WEATHER = "[TOOL_CALLS]get_current_weather" + ID + "[ARGS]" + SF
 
 # What v11 models and templates write: mistral-common's and Small 3.2's format (with the id),
 # v13's and Devstral's (without), and the malformed outputs a policy writes.
 V11_MALFORMED = [
-    Case("with_call_id", "[TOOL_CALLS]read_file[CALL_ID]a1B2c3D4e[ARGS]" + READ),
-    Case("args_marker_no_id", "[TOOL_CALLS]read_file[ARGS]" + READ),
-    Case("content_then_two_calls", "Let me look.[TOOL_CALLS]read_file[ARGS]" + READ + WEATHER),
-    Case("space_before_arguments", "[TOOL_CALLS]read_file[ARGS] " + READ),
+    Case("with_call_id", "[TOOL_CALLS]read_file[CALL_ID]a1B2c3D4e[ARGS]" + READ_ARGUMENTS),
+    Case("args_marker_no_id", "[TOOL_CALLS]read_file[ARGS]" + READ_ARGUMENTS),
+    Case(
+        "content_then_two_calls",
+        "Let me look.[TOOL_CALLS]read_file[ARGS]" + READ_ARGUMENTS + WEATHER,
+    ),
+    Case("space_before_arguments", "[TOOL_CALLS]read_file[ARGS] " + READ_ARGUMENTS),
     Case("empty_arguments", "[TOOL_CALLS]list_dir[ARGS]{}"),
     Case(
         "unicode_and_nested_arguments",
         '[TOOL_CALLS]bash[ARGS]{"command": "echo \'naïve 漢字 🙂\'", "env": {"A": [1, null]}}',
     ),
     Case("newlines_before_the_calls", 'Checking.\n\n[TOOL_CALLS]get_age[ARGS]{"name": "Ann"}'),
-    Case("call_cut_off", "[TOOL_CALLS]read_file[ARGS]" + READ[:12]),
+    Case("call_cut_off", "[TOOL_CALLS]read_file[ARGS]" + READ_ARGUMENTS[:12]),
     Case("no_arguments", "[TOOL_CALLS]list_dir[ARGS]"),
-    Case("text_after_the_arguments", "[TOOL_CALLS]read_file[ARGS]" + READ + " I will wait."),
+    Case(
+        "text_after_the_arguments", "[TOOL_CALLS]read_file[ARGS]" + READ_ARGUMENTS + " I will wait."
+    ),
     Case("arguments_as_a_json_string", '[TOOL_CALLS]get_age[ARGS]"{\\"name\\": \\"Ann\\"}"'),
-    Case("call_without_a_name", "[TOOL_CALLS][ARGS]" + READ),
-    Case("name_with_a_space", "[TOOL_CALLS]read file[ARGS]" + READ),
-    Case("openai_style_id", "[TOOL_CALLS]read_file[CALL_ID]call_0[ARGS]" + READ),
+    Case("call_without_a_name", "[TOOL_CALLS][ARGS]" + READ_ARGUMENTS),
+    Case("name_with_a_space", "[TOOL_CALLS]read file[ARGS]" + READ_ARGUMENTS),
+    Case("openai_style_id", "[TOOL_CALLS]read_file[CALL_ID]call_0[ARGS]" + READ_ARGUMENTS),
     Case("v7_json_list", f"[TOOL_CALLS][{MISTRAL_READ}]"),
 ]
 
 
 def v11_bases() -> list[tuple[str, bool]]:
     return [
-        ("[TOOL_CALLS]read_file[ARGS]" + READ, False),
-        ("Let me check.[TOOL_CALLS]read_file[ARGS]" + READ + WEATHER.replace(ID, ""), False),
+        ("[TOOL_CALLS]read_file[ARGS]" + READ_ARGUMENTS, False),
+        (
+            "Let me check.[TOOL_CALLS]read_file[ARGS]" + READ_ARGUMENTS + WEATHER.replace(ID, ""),
+            False,
+        ),
         ('[TOOL_CALLS]add{"a": 3.5, "b": 4}', False),
     ]
 
 
-def v11_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "trail", "lead", "form"])
+def v11_own(text: str, rng: random.Random) -> str:
+    op = rng.choice(["lead", "form", "trail"])
     if op == "lead":  # text before the calls
         return rng.choice(["Sure. ", "Let me check.\n", "On it: "]) + text
     if op == "form":  # NAME[ARGS]{...} and NAME{...}, both v11 (vLLM's tests write the second)
         if "[ARGS]{" in text:
             return text.replace("[ARGS]{", "{")
         return re.sub(r"(\[TOOL_CALLS\]\w+)\{", r"\1[ARGS]{", text)
-    if op == "truncate":
-        return cut_after(text, "[TOOL_CALLS]", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice(["}", '"', "[ARGS]", "[TOOL_CALLS]"]), rng)
-    if op == "space":
-        return space_after(text, r"\[ARGS\]|[{,:]", rng)
-    if op == "reorder":
-        return text.replace('"path": "src/a.py", "line": 3', '"line": 3, "path": "src/a.py"')
-    return text + rng.choice([" Done.", "\n\nI'll wait.", "[TOOL_CALLS]"])
+    return text_after_the_calls(text, rng)
+
+
+v11_mutate = mistral_mutator(["}", '"', "[ARGS]", "[TOOL_CALLS]"], r"\[ARGS\]|[{,:]", v11_own)
 
 
 def arguments_after(text: str) -> list[str]:
@@ -172,7 +178,7 @@ V11_DIFFERENCES = (
 FAMILY = Family(
     "mistral_v11",
     "mistral",
-    None,  # v11 text reasoning (Magistral's <think>) is not parsed: declared in docs/models.md
+    None,  # no reasoning block (Magistral Small 2506's <think> is the magistral family's)
     MISTRAL_TOOLS,
     ("[TOOL_CALLS]",),
     V11_DIFFERENCES,

@@ -6,14 +6,8 @@ parser Gemma 3's refines; only ``[`` opens a call (Gemma has no python tag)."""
 
 from __future__ import annotations
 
-from tests.titoflow.tito.parity import Case, Family, mutants
-from tests.titoflow.tito.parity.llama4 import (
-    LLAMA4_DIFFERENCES,
-    LLAMA4_TOOLS,
-    RUN,
-    TWO,
-    llama4_mutate,
-)
+from tests.support.parity import Case, Family, mutants
+from tests.support.parity.llama4 import LLAMA4_DIFFERENCES, LLAMA4_TOOLS, RUN, TWO, llama4_mutate
 
 # vLLM tests/tool_parsers/test_pythonic_tool_parser.py, commit
 # 0716d268c7d81e445bd9ae30205f7bf4cfacd7d5, model outputs verbatim.
@@ -76,7 +70,6 @@ FAMILY = Family(
     mutants(gemma3_bases(), llama4_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error.
 READS = {
     "json_literals": ["run"],
     "negative_number": ["calc"],

@@ -4,20 +4,15 @@ reasoning block its generation prompt opened (``]~b]ai\\n<think>\\n``): every ca
 
 from __future__ import annotations
 
-import random
-import re
-
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     mutants,
-    parameters_lost,
-    space_after,
-    swap_two,
+    mutator,
+    swapping,
     tool,
+    xml_parameter_differences,
 )
 
 STRING = {"type": "string"}
@@ -124,46 +119,16 @@ def minimax_bases() -> list[tuple[str, bool]]:
     return [(TURN, True), ("Two at once.\n</think>\n\n" + two, True), (RUN, True)]
 
 
-MINIMAX_CLOSERS = ("</parameter>", "</invoke>", "</minimax:tool_call>", "</think>")
+minimax_mutate = mutator(
+    "<minimax:tool_call>",
+    ("</parameter>", "</invoke>", "</minimax:tool_call>", "</think>"),
+    r"</?(minimax:tool_call|invoke|parameter)[^>]*>",
+    swapping(r'<parameter name="[^"]*">.*?</parameter>\n'),  # parameters in another order
+)
 
 
-def minimax_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder"])
-    if op == "truncate":
-        return cut_after(text, "<minimax:tool_call>", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice(MINIMAX_CLOSERS), rng)
-    if op == "space":
-        return space_after(text, r"</?(minimax:tool_call|invoke|parameter)[^>]*>", rng)
-    # Parameters in another order.
-    return swap_two(text, r'<parameter name="[^"]*">.*?</parameter>\n', rng)
-
-
-def params_of(text: str) -> list[str]:
-    return re.findall(r"<parameter name=([^>]*)>", text)
-
-
-MINIMAX_DIFFERENCES = (  # the first that applies names the case: the specific first
-    Difference(
-        "parameter_given_twice",
-        "vLLM keeps the last value of a parameter written twice; titoflow does not guess which",
-        lambda text, calls: any(
-            len(set(params_of(block))) < len(params_of(block)) for block in text.split("<invoke")
-        ),
-    ),
-    Difference(
-        "value_end_unknown",
-        "a parameter with no known end (cut off in its name or value, or its value running "
-        "into </invoke>): vLLM drops the parameter and calls the tool without it; titoflow "
-        "refuses rather than call with an argument missing or guessed",
-        parameters_lost,
-    ),
-    Difference(
-        "cut_inside_a_tag",
-        "the output ends inside a tag ('<', '</inv'): vLLM drops the partial tag and calls the "
-        "tool; titoflow refuses, the model having been cut off writing more of the call",
-        lambda text, calls: re.search(r"<[^>]*$", text) is not None,
-    ),
+MINIMAX_DIFFERENCES = (
+    *xml_parameter_differences(r"<parameter name=([^>]*)>", "<invoke", "</invoke>", "'<', '</inv'"),
     Difference(
         "undeclared_tool_kept",
         "vLLM drops a call to a tool the request does not declare; titoflow returns the call as "
@@ -193,7 +158,6 @@ FAMILY = Family(
     mutants(minimax_bases(), minimax_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error.
 READS = {
     "call_before_think_close": ["run"],
     "unclosed_final_section": ["run"],

@@ -9,7 +9,7 @@ import json
 import random
 from typing import Any
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
     Call,
     Case,
     Difference,
@@ -213,7 +213,6 @@ FAMILY = Family(
     mutants(gemma4_bases(), gemma4_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error.
 READS = {
     "reasoning_then_call": ["run"],
     "call_inside_reasoning": ["run"],

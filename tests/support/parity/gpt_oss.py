@@ -13,15 +13,17 @@ from __future__ import annotations
 import random
 import re
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    GET_WEATHER,
+    READ_ARGUMENTS,
+    READ_FILE,
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     json_object,
     mutants,
-    space_after,
+    mutator,
+    read_file_keys_swapped,
     tool,
 )
 
@@ -30,8 +32,8 @@ CONSTRAIN, END, CALL, RETURN = "<|constrain|>", "<|end|>", "<|call|>", "<|return
 
 GPT_OSS_TOOLS = [
     tool("get_current_weather", {"location": {"type": "string"}}),
-    tool("get_weather", {"city": {"type": "string"}}),
-    tool("read_file", {"path": {"type": "string"}, "line": {"type": "integer"}}),
+    GET_WEATHER,
+    READ_FILE,
 ]
 
 # vLLM tests/parser/test_harmony.py, commit 06cbadc2c809be0d442da52380453f6bb69e766a (TestParse,
@@ -148,7 +150,7 @@ def call(name: str, arguments: str) -> str:
 
 
 WEATHER = call("get_weather", '{"city": "Tokyo"}')
-READ = call("read_file", '{"path": "src/a.py", "line": 3}')
+READ = call("read_file", READ_ARGUMENTS)
 OSLO = '{"city": "Oslo"}'
 
 # What gpt-oss commonly writes around its calls. The engine stops on <|call|>, which titoflow's
@@ -219,7 +221,6 @@ GPT_OSS_MALFORMED = [
 
 
 def gpt_oss_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     template = f" to=functions.read_file{CHANNEL}commentary json{MESSAGE}"
     preamble = f"{CHANNEL}commentary{MESSAGE}Reading.{END}{START}assistant"
     return [
@@ -227,22 +228,22 @@ def gpt_oss_bases() -> list[tuple[str, bool]]:
         (analysis("Read it.") + READ, False),
         (analysis("Two steps.") + preamble + READ, False),
         (WEATHER + CALL, False),
-        (analysis("r") + template + '{"path": "src/a.py", "line": 3}', False),
+        (analysis("r") + template + READ_ARGUMENTS, False),
     ]
 
 
-def gpt_oss_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "channel"])
-    if op == "truncate":
-        return cut_after(text, "to=functions.", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice([END, START, CONSTRAIN, MESSAGE, "assistant", "}"]), rng)
-    if op == "space":
-        return space_after(text, r"\|>|\}|json", rng)
-    if op == "reorder":
-        return text.replace('{"path": "src/a.py", "line": 3}', '{"line": 3, "path": "src/a.py"}')
+def other_channel(text: str, rng: random.Random) -> str:
     channel = rng.choice(["analysis to=", "final to=", "commentary  to="])
     return text.replace("commentary to=", channel, 1)
+
+
+gpt_oss_mutate = mutator(
+    "to=functions.",
+    [END, START, CONSTRAIN, MESSAGE, "assistant", "}"],
+    r"\|>|\}|json",
+    reorder=read_file_keys_swapped,
+    other=other_channel,
+)
 
 
 def unstarted_call(text: str) -> bool:
@@ -302,7 +303,6 @@ FAMILY = Family(
     harmony=True,
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "channel_repeated_after_recipient": ["get_weather"],
     "spaces_in_header": ["get_weather"],

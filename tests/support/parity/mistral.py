@@ -11,14 +11,15 @@ import random
 import re
 from typing import Any
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    READ_FILE,
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
+    Mutate,
     mutants,
-    space_after,
+    mutator,
+    read_file_keys_swapped,
     tool,
 )
 
@@ -32,7 +33,7 @@ MISTRAL_TOOLS = [
     ),
     tool("get_age", {"name": {"type": "string"}}),
     tool("bash", {"command": {"type": "string"}}),
-    tool("read_file", {"path": {"type": "string"}, "line": {"type": "integer"}}),
+    READ_FILE,
 ]
 
 # vLLM tests/tool_parsers/test_mistral_tool_parser.py, commit
@@ -118,19 +119,27 @@ def mistral_bases() -> list[tuple[str, bool]]:
     ]
 
 
-def mistral_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "bare", "trail"])
-    if op == "truncate":
-        return cut_after(text, "[TOOL_CALLS]", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice(["]", "}", '"', "[TOOL_CALLS]"]), rng)
-    if op == "space":
-        return space_after(text, r"\[TOOL_CALLS\]|[\[{,:]", rng)
-    if op == "reorder":
-        return text.replace('"path": "src/a.py", "line": 3', '"line": 3, "path": "src/a.py"')
-    if op == "bare":  # a lone call without its list
-        return re.sub(r"\[TOOL_CALLS\](\s*)\[(\{[^\[\]]*\})\]", r"[TOOL_CALLS]\1\2", text)
+def mistral_mutator(closers: list[str], spaced: str, own: Mutate) -> Mutate:
+    """Both Mistral formats' mutations: the output cut after its first ``[TOOL_CALLS]``, one of
+    ``closers`` dropped, whitespace after a match of ``spaced``, the ``read_file`` arguments'
+    keys swapped, and the format's ``own``."""
+    return mutator("[TOOL_CALLS]", closers, spaced, read_file_keys_swapped, own)
+
+
+def text_after_the_calls(text: str, rng: random.Random) -> str:
+    """Words after the calls, or another marker with nothing after it (both Mistral formats)."""
     return text + rng.choice([" Done.", "\n\nI'll wait.", "[TOOL_CALLS]"])
+
+
+def bare_or_text_after(text: str, rng: random.Random) -> str:
+    if rng.choice([True, False]):  # a lone call without its list
+        return re.sub(r"\[TOOL_CALLS\](\s*)\[(\{[^\[\]]*\})\]", r"[TOOL_CALLS]\1\2", text)
+    return text_after_the_calls(text, rng)
+
+
+mistral_mutate = mistral_mutator(
+    ["]", "}", '"', "[TOOL_CALLS]"], r"\[TOOL_CALLS\]|[\[{,:]", bare_or_text_after
+)
 
 
 def mistral_payload(text: str) -> list[Any]:

@@ -12,19 +12,20 @@ parsers do not read: they look up the markers, single added tokens either way.""
 
 from __future__ import annotations
 
-import random
 import re
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    GET_WEATHER,
+    READ_ARGUMENTS,
+    READ_FILE,
     Call,
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     json_object,
     mutants,
-    space_after,
+    mutator,
+    read_file_keys_swapped,
     tool,
 )
 
@@ -34,8 +35,8 @@ CB, SEP, CE = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁c
 DEEPSEEK_TOOLS = [
     tool("foo", {"x": {"type": "integer"}}),  # the functions vLLM's V3.1 parser tests call
     tool("bar", {"y": {"type": "integer"}}),
-    tool("get_weather", {"city": {"type": "string"}}),
-    tool("read_file", {"path": {"type": "string"}, "line": {"type": "integer"}}),
+    GET_WEATHER,
+    READ_FILE,
 ]
 
 
@@ -61,7 +62,7 @@ DEEPSEEK_VLLM = [
 ]
 
 WEATHER = ds_call("get_weather", '{"city": "Paris"}')
-READ = ds_call("read_file", '{"path": "src/a.py", "line": 3}')
+READ = ds_call("read_file", READ_ARGUMENTS)
 
 # What V3.1 (and V3.1-Terminus, V3.2-Exp) commonly write around their calls.
 DEEPSEEK_MALFORMED = [
@@ -82,7 +83,6 @@ DEEPSEEK_MALFORMED = [
 
 
 def deepseek_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     return [
         (f"{B}{WEATHER}{E}", False),
         (f"Let me check both.{B}{WEATHER}{READ}{E}", False),
@@ -91,17 +91,13 @@ def deepseek_bases() -> list[tuple[str, bool]]:
     ]
 
 
-def deepseek_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "trail"])
-    if op == "truncate":
-        return cut_after(text, B, rng)
-    if op == "drop":
-        return drop_one(text, rng.choice([E, CE, CB, SEP, B]), rng)
-    if op == "space":
-        return space_after(text, r"｜>|\}", rng)
-    if op == "reorder":
-        return text.replace('{"path": "src/a.py", "line": 3}', '{"line": 3, "path": "src/a.py"}')
-    return text + rng.choice([" Done.", "\n\nI'll wait.", E])
+deepseek_mutate = mutator(
+    B,
+    [E, CE, CB, SEP, B],
+    r"｜>|\}",
+    reorder=read_file_keys_swapped,
+    other=lambda text, rng: text + rng.choice([" Done.", "\n\nI'll wait.", E]),  # text after
+)
 
 
 def ds_spans(text: str) -> list[str]:
@@ -127,7 +123,7 @@ def ds_newline_dropped(text: str, calls: list[Call]) -> bool:
     return any("\n" in span for span in spans) and len(calls) < len(spans)
 
 
-DEEPSEEK_DIFFERENCES = (  # the first that applies names the case: the specific first
+DEEPSEEK_DIFFERENCES = (
     Difference(
         "cut_off_call",
         "the output ends inside a call or a marker: vLLM extracts the whole calls before it; "
@@ -177,7 +173,6 @@ FAMILY = Family(
     mutants(deepseek_bases(), deepseek_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "section_end_missing": ["get_weather", "read_file"],
     "whitespace_between_markers": ["get_weather", "read_file"],

@@ -8,15 +8,15 @@ prompt opens ``<think>``, so the model's output starts inside the reasoning, whi
 
 from __future__ import annotations
 
-from tests.titoflow.tito.parity import Case, Family, mutants
-from tests.titoflow.tito.parity.qwen3_coder import (
+from tests.support.parity import Case, Family, mutants
+from tests.support.parity.qwen3_coder import (
     CODER_DIFFERENCES,
     CODER_MALFORMED,
     CODER_VLLM,
     EDIT,
     coder_bases,
 )
-from tests.titoflow.tito.parity.qwen35 import (
+from tests.support.parity.qwen35 import (
     QWEN35_TOOLS,
     RECOVERY_BLOCK,
     RECOVERY_VLLM,
@@ -57,7 +57,6 @@ NEMOTRON3_MALFORMED = [
 
 
 def nemotron3_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     return [
         *((REASONED + text, True) for text, _ in coder_bases()),
         (f"Both.\n{EDIT}\n{RECOVERY_BLOCK}\n</think>\n", True),
@@ -79,7 +78,6 @@ FAMILY = Family(
     mutants(nemotron3_bases(), qwen35_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error.
 READS = {
     "content_then_call": ["edit"],
     "call_before_think_close": ["edit"],

@@ -7,8 +7,8 @@ Hermes' markers, cli/dev/tokenizers/hermes.py)."""
 
 from __future__ import annotations
 
-from tests.titoflow.tito.parity import Case, Family, mutants
-from tests.titoflow.tito.parity.qwen3 import (
+from tests.support.parity import Case, Family, mutants
+from tests.support.parity.qwen3 import (
     HERMES_VLLM,
     QWEN3_DIFFERENCES,
     QWEN3_TOOLS,
@@ -39,7 +39,6 @@ HERMES_MALFORMED = [
 
 
 def hermes_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     return [
         (READ, False),
         (f"{READ}\n{WEATHER}", False),
@@ -59,7 +58,6 @@ FAMILY = Family(
     mutants(hermes_bases(), qwen3_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "vllm_tool_call_until_eos": ["final_answer"],
     "no_newlines_in_block": ["list_dir"],

@@ -6,19 +6,20 @@ before ``</think>`` ends the reasoning there. The tokenizer is Qwen3's own."""
 from __future__ import annotations
 
 import json
-import random
 import re
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    GET_WEATHER,
+    READ_ARGUMENTS,
+    READ_FILE,
     Call,
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
     json_object,
     mutants,
-    space_after,
+    mutator,
+    recovery_cases,
     tool,
 )
 
@@ -26,11 +27,11 @@ QWEN3_TOOLS = [
     # The functions vLLM's hermes parser tests call.
     tool("final_answer", {"trigger": {"type": "boolean"}}),
     tool("get_current_temperature", {"location": {"type": "string"}, "unit": {"type": "string"}}),
-    tool("get_weather", {"city": {"type": "string"}}),
+    GET_WEATHER,
     tool("search", {"q": {"type": "string"}}),
     tool("get_db_config", {"param": {"type": "string"}}),
     tool("f", {"x": {"type": "integer"}}),
-    tool("read_file", {"path": {"type": "string"}, "line": {"type": "integer"}}),
+    READ_FILE,
     tool("list_dir", {}),
 ]
 
@@ -85,34 +86,16 @@ HERMES_VLLM = [
     ),
 ]
 
-# vLLM tests/reasoning/test_qwen3_tool_call_recovery.py, commit
-# 50e9a157fa59b72ad3b91662dce21f15711a6762: its outputs, a call block inside <think>, with
-# Qwen3's JSON block where that test has Qwen3-Coder's XML one.
+# vLLM's recovery outputs with Qwen3's JSON block where that test has Qwen3-Coder's XML one.
 RECOVERY_BLOCK = '<tool_call>\n{"name": "Finish", "arguments": {"answer": "204"}}\n</tool_call>'
-QWEN3_REASONING_VLLM = [
-    Case(
-        "vllm_embedded_tool_call_promoted_from_reasoning",
-        "<think>The verification confirms my solution:\n- s = 2.5 km/h\n- t = 24 minutes\n"
-        "- Total time at speed 3 km/h = 204 minutes\n\n" + RECOVERY_BLOCK + "\n</think>",
-    ),
-    Case(
-        "vllm_existing_content_preserved_after_promotion",
-        "<think>verify result\n" + RECOVERY_BLOCK + "</think>Here is the answer.",
-    ),
-    # Cut off before </think> with no <think> written: the prompt opened it.
-    Case("vllm_truncated_reasoning_recovers_tool_call", "verify result\n" + RECOVERY_BLOCK, True),
-    Case(
-        "vllm_normal_reasoning_unchanged",
-        "<think>Let me think about this carefully.\nThe answer is 42.</think>The answer is 42.",
-    ),
-]
+QWEN3_REASONING_VLLM = recovery_cases(RECOVERY_BLOCK, full=False)
 
 
 def qwen3_call(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
 
-READ = qwen3_call("read_file", '{"path": "src/a.py", "line": 3}')
+READ = qwen3_call("read_file", READ_ARGUMENTS)
 READ_OBJECT = READ.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
 WEATHER = qwen3_call("get_weather", '{"city": "Tokyo"}')
 
@@ -136,7 +119,6 @@ QWEN3_MALFORMED = [
 
 
 def qwen3_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     return [
         (f"<think>\nLet me check.\n</think>\n\n{READ}", False),
         (f"<think>\nTwo calls.\n</think>\n\nChecking both.\n{READ}\n{WEATHER}", False),
@@ -146,21 +128,15 @@ def qwen3_bases() -> list[tuple[str, bool]]:
     ]
 
 
-QWEN3_CLOSERS = ("</tool_call>", "</think>", "<tool_call>", "}")
-
-
-def qwen3_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder"])
-    if op == "truncate":
-        return cut_after(text, "<tool_call>", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice(QWEN3_CLOSERS), rng)
-    if op == "space":
-        return space_after(text, r"</?(tool_call|think)>|[{,:]", rng)
+qwen3_mutate = mutator(
+    "<tool_call>",
+    ("</tool_call>", "</think>", "<tool_call>", "}"),
+    r"</?(tool_call|think)>|[{,:]",
     # The keys in another order.
-    return text.replace(
+    lambda text, rng: text.replace(
         READ_OBJECT, '{"arguments": {"line": 3, "path": "src/a.py"}, "name": "read_file"}'
-    )
+    ),
+)
 
 
 def hermes_blocks(text: str) -> list[str]:
@@ -247,7 +223,6 @@ FAMILY = Family(
     mutants(qwen3_bases(), qwen3_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "vllm_embedded_tool_call_promoted_from_reasoning": ["Finish"],
     "vllm_existing_content_preserved_after_promotion": ["Finish"],

@@ -8,14 +8,15 @@ import json
 import random
 from typing import Any
 
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
+    GET_WEATHER,
+    READ_FILE,
     Case,
     Difference,
     Family,
-    drop_one,
     json_object,
     mutants,
-    space_after,
+    mutator,
     tool,
 )
 
@@ -26,8 +27,8 @@ LLAMA3_TOOLS = [
     tool("getOpenIncidentsTool", {}),
     tool("searchTool", {"query": {"type": "string"}, "limit": {"type": "integer"}}),
     tool("complexTool", {"level1": {"type": "object"}}),
-    tool("read_file", {"path": {"type": "string"}, "line": {"type": "integer"}}),
-    tool("get_weather", {"city": {"type": "string"}}),
+    READ_FILE,
+    GET_WEATHER,
     tool("list_dir", {}),
 ]
 
@@ -121,20 +122,22 @@ def llama3_bases() -> list[tuple[str, bool]]:
     ]
 
 
-def llama3_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "prose"])
-    if op == "truncate":
-        return text[: rng.randrange(1, len(text))]
-    if op == "drop":
-        return drop_one(text, rng.choice(["}", '"', ";", TAG]), rng)
-    if op == "space":
-        return space_after(text, r"[{,:;]|\|>", rng)
-    if op == "reorder":
-        return text.replace('"path": "src/a.py", "line": 3', '"line": 3, "path": "src/a.py"')
-    # Text before or after the calls, or a separator after the last.
+def prose(text: str, rng: random.Random) -> str:
+    """Text before or after the calls, or a separator after the last."""
     if rng.random() < 0.5:
         return rng.choice(["Sure! ", "Let me check.\n\n", "```json\n"]) + text
     return text + rng.choice([" Done.", "\n\nI'll wait.", "\n```", ";"])
+
+
+llama3_mutate = mutator(
+    "",  # cut anywhere: the output is the call list
+    ["}", '"', ";", TAG],
+    r"[{,:;]|\|>",
+    reorder=lambda text, rng: text.replace(
+        '"path": "src/a.py", "line": 3', '"line": 3, "path": "src/a.py"'
+    ),
+    other=prose,
+)
 
 
 def llama3_objects(text: str) -> tuple[list[Any], str]:
@@ -212,7 +215,6 @@ FAMILY = Family(
     mutants(llama3_bases(), llama3_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "python_tag_call": ["read_file"],
     "arguments_for_parameters": ["read_file"],

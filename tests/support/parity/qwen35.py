@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import random
 
-from tests.titoflow.tito.parity import Case, Family, drop_one, mutants, tool
-from tests.titoflow.tito.parity.qwen3_coder import (
+from tests.support.parity import (
+    Case,
+    Family,
+    drop_one,
+    mutants,
+    recovery_cases,
+    tool,
+)
+from tests.support.parity.qwen3_coder import (
     CODER_DIFFERENCES,
     CODER_MALFORMED,
     CODER_TOOLS,
@@ -22,35 +29,11 @@ from tests.titoflow.tito.parity.qwen3_coder import (
 
 QWEN35_TOOLS = [*CODER_TOOLS, tool("Finish", {"answer": {"type": "string"}})]
 
-# vLLM tests/reasoning/test_qwen3_tool_call_recovery.py, commit
-# 50e9a157fa59b72ad3b91662dce21f15711a6762 (issue 39056: Qwen3.5 writing its XML call inside
-# <think>), model outputs verbatim.
 RECOVERY_BLOCK = (
     "<tool_call>\n<function=Finish>\n<parameter=answer>\n204\n</parameter>\n</function>\n"
     "</tool_call>"
 )
-RECOVERY_VLLM = [
-    Case(
-        "vllm_embedded_tool_call_promoted_from_reasoning",
-        "<think>The verification confirms my solution:\n- s = 2.5 km/h\n- t = 24 minutes\n"
-        "- Total time at speed 3 km/h = 204 minutes\n\n" + RECOVERY_BLOCK + "\n</think>",
-    ),
-    Case(
-        "vllm_existing_content_preserved_after_promotion",
-        "<think>verify result\n" + RECOVERY_BLOCK + "</think>Here is the answer.",
-    ),
-    Case(
-        "vllm_promoted_tool_call_parseable_trailing_text",
-        "<think>verify result\n" + RECOVERY_BLOCK + "</think>assistant trailing text",
-    ),
-    # Cut off before </think> with no <think> written: the prompt opened it.
-    Case("vllm_truncated_reasoning_recovers_tool_call", "verify result\n" + RECOVERY_BLOCK, True),
-    Case(
-        "vllm_normal_reasoning_unchanged",
-        "<think>Let me think about this carefully.\nThe answer is 42.</think>The answer is 42.",
-    ),
-    Case("vllm_post_think_content_preserved", "<think>some reasoning</think>plain response text"),
-]
+RECOVERY_VLLM = recovery_cases(RECOVERY_BLOCK, full=True)
 
 # What a Qwen3.5 model writes after the reasoning its prompt opened (the template's own
 # layout: the reasoning, "\n</think>\n\n", then the answer).
@@ -82,7 +65,6 @@ QWEN35_MALFORMED = [
 
 
 def qwen35_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     return [
         *((REASONED + text, True) for text, _ in coder_bases()),
         (f"Both.\n{EDIT}\n{RECOVERY_BLOCK}\n</think>", True),
@@ -110,7 +92,6 @@ FAMILY = Family(
     mutants(qwen35_bases(), qwen35_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "coder_bare_function": ["edit"],
     "coder_bare_function_stray_closer": ["edit"],

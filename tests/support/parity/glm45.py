@@ -12,17 +12,7 @@ from __future__ import annotations
 import random
 import re
 
-from tests.titoflow.tito.parity import (
-    Call,
-    Case,
-    Difference,
-    Family,
-    cut_after,
-    drop_one,
-    mutants,
-    space_after,
-    tool,
-)
+from tests.support.parity import Call, Case, Difference, Family, mutants, mutator, swapping, tool
 
 STRING = {"type": "string"}
 GLM_TOOLS = [
@@ -177,7 +167,6 @@ GLM_MALFORMED = [
 
 
 def glm_bases() -> list[tuple[str, bool]]:
-    """Well-formed outputs to mutate: (text, reasoning_open)."""
     return [
         (f"\n<think>Read it first.</think>\n{READ}", False),
         (f"\n<think>Both.</think>\nLet me check.\n{READ}\n{BEIJING}", False),
@@ -186,28 +175,23 @@ def glm_bases() -> list[tuple[str, bool]]:
     ]
 
 
-def glm_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space", "reorder", "late_think"])
-    if op == "truncate":
-        return cut_after(text, "<tool_call>", rng)
-    if op == "drop":
-        closers = ["</tool_call>", "</arg_value>", "</arg_key>", "</think>", "<tool_call>"]
-        return drop_one(text, rng.choice(closers), rng)
-    if op == "space":
-        return space_after(text, r"</?(tool_call|arg_key|arg_value|think)>", rng)
-    if op == "reorder":
-        pairs = re.findall(r"\s*<arg_key>[^<]*</arg_key>\s*<arg_value>[^<]*</arg_value>", text)
-        if len(pairs) < 2:
-            return text
-        first, second = rng.sample(pairs, 2)
-        return text.replace(first, "\0").replace(second, first).replace("\0", second)
-    # The reasoning closed after the calls rather than before them.
+def late_think(text: str, rng: random.Random) -> str:
+    """The reasoning closed after the calls rather than before them."""
     last = text.rfind("</tool_call>")
     if last < 0 or "</think>" not in text[:last]:
         return text
     text = text.replace("</think>", "", 1)
     end = last - len("</think>") + len("</tool_call>")
     return text[:end] + "</think>" + text[end:]
+
+
+glm_mutate = mutator(
+    "<tool_call>",
+    ["</tool_call>", "</arg_value>", "</arg_key>", "</think>", "<tool_call>"],
+    r"</?(tool_call|arg_key|arg_value|think)>",
+    reorder=swapping(r"\s*<arg_key>[^<]*</arg_key>\s*<arg_value>[^<]*</arg_value>"),
+    other=late_think,
+)
 
 
 def glm_blocks(text: str) -> list[str]:
@@ -256,7 +240,7 @@ def glm_merged(text: str, calls: list[Call]) -> bool:
 
 DECLARED = {tool_["function"]["name"] for tool_ in GLM_TOOLS}
 
-GLM_DIFFERENCES = (  # the first that applies names the case: the specific first
+GLM_DIFFERENCES = (
     Difference(
         "cut_off_call",
         "the output ends inside a call (in a tag, a key or a value): vLLM extracts it with the "
@@ -315,7 +299,6 @@ FAMILY = Family(
     mutants(glm_bases(), glm_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error (the bugs of issue 37).
 READS = {
     "call_before_think_close": ["read_file"],
     "call_before_think_close_then_text": ["read_file"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import re
 
-from tests.titoflow.tito.parity import Case, Difference, Family, cut_after, drop_one, mutants, tool
+from tests.support.parity import Case, Difference, Family, cut_after, drop_one, mutants, tool
 
 STRING = {"type": "string"}
 LLAMA4_TOOLS = [
@@ -128,7 +128,6 @@ FAMILY = Family(
     mutants(llama4_bases(), llama4_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error.
 READS = {
     "json_literals": ["run"],
     "negative_number": ["calc"],

@@ -7,18 +7,15 @@ single tokens as in Seed-OSS's vocabulary."""
 
 from __future__ import annotations
 
-import random
-import re
-
-from tests.titoflow.tito.parity import (
+from tests.support.parity import (
     Case,
     Difference,
     Family,
-    cut_after,
-    drop_one,
+    cut_inside_a_tag,
     mutants,
+    mutator,
+    parameter_given_twice,
     parameters_lost,
-    space_after,
     tool,
 )
 
@@ -92,16 +89,11 @@ SEED_MALFORMED = [
     Case("python_literal_object", TURN.replace('{"A": "1"}', "{'A': '1', 'B': None}")),
 ]
 
-CLOSERS = ("</parameter>", "</function>", "</seed:tool_call>", "</seed:think>")
-
-
-def seed_mutate(text: str, rng: random.Random) -> str:
-    op = rng.choice(["truncate", "drop", "space"])
-    if op == "truncate":
-        return cut_after(text, "<seed:tool_call>", rng)
-    if op == "drop":
-        return drop_one(text, rng.choice(CLOSERS), rng)
-    return space_after(text, r"</?(seed:tool_call|function|parameter)[^>]*>", rng)
+seed_mutate = mutator(
+    "<seed:tool_call>",
+    ("</parameter>", "</function>", "</seed:tool_call>", "</seed:think>"),
+    r"</?(seed:tool_call|function|parameter)[^>]*>",
+)
 
 
 def seed_bases() -> list[tuple[str, bool]]:
@@ -109,12 +101,8 @@ def seed_bases() -> list[tuple[str, bool]]:
     return [(TURN, False), (two, False), (RUN, False)]
 
 
-SEED_DIFFERENCES = (  # the first that applies names the case: the specific first
-    Difference(
-        "parameter_given_twice",
-        "vLLM keeps the last value of a parameter written twice; titoflow does not guess which",
-        lambda text, calls: "<parameter=command>x</parameter>" in text,
-    ),
+SEED_DIFFERENCES = (
+    parameter_given_twice(lambda text, calls: "<parameter=command>x</parameter>" in text),
     Difference(
         "value_end_unknown",
         "a parameter with no known end (cut off in its name or value, or its value running "
@@ -122,12 +110,7 @@ SEED_DIFFERENCES = (  # the first that applies names the case: the specific firs
         "refuses rather than call with an argument missing or guessed",
         lambda text, calls: parameters_lost(text, calls) or text.rstrip().endswith(("cat", "ls")),
     ),
-    Difference(
-        "cut_inside_a_tag",
-        "the output ends inside a tag ('<', '</fu'): vLLM drops the partial tag and calls the "
-        "tool; titoflow refuses, the model having been cut off writing more of the call",
-        lambda text, calls: re.search(r"<[^>]*$", text) is not None,
-    ),
+    cut_inside_a_tag("'<', '</fu'"),
     Difference(
         "next_block_merged",
         "a block whose </function> is missing, followed by another block: vLLM reads the next "
@@ -161,7 +144,6 @@ FAMILY = Family(
     mutants(seed_bases(), seed_mutate, 80),
 )
 
-# The outputs these models commonly write that are calls, without error.
 READS = {
     "call_before_think_close": ["run"],
     "no_think_block": ["run"],
