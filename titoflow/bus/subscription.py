@@ -18,7 +18,6 @@ what is unfinished then is abandoned (uncommitted: the next owner re-reads it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -134,8 +133,7 @@ class BatchSubscription:
         in_hand: asyncio.Task[None] | None = None
         try:
             while not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), POLL_TIMEOUT_MS / 1000)
+                await asyncio.wait({stopping}, timeout=POLL_TIMEOUT_MS / 1000)
                 if tick is not None and not self._stop.is_set():
                     in_hand = asyncio.create_task(self._tick_unless_busy(tick))
                     await asyncio.wait({in_hand, stopping}, return_when=asyncio.FIRST_COMPLETED)
