@@ -70,6 +70,14 @@ class FamilyUnderTest:
             self.tokenizer().apply_chat_template(dicts, tools=tools, tokenize=False, **kwargs)
         )
 
+    def written_after_user(self, turn: Message, end: str) -> str:
+        """What the template writes for ``turn`` after its prompt for ``[USER]``, up to ``end``
+        (for a template whose user turn ends with the assistant's opening, as DeepSeek's)."""
+        prompt = self.render([USER])
+        full = self.render([USER, turn])
+        assert full.startswith(prompt)
+        return full[len(prompt) :].removesuffix(end)
+
     def parse(
         self, text: str, reasoning_open: bool | None = None, family: Family | None = None
     ) -> ParsedOutput:

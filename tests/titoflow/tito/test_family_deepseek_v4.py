@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 import pytest
 
@@ -34,14 +33,10 @@ tokenizer, token_id, render = UNDER_TEST.tokenizer, UNDER_TEST.token_id, UNDER_T
 parse, constraint = UNDER_TEST.parse, UNDER_TEST.constraint
 
 
-def written(turn: Message, **kwargs: Any) -> str:
-    """What the model writes for ``turn`` after the prompt for ``[USER]``, up to its end token
-    (the template writes no generation prompt: the user turn ends with the assistant's
-    opening)."""
-    prompt = render([USER], **kwargs)
-    full = render([USER, turn], **kwargs)
-    assert full.startswith(prompt)
-    return full[len(prompt) :].removesuffix(EOS)
+def written(turn: Message) -> str:
+    """What the model writes for ``turn`` (the template writes no generation prompt: the user
+    turn ends with the assistant's opening), up to its end token."""
+    return UNDER_TEST.written_after_user(turn, EOS)
 
 
 def test_the_directory_serves_the_template_detected_as_this_family_only() -> None:
