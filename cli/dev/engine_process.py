@@ -30,6 +30,9 @@ ENGINE_ENV = {
     # No usage-statistics phone-home from an offline machine.
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
+    # With `--distributed-executor-backend uni` (vllm_argv): the model runs in the engine core
+    # process; CPU vLLM swaps uni back to a worker process of its own unless this is 0.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 
 # torchvision (the registry's wheel, installed apart by scripts/setup-engine.sh so the shared
@@ -147,6 +150,10 @@ def vllm_argv(settings: Settings, port: int, *, eager: bool = False) -> list[str
         *routing,
         *remote_code,
         *vision,
+        # One worker: it runs in the engine core instead of a third process that imports torch
+        # and vLLM again and pins its threads to one core (docs/engine.md "Cost on this machine").
+        "--distributed-executor-backend",
+        "uni",
         *(["--enforce-eager"] if eager else []),
     ]
 

@@ -48,7 +48,7 @@ def engine_for_tests(
 class EngineLine:
     """Engines for a known order of takes, the next ones starting while the current one serves.
 
-    An engine's start is mostly three Python processes importing vLLM one after another (about
+    An engine's start is mostly two Python processes importing vLLM one after another (about
     one core), while a test on the engine before it mostly waits on that engine: with ``ahead``
     starts in flight, the starts overlap the tests. ``order`` lists the takes in the order the
     tests make them; a name taken by several tests is started once and stopped when its last
