@@ -16,6 +16,7 @@ Without ``--topic`` it publishes nothing: a plain pass-through, the HTTP hop alo
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -37,7 +38,7 @@ class FloorProxy:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send, self._start, self._stop)
             return
         body = await read_body(receive)
         if scope["path"] != "/v1/chat/completions":
@@ -51,19 +52,32 @@ class FloorProxy:
             await self.publisher.publish(self.topic, session, response.body + body[-400:])
         await answer(send, 200, response.body)
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                if self.topic is not None:
-                    await create_topics(self.settings, {self.topic: 1})
-                    await self.publisher.start()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.publisher.stop()
-                await self.http.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _start(self) -> None:
+        if self.topic is not None:
+            await create_topics(self.settings, {self.topic: 1})
+            await self.publisher.start()
+
+    async def _stop(self) -> None:
+        await self.publisher.stop()
+        await self.http.close()
+
+
+async def lifespan(
+    receive: Any,
+    send: Any,
+    startup: Callable[[], Awaitable[None]],
+    shutdown: Callable[[], Awaitable[None]],
+) -> None:
+    """ASGI's lifespan: ``startup`` before the server takes requests, ``shutdown`` as it stops."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await startup()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 async def read_body(receive: Any) -> bytearray:

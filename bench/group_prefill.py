@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import random
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,10 +30,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness import command_line, write_results
+from bench.harness import command_line, started_processes, write_results
 from cli.dev.broker import start_tansu
 from cli.dev.engine_process import start_vllm
-from cli.dev.procs import ManagedProcess
 from cli.dev.stack import start_ingress
 from titoflow.settings import Settings
 
@@ -139,37 +137,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="groups per routing")
     args = parser.parse_args()
     settings = Settings(model_path=args.model)
-    started: list[ManagedProcess] = []
-    with tempfile.TemporaryDirectory(prefix="titoflow-bench-") as tmp:
-        log_dir = Path(tmp)
-        try:
-            engines = [u.strip().rstrip("/") for u in args.engine_urls.split(",") if u.strip()]
-            for index in range(len(engines), 2):
-                engine_logs = log_dir / f"engine-{index}"
-                engine_logs.mkdir()
-                proc, url = start_vllm(settings, log_dir=engine_logs)
-                started.append(proc)
-                engines.append(url)
-            broker, bootstrap = start_tansu(log_dir)
-            started.append(broker)
-            ingresses: dict[str, str] = {}
-            for name, by_instance in ROUTINGS.items():
-                replica = settings.model_copy(
-                    update={
-                        "bootstrap_servers": bootstrap,
-                        "engine_url": engines[0],
-                        "engine_urls": ",".join(engines[1:]),
-                        "topic_prefix": f"bench-{uuid.uuid4().hex[:8]}",
-                        "engine_group_routing": by_instance,
-                    }
-                )
-                proc, url = start_ingress(replica, log_dir, f"ingress-{name}")
-                started.append(proc)
-                ingresses[name] = url
-            runs = asyncio.run(measure(ingresses, engines, args))
-        finally:
-            for proc in reversed(started):
-                proc.stop()
+    with started_processes("titoflow-bench-") as (log_dir, started):
+        engines = [u.strip().rstrip("/") for u in args.engine_urls.split(",") if u.strip()]
+        for index in range(len(engines), 2):
+            engine_logs = log_dir / f"engine-{index}"
+            engine_logs.mkdir()
+            proc, url = start_vllm(settings, log_dir=engine_logs)
+            started.append(proc)
+            engines.append(url)
+        broker, bootstrap = start_tansu(log_dir)
+        started.append(broker)
+        ingresses: dict[str, str] = {}
+        for name, by_instance in ROUTINGS.items():
+            replica = settings.model_copy(
+                update={
+                    "bootstrap_servers": bootstrap,
+                    "engine_url": engines[0],
+                    "engine_urls": ",".join(engines[1:]),
+                    "topic_prefix": f"bench-{uuid.uuid4().hex[:8]}",
+                    "engine_group_routing": by_instance,
+                }
+            )
+            proc, url = start_ingress(replica, log_dir, f"ingress-{name}")
+            started.append(proc)
+            ingresses[name] = url
+        runs = asyncio.run(measure(ingresses, engines, args))
     summary = {
         name: {
             key: statistics.median(r[key] for r in results)

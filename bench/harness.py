@@ -12,7 +12,10 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +119,19 @@ def command_line() -> str:
     """The command as run: ``.venv/bin/python -m bench.<name> ARGS`` (``sys.argv[0]`` is the
     module's file)."""
     return " ".join([".venv/bin/python", "-m", f"bench.{Path(sys.argv[0]).stem}", *sys.argv[1:]])
+
+
+@contextmanager
+def started_processes(prefix: str) -> Iterator[tuple[Path, list[ManagedProcess]]]:
+    """A log directory for the processes a benchmark starts and the list it adds them to: they
+    are stopped, the last started first, and the directory removed, however the run ends."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        started: list[ManagedProcess] = []
+        try:
+            yield Path(tmp), started
+        finally:
+            for proc in reversed(started):
+                proc.stop()
 
 
 def wait_http(proc: ManagedProcess, url: str, timeout_s: float = 120) -> None:

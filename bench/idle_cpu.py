@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import signal
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from bench.harness import group_cpu_seconds, start_double
+from bench.harness import group_cpu_seconds, start_double, started_processes
 from bench.overhead import profile
 from cli.dev.broker import start_tansu
-from cli.dev.procs import ManagedProcess
 from cli.dev.stack import start_ingress
 from titoflow.settings import Settings
 
@@ -34,43 +32,37 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = Settings()
-    with tempfile.TemporaryDirectory(prefix="titoflow-idle-") as tmp:
-        log_dir = Path(tmp)
-        started: list[ManagedProcess] = []
-        try:
-            broker, bootstrap = start_tansu(log_dir)
-            started.append(broker)
-            double, engine_url = start_double(log_dir, settings.model_path)
-            started.append(double)
-            run = settings.model_copy(
-                update={
-                    "bootstrap_servers": bootstrap,
-                    "engine_url": engine_url,
-                    "topic_prefix": f"idle-{uuid.uuid4().hex[:8]}",
-                }
-            )
-            ingresses = {"this": start_ingress(run, log_dir)[0]}
-            started.append(ingresses["this"])
-            if args.against:
-                other = start_ingress(run, log_dir, "ingress-against", code=args.against)[0]
-                ingresses["against"] = other
-                started.append(other)
-            time.sleep(args.settle)
-            before = {name: group_cpu_seconds(p.pid) for name, p in ingresses.items()}
-            broker_before = group_cpu_seconds(broker.pid)
-            spy = profile(ingresses["this"], args.profile) if args.profile else None
-            time.sleep(args.seconds)
-            if spy:
-                spy.send_signal(signal.SIGINT)
-                spy.wait()
-            for name, proc in ingresses.items():
-                spent = group_cpu_seconds(proc.pid) - before[name]
-                print(f"{name}: {1000 * spent / args.seconds:.1f} ms of CPU a second, idle")
-            broker_spent = group_cpu_seconds(broker.pid) - broker_before
-            print(f"tansu: {1000 * broker_spent / args.seconds:.1f} ms of CPU a second")
-        finally:
-            for proc in reversed(started):
-                proc.stop()
+    with started_processes("titoflow-idle-") as (log_dir, started):
+        broker, bootstrap = start_tansu(log_dir)
+        started.append(broker)
+        double, engine_url = start_double(log_dir, settings.model_path)
+        started.append(double)
+        run = settings.model_copy(
+            update={
+                "bootstrap_servers": bootstrap,
+                "engine_url": engine_url,
+                "topic_prefix": f"idle-{uuid.uuid4().hex[:8]}",
+            }
+        )
+        ingresses = {"this": start_ingress(run, log_dir)[0]}
+        started.append(ingresses["this"])
+        if args.against:
+            other = start_ingress(run, log_dir, "ingress-against", code=args.against)[0]
+            ingresses["against"] = other
+            started.append(other)
+        time.sleep(args.settle)
+        before = {name: group_cpu_seconds(p.pid) for name, p in ingresses.items()}
+        broker_before = group_cpu_seconds(broker.pid)
+        spy = profile(ingresses["this"], args.profile) if args.profile else None
+        time.sleep(args.seconds)
+        if spy:
+            spy.send_signal(signal.SIGINT)
+            spy.wait()
+        for name, proc in ingresses.items():
+            spent = group_cpu_seconds(proc.pid) - before[name]
+            print(f"{name}: {1000 * spent / args.seconds:.1f} ms of CPU a second, idle")
+        broker_spent = group_cpu_seconds(broker.pid) - broker_before
+        print(f"tansu: {1000 * broker_spent / args.seconds:.1f} ms of CPU a second")
 
 
 if __name__ == "__main__":

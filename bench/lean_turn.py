@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from bench.floor_proxy import answer, read_body, serve, stack_arguments
+from bench.floor_proxy import answer, lifespan, read_body, serve, stack_arguments
 from titoflow.bus import Publisher, create_topics
 from titoflow.engine.api import GenerateParams
 from titoflow.engine.vllm import VLLMEngine
@@ -129,7 +129,7 @@ class LeanTurn:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send, self._start, self._stop)
             return
         body = await read_body(receive)
         path: str = scope["path"]
@@ -178,18 +178,13 @@ class LeanTurn:
         }
         await answer(send, 200, orjson.dumps(reply))
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await create_topics(self.settings, {self.topic: 1})
-                await self.publisher.start()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.publisher.stop()
-                await self.engine.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _start(self) -> None:
+        await create_topics(self.settings, {self.topic: 1})
+        await self.publisher.start()
+
+    async def _stop(self) -> None:
+        await self.publisher.stop()
+        await self.engine.close()
 
 
 def main() -> None:

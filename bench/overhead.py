@@ -48,7 +48,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -68,6 +67,7 @@ from bench.harness import (
     start_floor_proxy,
     start_lean_turn,
     start_litellm,
+    started_processes,
     summary_ms,
     write_results,
 )
@@ -473,108 +473,98 @@ def main() -> None:
         args.sessions, args.turns, args.max_tokens, args.result_chars, "none" if real else None
     )
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="titoflow-bench-") as tmp:
-        log_dir = Path(tmp)
-        started: list[ManagedProcess] = []
-        try:
-            broker, bootstrap = start_tansu(log_dir)
-            started.append(broker)
-            engine_url = args.engine_url.rstrip("/")
-            if not real:
-                double, engine_url = start_double(log_dir, settings.model_path)
-                started.append(double)
-            run_id = uuid.uuid4().hex[:8]
-            ingress_settings = settings.model_copy(
-                update={
-                    "bootstrap_servers": bootstrap,
-                    "engine_url": engine_url,
-                    "topic_prefix": f"bench-{run_id}",
-                    "session_cache_size": 100_000,
-                }
+    with started_processes("titoflow-bench-") as (log_dir, started):
+        broker, bootstrap = start_tansu(log_dir)
+        started.append(broker)
+        engine_url = args.engine_url.rstrip("/")
+        if not real:
+            double, engine_url = start_double(log_dir, settings.model_path)
+            started.append(double)
+        run_id = uuid.uuid4().hex[:8]
+        ingress_settings = settings.model_copy(
+            update={
+                "bootstrap_servers": bootstrap,
+                "engine_url": engine_url,
+                "topic_prefix": f"bench-{run_id}",
+                "session_cache_size": 100_000,
+            }
+        )
+        ingress, ingress_url = start_ingress(ingress_settings, log_dir)
+        started.append(ingress)
+        tokenizer = load_tokenizer(settings.model_path)
+
+        def chat_through(base_url: str, model: str = MODEL) -> Callable[[str], Turn]:
+            def make(_: str) -> Turn:
+                url = f"{base_url}/v1/chat/completions"
+                return ChatSessions(workload, lambda s: url, model).turn
+
+            return make
+
+        def sessions_through(base_url: str) -> Callable[[str], Turn]:
+            def make(label: str) -> Turn:
+                url = f"{base_url}/sess/{label}-{{}}/v1/chat/completions"
+                return ChatSessions(workload, url.format, MODEL).turn
+
+            return make
+
+        paths = [
+            Path_(
+                "direct tokens",
+                None,
+                lambda _: TokenSessions(workload, engine_url, tokenizer).turn,
+            ),
+            Path_("titoflow", "direct tokens", sessions_through(ingress_url), ingress),
+            Path_("direct chat", None, chat_through(engine_url)),
+        ]
+        if args.against:
+            other, other_url = start_ingress(
+                ingress_settings, log_dir, "ingress-against", code=args.against
             )
-            ingress, ingress_url = start_ingress(ingress_settings, log_dir)
-            started.append(ingress)
-            tokenizer = load_tokenizer(settings.model_path)
-
-            def chat_through(base_url: str, model: str = MODEL) -> Callable[[str], Turn]:
-                def make(_: str) -> Turn:
-                    url = f"{base_url}/v1/chat/completions"
-                    return ChatSessions(workload, lambda s: url, model).turn
-
-                return make
-
-            def sessions_through(base_url: str) -> Callable[[str], Turn]:
-                def make(label: str) -> Turn:
-                    url = f"{base_url}/sess/{label}-{{}}/v1/chat/completions"
-                    return ChatSessions(workload, url.format, MODEL).turn
-
-                return make
-
-            paths = [
-                Path_(
-                    "direct tokens",
-                    None,
-                    lambda _: TokenSessions(workload, engine_url, tokenizer).turn,
-                ),
-                Path_("titoflow", "direct tokens", sessions_through(ingress_url), ingress),
-                Path_("direct chat", None, chat_through(engine_url)),
-            ]
-            if args.against:
-                other, other_url = start_ingress(
-                    ingress_settings, log_dir, "ingress-against", code=args.against
-                )
-                started.append(other)
-                paths.insert(
-                    2,
-                    Path_(AGAINST, "direct tokens", sessions_through(other_url), other),
-                )
-
-            if not real:
-                lean_topic = f"bench-{run_id}.l"
-                lean, lean_url = start_lean_turn(log_dir, engine_url, bootstrap, lean_topic)
-                started.append(lean)
-                paths.insert(2, Path_(LEAN, "direct tokens", sessions_through(lean_url), lean))
-                for name, topic in (("pass-through", None), ("floor proxy", f"bench-{run_id}.f")):
-                    proxy, proxy_url = start_floor_proxy(log_dir, engine_url, bootstrap, topic)
-                    started.append(proxy)
-                    paths.append(Path_(name, "direct chat", chat_through(proxy_url), proxy))
-            if args.no_litellm or not litellm_available():
-                print(
-                    "LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh")
-                )
-            else:
-                litellm, litellm_url = start_litellm(log_dir, engine_url, MODEL)
-                started.append(litellm)
-                paths.append(
-                    Path_("litellm", "direct chat", chat_through(litellm_url, "policy"), litellm)
-                )
-            warmup = Workload(
-                2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice
+            started.append(other)
+            paths.insert(
+                2,
+                Path_(AGAINST, "direct tokens", sessions_through(other_url), other),
             )
-            for concurrency in args.concurrency:
-                labels = [f"{run_id}-{concurrency}-{p.name.replace(' ', '-')}" for p in paths]
-                warm = [p.make(f"{label}-warm") for p, label in zip(paths, labels, strict=True)]
-                asyncio.run(drive(warm, [no_meter] * len(paths), warmup, 2))
-                spy = None
-                if args.profile:
-                    spy = profile(ingress, args.profile.with_suffix(f".{concurrency}.txt"))
-                runs = asyncio.run(
-                    drive(
-                        [p.make(label) for p, label in zip(paths, labels, strict=True)],
-                        [_meter(p.proxy, broker) for p in paths],
-                        workload,
-                        concurrency,
-                    )
+
+        if not real:
+            lean_topic = f"bench-{run_id}.l"
+            lean, lean_url = start_lean_turn(log_dir, engine_url, bootstrap, lean_topic)
+            started.append(lean)
+            paths.insert(2, Path_(LEAN, "direct tokens", sessions_through(lean_url), lean))
+            for name, topic in (("pass-through", None), ("floor proxy", f"bench-{run_id}.f")):
+                proxy, proxy_url = start_floor_proxy(log_dir, engine_url, bootstrap, topic)
+                started.append(proxy)
+                paths.append(Path_(name, "direct chat", chat_through(proxy_url), proxy))
+        if args.no_litellm or not litellm_available():
+            print("LiteLLM skipped" + ("" if args.no_litellm else ": run scripts/setup-bench.sh"))
+        else:
+            litellm, litellm_url = start_litellm(log_dir, engine_url, MODEL)
+            started.append(litellm)
+            paths.append(
+                Path_("litellm", "direct chat", chat_through(litellm_url, "policy"), litellm)
+            )
+        warmup = Workload(2, 3, workload.max_tokens, workload.result_chars, workload.tool_choice)
+        for concurrency in args.concurrency:
+            labels = [f"{run_id}-{concurrency}-{p.name.replace(' ', '-')}" for p in paths]
+            warm = [p.make(f"{label}-warm") for p, label in zip(paths, labels, strict=True)]
+            asyncio.run(drive(warm, [no_meter] * len(paths), warmup, 2))
+            spy = None
+            if args.profile:
+                spy = profile(ingress, args.profile.with_suffix(f".{concurrency}.txt"))
+            runs = asyncio.run(
+                drive(
+                    [p.make(label) for p, label in zip(paths, labels, strict=True)],
+                    [_meter(p.proxy, broker) for p in paths],
+                    workload,
+                    concurrency,
                 )
-                if spy:
-                    spy.send_signal(signal.SIGINT)
-                    spy.wait()
-                for path, run in zip(paths, runs, strict=True):
-                    rows.append(row(engine_label, concurrency, path, run))
-                    print(rows[-1], flush=True)
-        finally:
-            for proc in reversed(started):
-                proc.stop()
+            )
+            if spy:
+                spy.send_signal(signal.SIGINT)
+                spy.wait()
+            for path, run in zip(paths, runs, strict=True):
+                rows.append(row(engine_label, concurrency, path, run))
+                print(rows[-1], flush=True)
     added(rows)
     name = args.name or ("overhead-vllm" if real else "overhead-double")
     write_results(name, command_line(), {"workload": vars(workload), "rows": rows}, table(rows))

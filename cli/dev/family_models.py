@@ -37,6 +37,7 @@ ARCHITECTURES = {
     "hermes": "LlamaForCausalLM",  # Hermes 3 is a Llama 3.1 fine-tune
     "mistral": "MistralForCausalLM",
     "mistral_v11": "MistralForCausalLM",
+    "magistral_v13": "MistralForCausalLM",  # Magistral Small 2509's text network
 }
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 128, 2, 4, 2, 32, 256
 INIT_STD = 0.2  # large on purpose: a tiny random model with small weights repeats one token

@@ -108,6 +108,8 @@ CONVERSATIONS: dict[str, list[Message]] = {
 
 
 def reference_request(messages: list[Message], tools: list[dict[str, Any]]) -> Any:
+    """The request mistral-common encodes for ``messages``: an assistant turn's reasoning as a
+    thinking chunk before its text (v13's; an encoder without one refuses it)."""
     wire = []
     for message in messages:
         entry = message.template_dict()
@@ -115,6 +117,9 @@ def reference_request(messages: list[Message], tools: list[dict[str, Any]]) -> A
             item["function"]["arguments"] = json.dumps(
                 item["function"]["arguments"], ensure_ascii=False
             )
+        if (reasoning := entry.pop("reasoning_content", None)) is not None:
+            text = [{"type": "text", "text": entry["content"]}] if entry["content"] else []
+            entry["content"] = [{"type": "thinking", "thinking": reasoning}, *text]
         wire.append(entry)
     return ChatCompletionRequest(messages=wire, tools=tools or None)
 

@@ -50,6 +50,18 @@ class GenerateParams:
     # one placeholder each and must expand them back to the same ids.
     images: tuple[EngineImage, ...] = ()
 
+    def optional_sampling(self, seed_key: str) -> dict[str, Any]:
+        """The sampling fields an engine is sent only where the request sets them: ``top_k``,
+        the seed (under the engine's ``seed_key``) and the stop strings."""
+        fields: dict[str, Any] = {}
+        if self.top_k != -1:
+            fields["top_k"] = self.top_k
+        if self.seed is not None:
+            fields[seed_key] = self.seed
+        if self.stop:
+            fields["stop"] = list(self.stop)
+        return fields
+
 
 @dataclass(frozen=True)
 class GenerationChunk:

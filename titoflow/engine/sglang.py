@@ -69,13 +69,8 @@ class SGLangEngine:
             # The ids are the record: stop strings must not be cut from the text either.
             "no_stop_trim": True,
             "skip_special_tokens": False,
+            **params.optional_sampling(seed_key="sampling_seed"),
         }
-        if params.top_k != -1:
-            sampling["top_k"] = params.top_k
-        if params.seed is not None:
-            sampling["sampling_seed"] = params.seed
-        if params.stop:
-            sampling["stop"] = list(params.stop)
         if params.structured:
             sampling["structural_tag"] = _structural_tag(params.structured)
         body: dict[str, Any] = {

@@ -97,13 +97,8 @@ class VLLMEngine:
             "top_p": params.top_p,
             "logprobs": params.top_logprobs,  # 0: just the sampled token's own logprob
             "stop_token_ids": list(params.stop_token_ids),
+            **params.optional_sampling(seed_key="seed"),
         }
-        if params.top_k != -1:
-            sampling["top_k"] = params.top_k
-        if params.seed is not None:
-            sampling["seed"] = params.seed
-        if params.stop:
-            sampling["stop"] = list(params.stop)
         if params.routed_experts_start:
             sampling["routed_experts_prompt_start"] = params.routed_experts_start
         sampling.update(params.structured or {})

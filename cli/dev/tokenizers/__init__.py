@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -37,6 +38,7 @@ SOURCES: dict[str, str] = {
     "mistral": "mistral",
     "mistral_v11": "mistral_v11",
     "magistral": "magistral",
+    "magistral_v13": "magistral_v13",
     "deepseek_v3": "deepseek_v3",
     "deepseek_v32": "deepseek_v32",
     "deepseek_v4": "deepseek_v4",
@@ -65,11 +67,24 @@ def _recipe(module: ModuleType) -> str:
     for template in templates:
         digest.update(template.name.encode() + template.read_bytes())
     digest.update(json.dumps(packages, sort_keys=True).encode())
+    # Code the recipe runs from this package's other modules is part of it.
+    for shared in _shared_modules(module):
+        digest.update(Path(shared.__file__ or "").read_bytes())
     # A recipe that builds on another family's directory (``BASE``) is stale when that one is.
     base = getattr(module, "BASE", None)
     if base is not None:
         digest.update(_recipe(source(base)).encode())
     return digest.hexdigest()
+
+
+def _shared_modules(module: ModuleType) -> list[ModuleType]:
+    """This package's other modules that ``module`` imports or imports from, by name."""
+    names = set()
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        if isinstance(name, str) and name.startswith(__name__ + ".") and name != module.__name__:
+            names.add(name)
+    return [sys.modules[name] for name in sorted(names)]
 
 
 def tokenizer_dir(family: str, root: Path = ROOT) -> Path:

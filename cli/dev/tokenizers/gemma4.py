@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.dev.tokenizers import gemma3, template_path, tokenizer_dir
-from titoflow.tito.tokenizer import load_tokenizer
+from cli.dev.tokenizers import gemma3, tokenizer_dir
+from cli.dev.tokenizers.stand_in import write_stand_in
 
 PACKAGES = gemma3.PACKAGES
 STAND_IN = (
@@ -45,6 +45,4 @@ BASE = "gemma3"
 
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_dir(BASE))
-    tokenizer.chat_template = template_path(TEMPLATE).read_text()
-    tokenizer.save_pretrained(dest)
+    write_stand_in(dest, tokenizer_dir(BASE), TEMPLATE)

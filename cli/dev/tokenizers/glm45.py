@@ -7,7 +7,13 @@ GLM-4.5 writes ``tc.arguments``), cross-checked against GLM-4.5-Air's template a
 GGUF converter embeds it and against sgl-project/sglang's reformatted copy. ``glm47.jinja``
 (tests only: GLM-4.7 writes the same tags without newlines, opens ``<think>`` in the generation
 prompt and has ``clear_thinking``) is GLM-4.7's template as a public Dart package
-(``llm_model_templates``, GlmPromptFormatter) quotes it, not checked against zai-org's file.
+(``llm_model_templates``, GlmPromptFormatter) quotes it, not checked against zai-org's file; it
+is GLM-5's too, as the ``renderers`` package's ``GLM5Renderer`` (a third party's Python mirror of
+GLM-5's template) writes it, token for token on the corpus. ``glm51.jinja`` (tests only) is
+titoflow's own GLM-5.1 template: ``glm47.jinja`` with two edits that ``GLM51Renderer`` makes
+(the tools unwrapped from ``{"type": "function"}`` without ``strict``/``defer_loading``; an empty
+``<think></think>`` in an answer after the last user message, thinking on), held equal to it
+(tests/titoflow/tito/test_template_glm5.py).
 
 The tokenizer is a STAND-IN: GLM-4.5's ``tokenizer.json`` (20 MB) is in no PyPI or npm package
 and in no public repository the search tool can bring here. What is real: the 36 special tokens

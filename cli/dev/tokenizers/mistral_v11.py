@@ -72,12 +72,17 @@ def tekken_v11() -> dict[str, Any]:
 
 
 def write(dest: Path) -> None:
+    write_converted(dest, tekken_v11(), TEMPLATE)
+
+
+def write_converted(dest: Path, tekken: dict[str, Any], template_name: str) -> None:
+    """The tekken file ``tekken`` converted to a tokenizer directory with the template."""
     from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
 
-    template = template_path(TEMPLATE).read_text()
+    template = template_path(template_name).read_text()
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "tekken.json"
-        path.write_text(json.dumps(tekken_v11(), ensure_ascii=False))
+        path.write_text(json.dumps(tekken, ensure_ascii=False))
         tokenizer = convert_tekken_tokenizer(str(path), chat_template=template)
     tokenizer.save_pretrained(str(dest))
     # As the mistral recipe: vLLM's transformers may not know transformers 5's class name.

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken
-
-from cli.dev.tokenizers import template_path, tokenizer_dir
-from titoflow.tito.tokenizer import load_tokenizer
+from cli.dev.tokenizers import tokenizer_dir
+from cli.dev.tokenizers.stand_in import write_stand_in
 
 PACKAGES = ("mistral-common", "transformers", "tokenizers")
 STAND_IN = (
@@ -50,11 +48,5 @@ BASE = "mistral"
 
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_dir(BASE))
-    tokenizer.add_special_tokens(
-        {"eos_token": END, "additional_special_tokens": [START]},
-        replace_extra_special_tokens=False,
-    )
-    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
-    tokenizer.chat_template = template_path(TEMPLATE).read_text()
-    tokenizer.save_pretrained(dest)
+    specials = {"eos_token": END, "additional_special_tokens": [START]}
+    write_stand_in(dest, tokenizer_dir(BASE), TEMPLATE, specials, MARKERS)

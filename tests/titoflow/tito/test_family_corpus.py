@@ -193,6 +193,7 @@ CALL_ENDS_REASONING = frozenset(
         "seed_oss",
         "gemma4",
         "magistral",
+        "magistral_v13",
         "deepseek_v4",
     }
 )

@@ -62,8 +62,8 @@ def test_the_directory_is_mistral_v11s_but_the_template() -> None:
 
 def test_detection() -> None:
     assert detect_family(TEMPLATE) is MAGISTRAL
-    # The v11 templates that write no reasoning stay mistral_v11, and so do v13's, with or
-    # without [THINK] (another format: not this family).
+    # The v11 templates that write no reasoning stay mistral_v11, and so does v13's without
+    # thinking (v13's with [THINK] is magistral_v13: another format, not this family).
     for template in (
         generated_template("v11"),
         template_path(v11_recipe.SMALL_3_2_TEMPLATE).read_text(),

@@ -36,7 +36,7 @@ import pytest
 import renderers
 from miles_tito_tokenizers import get_tito_tokenizer
 
-from cli.dev.tokenizers import tokenizer_dir
+from cli.dev.tokenizers import template_path, tokenizer_dir
 from tests.support.corpus import Conversation
 from tests.support.family_corpus import (
     CORPUS,
@@ -94,8 +94,9 @@ def explained(differences: tuple[Difference, ...], seen: Seen) -> list[str]:
     return used if text == seen.theirs else []
 
 
-# What renders a message list for an oracle: a renderer (renderers) or a TITO tokenizer (miles).
-Build = Callable[[ChatRenderer, Conversation], Any]
+# What renders a message list for an oracle: a renderer (renderers) or a TITO tokenizer (miles),
+# given the pair's key (its template where it names one, else its family).
+Build = Callable[[ChatRenderer, Conversation, str], Any]
 Dicts = list[dict[str, Any]]
 
 
@@ -115,6 +116,12 @@ class Pair:
     oracle: Oracle
     family: str
     differences: tuple[Difference, ...] = ()
+    # Another template of the family than its directory's (cli/dev/tokenizers/templates/NAME.jinja)
+    template: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.template or self.family
 
 
 # --- renderers ---------------------------------------------------------------------------------
@@ -147,6 +154,16 @@ RENDERER_CONFIGS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "nemotron3": lambda kw: renderers.Nemotron3RendererConfig(
         enable_thinking=kw.get("enable_thinking", True), thinking_retention="all"
     ),
+    # GLM-4.7's template is GLM-5's (renderers' glm-5 renders GLM-4.7-Flash and GLM-5); GLM-5.1's
+    # is titoflow's (tests/titoflow/tito/test_template_glm5.py). GLM-5.1's at renderers' default
+    # retention (what clear_thinking implies): its template rewrites the last answer's think block
+    # at a user query, and so renderers re-renders there.
+    "glm47": lambda kw: renderers.GLM5RendererConfig(
+        enable_thinking=kw.get("enable_thinking", True), thinking_retention="all"
+    ),
+    "glm51": lambda kw: renderers.GLM51RendererConfig(
+        enable_thinking=kw.get("enable_thinking", True)
+    ),
     # MiniMax-M2's default system prompt (renderers' default is M2.5's).
     "minimax_m2": lambda kw: renderers.MiniMaxM2RendererConfig(
         model_identity="You are a helpful assistant.", thinking_retention="all"
@@ -154,9 +171,9 @@ RENDERER_CONFIGS: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
-def _renderer(renderer: ChatRenderer, conversation: Conversation) -> Any:
+def _renderer(renderer: ChatRenderer, conversation: Conversation, key: str) -> Any:
     kwargs = template_kwargs(renderer.family, conversation)
-    config = RENDERER_CONFIGS[renderer.family.name](kwargs)
+    config = RENDERER_CONFIGS[key](kwargs)
     return renderers.create_renderer(renderer.tokenizer, config)
 
 
@@ -234,7 +251,7 @@ def miles_encoded_tokenizer(family: str) -> Any:
     return load_tokenizer(checkpoint)
 
 
-def _miles(renderer: ChatRenderer, conversation: Conversation) -> Any:
+def _miles(renderer: ChatRenderer, conversation: Conversation, key: str) -> Any:
     kwargs = template_kwargs(renderer.family, conversation)
     name = renderer.family.name
     kind = MILES_TYPES[name]
@@ -349,6 +366,23 @@ PAIRS = [
                 change=glm_calls_joined,
             ),
         ),
+    ),
+    Pair(RENDERERS, "glm45", template="glm47"),
+    Pair(
+        RENDERERS,
+        "glm45",
+        (
+            Difference(
+                "bridge_declined",
+                "with thinking on, renderers' GLM-5.1 bridge re-renders at a user query (the "
+                "tool_cycle retention its clear_thinking implies: it calls GLM-5.1 with thinking "
+                "on not prefix-stable, the template rewriting the previous answer's think "
+                "block); titoflow renders that prompt in full too (think_block_moved)",
+                kinds=("tito",),
+                refused="declined to extend",
+            ),
+        ),
+        template="glm51",
     ),
     Pair(
         RENDERERS,
@@ -603,6 +637,18 @@ class Tally:
     undeclared: list[str] = field(default_factory=list)
 
 
+@functools.cache
+def pair_renderer(pair: Pair) -> ChatRenderer:
+    """The family's renderer, with the pair's template where it names one."""
+    if not pair.template:
+        return renderer_of(pair.family)
+    tokenizer = load_tokenizer(tokenizer_dir(pair.family))
+    tokenizer.chat_template = template_path(f"{pair.template}.jinja").read_text()
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.family.name == pair.family, "detection picks the family of its template"
+    return renderer
+
+
 def judge(renderer: ChatRenderer, dicts: Dicts, conversation: Conversation) -> list[int]:
     """The template's own render of the prompt, through transformers."""
     text = renderer.tokenizer.apply_chat_template(
@@ -631,7 +677,7 @@ def comparisons(
     """(kind, titoflow's ids, the oracle's or None, its refusal, the messages, the previous
     prompt and output a TITO prompt extends) per comparison."""
     conversation = in_family_ids(renderer.family, conversation)
-    oracle = pair.oracle.build(renderer, conversation)
+    oracle = pair.oracle.build(renderer, conversation, pair.key)
     tools = list(conversation.tools) or None
     kwargs = template_kwargs(renderer.family, conversation)
     previous: tuple[list[int], list[int], Dicts] | None = None
@@ -652,7 +698,7 @@ def comparisons(
 
 
 def compare(pair: Pair, perturb: Callable[[list[int]], list[int]] | None = None) -> Tally:
-    renderer = renderer_of(pair.family)
+    renderer = pair_renderer(pair)
     decode = renderer.tokenizer.decode
     tally = Tally()
     for conversation in CORPUS:
@@ -684,7 +730,9 @@ def compare(pair: Pair, perturb: Callable[[list[int]], list[int]] | None = None)
     return tally
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p.oracle.name}-{p.family}")
+@pytest.mark.parametrize(
+    "pair", PAIRS, ids=lambda p: "-".join(filter(None, (p.oracle.name, p.family, p.template)))
+)
 def test_prompts_equal_the_oracles_or_the_difference_is_declared(pair: Pair) -> None:
     tally = compare(pair)
     counts = tally.counts

@@ -27,6 +27,7 @@ import pytest
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
 from cli.dev.tokenizers import SOURCES, tokenizer_dir
+from cli.dev.tokenizers import magistral_v13 as magistral_v13_recipe
 from cli.dev.tokenizers import mistral as mistral_recipe
 from cli.dev.tokenizers import mistral_v11 as mistral_v11_recipe
 from tests.support.engine_env import run_in_engine
@@ -132,12 +133,17 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
             (path / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
         made[name] = path
-    # The v11 family's directory beside its v11 tekken file (Small 3.2's shape).
-    path = tmp_path_factory.mktemp("mistral_v11_checkpoint")
-    shutil.copytree(tokenizer_dir("mistral_v11"), path, dirs_exist_ok=True)
-    (path / TEKKEN).write_text(json.dumps(mistral_v11_recipe.tekken_v11(), ensure_ascii=False))
-    (path / "config.json").write_text((made["mistral_checkpoint"] / "config.json").read_text())
-    made["mistral_v11_checkpoint"] = path
+    # The v11 family's directory beside its v11 tekken file (Small 3.2's shape), and the v13
+    # one's beside its v13 file (Magistral Small 2507's).
+    for family, tekken_of in [
+        ("mistral_v11", mistral_v11_recipe.tekken_v11),
+        ("magistral_v13", magistral_v13_recipe.tekken_v13),
+    ]:
+        path = tmp_path_factory.mktemp(f"{family}_checkpoint")
+        shutil.copytree(tokenizer_dir(family), path, dirs_exist_ok=True)
+        (path / TEKKEN).write_text(json.dumps(tekken_of(), ensure_ascii=False))
+        (path / "config.json").write_text((made["mistral_checkpoint"] / "config.json").read_text())
+        made[f"{family}_checkpoint"] = path
     return made
 
 
@@ -188,7 +194,13 @@ def spells_a_control_token(tokenizer: Any, text: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "checkpoint", ["mistral_checkpoint", "mistral_generic_regex", "mistral_v11_checkpoint"]
+    "checkpoint",
+    [
+        "mistral_checkpoint",
+        "mistral_generic_regex",
+        "mistral_v11_checkpoint",
+        "magistral_v13_checkpoint",
+    ],
 )
 def test_mistral_ids_equal_vllms_mistral_mode(
     checkpoint: str, checkpoints: dict[str, Path], engine_ids: Any
@@ -228,13 +240,15 @@ def test_the_generic_regex_is_what_vllms_hf_mode_serves(engine_ids: Any) -> None
     assert modes_differ(generic) == [QUOTED_WORDS, SPELLS_CONTROL_TOKENS]
 
 
-@pytest.mark.parametrize("checkpoint", ["mistral_checkpoint", "mistral_v11_checkpoint"])
+@pytest.mark.parametrize(
+    "checkpoint", ["mistral_checkpoint", "mistral_v11_checkpoint", "magistral_v13_checkpoint"]
+)
 def test_mistral_prompts_equal_vllms_mistral_mode(
     checkpoint: str, checkpoints: dict[str, Path], engine_ids: Any
 ) -> None:
     """Rendered and encoded by titoflow, as mistral-common encodes the request in vLLM's
-    Mistral mode (v7, and v11 for the v11 family), but for the messages that spell a control
-    token (declared, as above)."""
+    Mistral mode (v7, v11 for the v11 family, v13 for Magistral's), but for the messages that
+    spell a control token (declared, as above)."""
     tokenizer = load_tokenizer(checkpoints[checkpoint])
     renderer = ChatRenderer(tokenizer)
     differ = [

@@ -21,6 +21,7 @@ from titoflow.tito.families.kimi_k2 import KIMI_K2
 from titoflow.tito.families.llama3 import LLAMA3
 from titoflow.tito.families.llama4 import LLAMA4
 from titoflow.tito.families.magistral import MAGISTRAL
+from titoflow.tito.families.magistral_v13 import MAGISTRAL_V13
 from titoflow.tito.families.minimax_m2 import MINIMAX_M2
 from titoflow.tito.families.mistral import MISTRAL
 from titoflow.tito.families.mistral_v11 import MISTRAL_V11
@@ -37,6 +38,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN3,
     KIMI_K2,
     MAGISTRAL,  # mistral_v11's markers and a template that writes reasoning: before it
+    MAGISTRAL_V13,  # mistral_v11's markers and a template that writes [THINK]: before it
     MISTRAL_V11,
     MISTRAL,
     DEEPSEEK_V3,

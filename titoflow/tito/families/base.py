@@ -11,6 +11,7 @@ definition per family (the registry in :mod:`titoflow.tito.families`).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,18 @@ def tool_call_id(step_id: str, index: int, prefix: str = "call_") -> str:
 
 class MalformedCall(ValueError):
     """A tool-call block that does not parse; the message says why."""
+
+
+def parse_json_object(text: str, not_object: str, where: str = "") -> dict[str, Any]:
+    """``text`` as one JSON object, else :class:`MalformedCall`: ``where`` then "invalid JSON"
+    with the decoder's position, or ``not_object`` when the JSON is no object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MalformedCall(f"{where}invalid JSON: {exc.msg} at char {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise MalformedCall(where + not_object)
+    return value
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ joined by blank lines.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -38,6 +37,7 @@ from titoflow.tito.families.base import (
     MalformedCall,
     ParserOptions,
     TokenLookup,
+    parse_json_object,
 )
 from titoflow.tito.families.tagged import TaggedParser, Tags
 from titoflow.tito.output import OutputDelta, OutputParser, ParsedOutput
@@ -60,12 +60,7 @@ def parse_call(inner: str) -> tuple[str, str]:
         raise MalformedCall(f"no {TOOL_SEP} after the name")
     if not name or name != name.strip():
         raise MalformedCall(f"bad tool name {name!r}")
-    try:
-        value = json.loads(arguments)
-    except json.JSONDecodeError as exc:
-        raise MalformedCall(f"invalid JSON: {exc.msg} at char {exc.pos}") from None
-    if not isinstance(value, dict):
-        raise MalformedCall("arguments are not a JSON object")
+    parse_json_object(arguments, "arguments are not a JSON object")
     return name, arguments
 
 

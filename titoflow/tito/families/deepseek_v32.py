@@ -144,20 +144,16 @@ def invoke_grammar(
     """``\\n<｜DSML｜invoke name="NAME">\\n`` + parameters + ``\\n</｜DSML｜invoke>``: xgrammar's
     ``deepseek_xml`` arguments (each value raw or JSON, as its ``string`` attribute says); the
     markers as ``write`` gives them (V3.2: text; V4: ``｜DSML｜`` by its id)."""
-    bodies = []
-    for name, parameters in functions:
-        if not name or any(c in name for c in '<>"') or any(c.isspace() for c in name):
-            raise ValueError(f'tool name {name!r} cannot be written as {INVOKE_OPEN}"NAME">')
-        bodies.append(
-            g.sequence(
-                [
-                    *write(f'\n{INVOKE_OPEN}"{name}">\n'),
-                    g.arguments(parameters, "deepseek_xml"),
-                    *write(INVOKE_CLOSE),
-                ]
-            )
-        )
-    return g.one_of(bodies)
+    return g.any_call(
+        functions,
+        f'{INVOKE_OPEN}"NAME">',
+        '<>"',
+        lambda name, parameters: [
+            *write(f'\n{INVOKE_OPEN}"{name}">\n'),
+            g.arguments(parameters, "deepseek_xml"),
+            *write(INVOKE_CLOSE),
+        ],
+    )
 
 
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:

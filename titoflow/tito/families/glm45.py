@@ -1,4 +1,5 @@
-"""GLM-4.5 / GLM-4.6 (and GLM-4.7, which writes the same tags without the newlines):
+"""GLM-4.5 / GLM-4.6 (and GLM-4.7, GLM-5 and GLM-5.1, which write the same tags without the
+newlines):
 ``[gMASK]<sop>`` once, turns opened by ``<|system|>``, ``<|user|>``, ``<|assistant|>`` and
 ``<|observation|>`` (the tool results), ``<think>…</think>`` reasoning, and each tool call as
 ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>`` with
@@ -11,9 +12,13 @@ only when the next message comes, so the token that ends a chain is also the fir
 next message's rendering; the renderer matches them (docs/models.md).
 
 History: the template keeps the reasoning of assistant turns after the last user message and
-writes ``<think></think>`` in its place for every turn before it, strips content and reasoning,
-and re-serializes tool-call arguments (``tojson``: ``", "`` and ``": "`` separators, non-ASCII
-kept); the chain keeps what was sampled.
+writes ``<think></think>`` in its place for every turn before it (GLM-4.7 and GLM-5: ``</think>``,
+also for a turn after it without reasoning), strips content and reasoning, and re-serializes
+tool-call arguments (``tojson``: ``", "`` and ``": "`` separators, non-ASCII kept); the chain keeps
+what was sampled. GLM-5.1's template, thinking on, writes the last answer after the last user
+message with an empty ``<think></think>`` and every earlier one with ``</think>``: a new user
+message rewrites the previous answer's think block, so that prompt is rendered in full
+(``think_block_moved``).
 """
 
 from __future__ import annotations
@@ -196,7 +201,7 @@ def _is_glm45(template: str) -> bool:
 
 GLM45 = Family(
     name="glm45",
-    summary="GLM-4.5/4.6/4.7: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>",
+    summary="GLM-4.5/4.6/4.7/5/5.1: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>",
     detect=_is_glm45,
     parser=_parser,
     # Each call carries its own leading newline (optional): no separator between calls.
@@ -210,8 +215,10 @@ GLM45 = Family(
     history=(
         "keeps reasoning only in assistant turns after the last user message (<think></think> "
         "before it), strips content and reasoning, re-serializes non-string arguments with "
-        "tojson; with enable_thinking=false appends /nothink to every user message"
+        "tojson; with enable_thinking=false appends /nothink to every user message (GLM-4.7, "
+        "GLM-5: </think> in place of a dropped or empty think block; GLM-5.1, thinking on: an "
+        "empty <think></think> in the last answer after the last user message only)"
     ),
-    divergences=("reasoning_dropped", "turn_end_mismatch"),
+    divergences=("reasoning_dropped", "turn_end_mismatch", "think_block_moved"),
     tools_stand_in=True,
 )

@@ -25,7 +25,6 @@ reads it). The model stops at its first ``<|call|>``, so a turn holds at most on
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from titoflow.tito.families.base import (
     MalformedCall,
     ParserOptions,
     TokenLookup,
+    parse_json_object,
 )
 from titoflow.tito.families.incremental import IncrementalParser, partial_marker
 from titoflow.tito.output import (
@@ -91,13 +91,7 @@ def parse_header(text: str) -> Header | None:
 
 def parse_arguments(body: str) -> dict[str, Any]:
     """A call's body: one JSON object (the format's ``json`` content type)."""
-    try:
-        arguments = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise MalformedCall(f"invalid JSON: {exc.msg} at char {exc.pos}") from None
-    if not isinstance(arguments, dict):
-        raise MalformedCall("the arguments are not a JSON object")
-    return arguments
+    return parse_json_object(body, "the arguments are not a JSON object")
 
 
 class _Kind(Enum):
@@ -268,24 +262,19 @@ def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any
     the model was trained to write (the engine's stop on ``<|call|>`` ends it). A forced call
     starts with it, as other families' forced calls start without reasoning: a free analysis
     message before it would end only when the model chose to write ``<|end|>``."""
-    bodies = []
-    for name, parameters in functions:
-        if not name or "<" in name or any(c.isspace() for c in name):
-            raise ValueError(f"tool name {name!r} cannot be written as to=functions.NAME")
-        bodies.append(
-            g.sequence(
-                [
-                    g.text(name + " "),
-                    g.literal(CONSTRAIN, token_id),
-                    g.text("json"),
-                    g.literal(MESSAGE, token_id),
-                    g.arguments(parameters, "json"),
-                ]
-            )
-        )
-    return g.sequence(
-        [g.literal(CHANNEL, token_id), g.text("commentary to=" + FUNCTIONS), g.one_of(bodies)]
+    calls = g.any_call(
+        functions,
+        "to=functions.NAME",
+        "<",
+        lambda name, parameters: [
+            g.text(name + " "),
+            g.literal(CONSTRAIN, token_id),
+            g.text("json"),
+            g.literal(MESSAGE, token_id),
+            g.arguments(parameters, "json"),
+        ],
     )
+    return g.sequence([g.literal(CHANNEL, token_id), g.text("commentary to=" + FUNCTIONS), calls])
 
 
 def _is_gpt_oss(template: str) -> bool:

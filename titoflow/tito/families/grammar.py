@@ -18,7 +18,7 @@ never does. Facts and timings: docs/engine.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from titoflow.tito.families.base import Family, Function, TokenLookup
@@ -109,6 +109,23 @@ def function_of(tool: dict[str, Any]) -> Function:
     if not isinstance(parameters, (dict, bool)):
         raise ValueError(f"tool {function['name']!r}: parameters must be a JSON schema")
     return function["name"], parameters
+
+
+def any_call(
+    functions: Sequence[Function],
+    form: str,
+    delimiters: str,
+    call: Callable[[str, dict[str, Any] | bool], list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A call of one of ``functions``, as ``call(name, parameters)`` writes it; a name that a
+    call written as ``form`` cannot carry (empty, or holding whitespace or one of the format's
+    ``delimiters``) is refused (ValueError)."""
+    bodies = []
+    for name, parameters in functions:
+        if not name or any(c.isspace() or c in delimiters for c in name):
+            raise ValueError(f"tool name {name!r} cannot be written as {form}")
+        bodies.append(sequence(call(name, parameters)))
+    return one_of(bodies)
 
 
 def text(value: str) -> dict[str, Any]:

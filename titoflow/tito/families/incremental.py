@@ -69,6 +69,18 @@ class IncrementalParser:
         self._calls.append(call)
         self._out.append(ToolCallDone(index, call))
 
+    def _open_reasoning(self, opener: str, final: bool) -> bool | None:
+        """Whether the output opens with ``opener`` (leading whitespace aside): if so it is
+        consumed and the turn is thinking; None while the text so far could still become it."""
+        opening = self._buf.lstrip()
+        if opening.startswith(opener):
+            self._buf = opening[len(opener) :]
+            self._thinking = True
+            return True
+        if not final and opener.startswith(opening):  # nothing yet, or "<thi": undecided
+            return None
+        return False
+
     def _take(self) -> list[OutputDelta]:
         out, self._out = self._out, []
         return out

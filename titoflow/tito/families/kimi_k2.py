@@ -42,7 +42,6 @@ directory renders.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from enum import Enum, auto
@@ -56,6 +55,7 @@ from titoflow.tito.families.base import (
     MalformedCall,
     ParserOptions,
     TokenLookup,
+    parse_json_object,
 )
 from titoflow.tito.families.incremental import IncrementalParser, partial_marker
 from titoflow.tito.families.kimi_tools import tools_ts_str
@@ -110,14 +110,9 @@ def parse_section(inner: str) -> list[tuple[str, str, dict[str, Any]]]:
         if matched is None:
             raise MalformedCall(f"call {len(calls)}: id {call_id[:40]!r} is not functions.NAME:IDX")
         raw = inner[middle + len(ARGUMENT_BEGIN) : end]
-        try:
-            arguments = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise MalformedCall(
-                f"call {len(calls)}: invalid JSON: {exc.msg} at char {exc.pos}"
-            ) from None
-        if not isinstance(arguments, dict):
-            raise MalformedCall(f"call {len(calls)}: arguments are not a JSON object")
+        arguments = parse_json_object(
+            raw, "arguments are not a JSON object", f"call {len(calls)}: "
+        )
         calls.append((call_id, matched.group(1), arguments))
         at = end + len(CALL_END)
     if not calls:
@@ -166,15 +161,10 @@ class KimiParser(IncrementalParser):
                 return self._section(final)
 
     def _start(self, final: bool) -> bool:
-        opening = self._buf.lstrip()
-        if opening.startswith(THINK_OPEN):
-            self._buf = opening[len(THINK_OPEN) :]
-            self._thinking = True
-            self._state = _State.REASONING
-            return True
-        if not final and THINK_OPEN.startswith(opening):  # nothing yet, or "<thi": undecided
+        opened = self._open_reasoning(THINK_OPEN, final)
+        if opened is None:
             return False
-        self._state = _State.CONTENT
+        self._state = _State.REASONING if opened else _State.CONTENT
         return True
 
     def _markers(self, *markers: str) -> list[str]:
@@ -292,23 +282,18 @@ def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any
     IDX is the model's own count of calls in the conversation, which the grammar cannot know:
     any short number is admitted.
     """
-    bodies = []
-    for name, parameters in functions:
-        if not name or any(c.isspace() for c in name):
-            raise ValueError(f"tool name {name!r} cannot be written as functions.NAME:IDX")
-        bodies.append(
-            g.sequence(
-                [
-                    g.text(f"functions.{name}:"),
-                    {"type": "regex", "pattern": _INDEX_PATTERN},
-                    g.literal(ARGUMENT_BEGIN, token_id),
-                    g.arguments(parameters, "json"),
-                ]
-            )
-        )
-    return g.sequence(
-        [g.literal(CALL_BEGIN, token_id), g.one_of(bodies), g.literal(CALL_END, token_id)]
+    calls = g.any_call(
+        functions,
+        "functions.NAME:IDX",
+        "",
+        lambda name, parameters: [
+            g.text(f"functions.{name}:"),
+            {"type": "regex", "pattern": _INDEX_PATTERN},
+            g.literal(ARGUMENT_BEGIN, token_id),
+            g.arguments(parameters, "json"),
+        ],
     )
+    return g.sequence([g.literal(CALL_BEGIN, token_id), calls, g.literal(CALL_END, token_id)])
 
 
 def _template_variables(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ closing the reasoning and what follows it content). Reasoning and content are ke
 written (the template renders them so); the control tokens a special-token-skipping decoding
 drops are dropped from both. Magistral Small 2509 (tokenizer v13: ``[THINK]``/``[/THINK]``
 control tokens, calls and results without ids, the tools before the first user message) is
-another format, not this family.
+another format, the ``magistral_v13`` family, whose parser is this one with v13's markers.
 
 Invariants: ``mistral_v11``'s (the result depends on the whole text only, never its chunking; a
 malformed call run goes back as text exactly as generated, with ``parse_error``); inside the
@@ -38,13 +38,17 @@ _WRITES_REASONING = "'<think>' ~ block['thinking']"
 
 
 class MagistralParser(MistralV11Parser):
-    """A leading ``<think>`` block as reasoning, then ``mistral_v11``'s content and calls."""
+    """A leading ``<think>`` block as reasoning, then ``mistral_v11``'s content and calls
+    (``opener``/``closer``: the block's markers, v13's ``[THINK]`` tokens in its subclass)."""
+
+    opener = THINK_OPEN
+    closer = THINK_CLOSE
 
     def __init__(self, options: ParserOptions) -> None:
         super().__init__(options)
         self._started = False  # past the point where the output could still open reasoning
         self._late_close = False  # a call ended the reasoning: its </think> may follow the calls
-        self._ends = [THINK_CLOSE, TOOL_CALLS] if self._parse_tools else [THINK_CLOSE]
+        self._ends = [self.closer, TOOL_CALLS] if self._parse_tools else [self.closer]
 
     def _advance(self, final: bool) -> None:
         if not self._started and not self._open(final):
@@ -56,11 +60,11 @@ class MagistralParser(MistralV11Parser):
     def _open(self, final: bool) -> bool:
         """Whether the output's start is decided (reasoning opened or not)."""
         opening = self._buf.lstrip()
-        if opening.startswith(THINK_OPEN):
-            self._buf = opening[len(THINK_OPEN) :]
+        if opening.startswith(self.opener):
+            self._buf = opening[len(self.opener) :]
             self._thinking = self._started = True
             return True
-        if not final and THINK_OPEN.startswith(opening):
+        if not final and self.opener.startswith(opening):
             return False  # nothing yet, or "<thi"
         self._started = True
         return True
@@ -71,8 +75,8 @@ class MagistralParser(MistralV11Parser):
         if found:
             end, marker = min(found)
             self._emit_reasoning(self._buf[:end])
-            if marker == THINK_CLOSE:
-                self._buf = self._buf[end + len(THINK_CLOSE) :]
+            if marker == self.closer:
+                self._buf = self._buf[end + len(self.closer) :]
             else:
                 self._buf = self._buf[end:]  # the calls' marker, read as content next
                 self._late_close = True
@@ -91,7 +95,7 @@ class MagistralParser(MistralV11Parser):
             self._out.append(ReasoningDelta(text))
 
     def _close_calls(self) -> None:
-        calls, closer, after = self._buf.partition(THINK_CLOSE)
+        calls, closer, after = self._buf.partition(self.closer)
         if self._late_close and closer and self._reads(calls):
             # The model closed its reasoning after the calls it opened inside it.
             self._buf = calls

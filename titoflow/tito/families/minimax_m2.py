@@ -85,20 +85,16 @@ def _parser(options: ParserOptions) -> OutputParser:
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
     """``<invoke name="NAME">\\n<parameter name="K">V</parameter>\\n…</invoke>\\n``: string
     values raw, other values JSON (xgrammar's "minimax_xml" style)."""
-    bodies = []
-    for name, parameters in functions:
-        if not name or any(c in name for c in '<>"') or any(c.isspace() for c in name):
-            raise ValueError(f'tool name {name!r} cannot be written as <invoke name="NAME">')
-        bodies.append(
-            g.sequence(
-                [
-                    g.text(f"<invoke name={json.dumps(name, ensure_ascii=False)}>\n"),
-                    g.arguments(parameters, "minimax_xml"),
-                    g.text(INVOKE_CLOSE + "\n"),
-                ]
-            )
-        )
-    return g.one_of(bodies)
+    return g.any_call(
+        functions,
+        '<invoke name="NAME">',
+        '<>"',
+        lambda name, parameters: [
+            g.text(f"<invoke name={json.dumps(name, ensure_ascii=False)}>\n"),
+            g.arguments(parameters, "minimax_xml"),
+            g.text(INVOKE_CLOSE + "\n"),
+        ],
+    )
 
 
 def _is_minimax_m2(template: str) -> bool:

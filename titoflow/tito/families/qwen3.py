@@ -36,6 +36,7 @@ from titoflow.tito.families.base import (
     MalformedCall,
     ParserOptions,
     TokenLookup,
+    parse_json_object,
 )
 from titoflow.tito.families.tagged import BlockParser, TaggedParser, Tags, one_call
 from titoflow.tito.output import OutputParser
@@ -48,12 +49,7 @@ _JSON_CALL_KEYS = frozenset({"name", "arguments"})
 
 def _parse_json_call(inner: str) -> tuple[str, dict[str, Any]]:
     """Qwen3/Hermes: ``{"name": ..., "arguments": {...}}``."""
-    try:
-        payload = json.loads(inner)
-    except json.JSONDecodeError as exc:
-        raise MalformedCall(f"invalid JSON: {exc.msg} at char {exc.pos}") from None
-    if not isinstance(payload, dict):
-        raise MalformedCall("not a JSON object")
+    payload = parse_json_object(inner, "not a JSON object")
     name = payload.get("name")
     if not isinstance(name, str) or not name:
         raise MalformedCall('missing or non-string "name"')
@@ -240,14 +236,16 @@ def _qwen35_parser(options: ParserOptions) -> OutputParser:
     )
 
 
-def _call_block(token_id: TokenLookup, opening: str, inner: dict[str, Any], closing: str) -> Any:
+def _call_block(
+    token_id: TokenLookup, opening: str, inner: dict[str, Any], closing: str, tags: Tags = TAGS
+) -> Any:
     return g.sequence(
         [
-            g.literal(TAGS.call_open, token_id),
+            g.literal(tags.call_open, token_id),
             g.text(opening),
             inner,
             g.text(closing),
-            g.literal(TAGS.call_close, token_id),
+            g.literal(tags.call_close, token_id),
         ]
     )
 
@@ -267,17 +265,23 @@ def _hermes_call(functions: Sequence[Function], token_id: TokenLookup) -> dict[s
     return _call_block(token_id, '\n{"name": ', g.one_of(bodies), "}\n")  # type: ignore[no-any-return]
 
 
-def _xml_call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
-    """``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
+def xml_call(tags: Tags, functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+    """``\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n`` between
+    ``tags``' call markers: string values raw text, other values JSON (xgrammar's "qwen_xml"
+    style)."""
+    inner = g.any_call(
+        functions,
+        "<function=NAME>",
+        "<>=",
+        lambda name, parameters: [g.text(name + ">\n"), g.arguments(parameters, "qwen_xml")],
+    )
+    opening, closing = "\n" + FUNCTION_OPEN, FUNCTION_CLOSE + "\n"
+    return _call_block(token_id, opening, inner, closing, tags)  # type: ignore[no-any-return]
 
-    String values are raw text, other values JSON (xgrammar's "qwen_xml" style).
-    """
-    bodies = []
-    for name, parameters in functions:
-        if not name or any(c in name for c in "<>=") or any(c.isspace() for c in name):
-            raise ValueError(f"tool name {name!r} cannot be written as <function=NAME>")
-        bodies.append(g.sequence([g.text(name + ">\n"), g.arguments(parameters, "qwen_xml")]))
-    return _call_block(token_id, "\n<function=", g.one_of(bodies), "</function>\n")  # type: ignore[no-any-return]
+
+def _xml_call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
+    """``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``"""
+    return xml_call(TAGS, functions, token_id)
 
 
 def _is_qwen3(template: str) -> bool:

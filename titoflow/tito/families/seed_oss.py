@@ -31,13 +31,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from titoflow.tito.families import grammar as g
 from titoflow.tito.families.base import Family, Function, Grammar, ParserOptions, TokenLookup
 from titoflow.tito.families.qwen3 import (
     CODER_CALLS,
     FUNCTION_CLOSE,
     FUNCTION_OPEN,
     parameter_types,
+    xml_call,
 )
 from titoflow.tito.families.tagged import BlockParser, TaggedParser, Tags
 from titoflow.tito.output import OutputParser
@@ -96,20 +96,7 @@ def _parser(options: ParserOptions) -> OutputParser:
 def _call(functions: Sequence[Function], token_id: TokenLookup) -> dict[str, Any]:
     """``<seed:tool_call>\\n<function=NAME>\\n<parameter=K>V</parameter>\\n…</function>\\n
     </seed:tool_call>``: string values raw, other values JSON (xgrammar's "qwen_xml" style)."""
-    bodies = []
-    for name, parameters in functions:
-        if not name or any(c in name for c in "<>=") or any(c.isspace() for c in name):
-            raise ValueError(f"tool name {name!r} cannot be written as <function=NAME>")
-        bodies.append(g.sequence([g.text(name + ">\n"), g.arguments(parameters, "qwen_xml")]))
-    return g.sequence(
-        [
-            g.literal(TAGS.call_open, token_id),
-            g.text("\n" + FUNCTION_OPEN),
-            g.one_of(bodies),
-            g.text(FUNCTION_CLOSE + "\n"),
-            g.literal(TAGS.call_close, token_id),
-        ]
-    )
+    return xml_call(TAGS, functions, token_id)
 
 
 def _is_seed_oss(template: str) -> bool:

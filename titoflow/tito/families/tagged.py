@@ -113,16 +113,10 @@ class TaggedParser(IncrementalParser):
         return True
 
     def _start(self, final: bool) -> bool:
-        opening = self._buf.lstrip()
-        if opening.startswith(self._tags.think_open):
-            self._buf = opening[len(self._tags.think_open) :]
-            self._thinking = True
-            return self._enter(_State.REASONING)
-        if not final and self._tags.think_open.startswith(
-            opening
-        ):  # nothing yet, or "<thi": undecided
+        opened = self._open_reasoning(self._tags.think_open, final)
+        if opened is None:
             return False
-        return self._enter(_State.CONTENT)
+        return self._enter(_State.REASONING if opened else _State.CONTENT)
 
     def _reason(self, final: bool) -> bool:
         found = [(at, m) for m in self._reasoning_ends if (at := self._buf.find(m)) >= 0]
