@@ -165,7 +165,9 @@ def engine_ids(dirs: dict[str, Path], checkpoints: dict[str, Path]) -> dict[str,
             "conversations": conversations,
         },
     }
-    found: dict[str, Any] = run_in_engine(VLLM_ENCODE, request)
+    # Every family's directory and Mistral checkpoint in one process: on a machine shared with
+    # the engine tests it can outlast run_in_engine's default bound; pytest's own is 900 s.
+    found: dict[str, Any] = run_in_engine(VLLM_ENCODE, request, timeout_s=870)
     return found
 
 
