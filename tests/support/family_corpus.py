@@ -20,7 +20,7 @@ from tests.support.families import family_tokenizer
 from titoflow.errors import NotAppendOnly
 from titoflow.tito.families import FAMILIES, family_named
 from titoflow.tito.families.base import Family, ParserOptions
-from titoflow.tito.messages import Message
+from titoflow.tito.messages import Message, ToolCall
 from titoflow.tito.output import ParsedOutput
 from titoflow.tito.render import ChatRenderer
 
@@ -233,6 +233,18 @@ def parse(family: Family, text: str, tools: Sequence[Any], reasoning_open: bool)
     parser = family.parser(options)
     parser.feed(text)
     return parser.finish()[1]
+
+
+def echoed(parsed: ParsedOutput, answer: Message) -> Message:
+    """The parsed turn as a client sends it back: its content, reasoning and calls, each call
+    with the id of the ``answer``'s call it parses to (the ids the template renders)."""
+    calls = tuple(
+        ToolCall(id=original.id, name=call.name, arguments=call.arguments)
+        for original, call in zip(answer.tool_calls, parsed.tool_calls, strict=True)
+    )
+    return Message(
+        role="assistant", content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls
+    )
 
 
 def generated_text(renderer: ChatRenderer, output: list[int]) -> str:

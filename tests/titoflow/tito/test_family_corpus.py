@@ -26,6 +26,7 @@ from tests.support.corpus import PROBE, Conversation
 from tests.support.family_corpus import (
     CORPUS,
     PROVEN,
+    echoed,
     generated_text,
     in_family_ids,
     opened_reasoning,
@@ -130,13 +131,7 @@ def test_parser_reads_back_what_the_template_renders(name: str, conversation: Co
         if turn.answer.reasoning and turn.answer.reasoning.strip() in text:
             assert (parsed.reasoning or "").strip() == turn.answer.reasoning.strip(), where
         # Rendered back (with the ids the client echoes), the same tokens.
-        calls = tuple(
-            ToolCall(id=original.id, name=call.name, arguments=call.arguments)
-            for original, call in zip(turn.answer.tool_calls, parsed.tool_calls, strict=True)
-        )
-        again = Message(
-            role="assistant", content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls
-        )
+        again = echoed(parsed, turn.answer)
         assert output_ids(renderer, turn.history, again, tools, kwargs) == turn.output, where
 
 

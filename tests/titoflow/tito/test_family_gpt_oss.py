@@ -24,6 +24,7 @@ import pytest
 from cli.dev.tokenizers import tokenizer_dir
 from tests.support.corpus import ARGUMENTS, PROBE, REASONING, RESULTS, TOOLS
 from tests.support.families import family_tokenizer
+from tests.support.family_corpus import echoed
 from titoflow.tito.families import detect_family
 from titoflow.tito.families.base import ParserOptions
 from titoflow.tito.families.gpt_oss import GPT_OSS, parse_header
@@ -446,14 +447,7 @@ def test_the_template_form_parses_back_to_the_same_tokens(
         text = decode(renderer, output[:-1])
         parsed = parse(text)
         assert parsed.parse_error is None, text
-        calls = tuple(
-            ToolCall(id=original.id, name=call.name, arguments=call.arguments)
-            for original, call in zip(answer.tool_calls, parsed.tool_calls, strict=True)
-        )
-        again = Message(
-            role="assistant", content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls
-        )
-        assert template_output(renderer, again, TOOLS) == output, text
+        assert template_output(renderer, echoed(parsed, answer), TOOLS) == output, text
         # The template writes a calling turn's content as analysis: it comes back as reasoning.
         expected = answer.reasoning or (answer.content if answer.tool_calls else "") or None
         assert parsed.reasoning == expected

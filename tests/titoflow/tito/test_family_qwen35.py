@@ -12,7 +12,7 @@ from cli.dev.tokenizers import qwen35 as recipe
 from cli.dev.tokenizers import template_path, tokenizer_dir
 from tests.support.corpus import Conversation, corpus, expressible
 from tests.support.families import family_tokenizer
-from tests.support.family_corpus import generated_text, opened_reasoning, output_ids
+from tests.support.family_corpus import echoed, generated_text, opened_reasoning, output_ids
 from tests.support.family_corpus import parse as parse_corpus
 from tests.support.family_corpus import turns as corpus_turns
 from tests.support.hostile import CORPUS as HOSTILE
@@ -122,13 +122,7 @@ def test_corpus_on_the_qwen36_template(conversation: Conversation) -> None:
         assert [(c.name, c.arguments_value()) for c in parsed.tool_calls] == [
             (c.name, c.arguments_value()) for c in turn.answer.tool_calls
         ], text
-        ids = tuple(
-            c.model_copy(update={"id": a.id})
-            for c, a in zip(parsed.tool_calls, turn.answer.tool_calls, strict=True)
-        )
-        again = Message(
-            role="assistant", content=parsed.content, reasoning=parsed.reasoning, tool_calls=ids
-        )
+        again = echoed(parsed, turn.answer)
         assert output_ids(renderer, turn.history, again, tools, kwargs) == turn.output, text
         checked += 1
     assert checked == sum(m.role == "assistant" for m in conversation.messages)

@@ -29,7 +29,7 @@ from cli.dev.tokenizers import template_path, tokenizer_dir
 from tests.support.corpus import Conversation, corpus
 from tests.support.encoder_judge import Case, cases
 from tests.support.families import function_tool
-from tests.support.family_corpus import generated_text, opened_reasoning, output_ids
+from tests.support.family_corpus import echoed, generated_text, opened_reasoning, output_ids
 from tests.support.family_corpus import parse as parse_corpus
 from tests.support.family_corpus import turns as corpus_turns
 from titoflow.tito.families import FAMILIES, detect_family
@@ -169,13 +169,7 @@ def test_corpus_on_the_glm5_templates(template: str, conversation: Conversation)
         assert [(c.name, c.arguments_value()) for c in parsed.tool_calls] == [
             (c.name, c.arguments_value()) for c in turn.answer.tool_calls
         ], text
-        ids = tuple(
-            c.model_copy(update={"id": a.id})
-            for c, a in zip(parsed.tool_calls, turn.answer.tool_calls, strict=True)
-        )
-        again = Message(
-            role="assistant", content=parsed.content, reasoning=parsed.reasoning, tool_calls=ids
-        )
+        again = echoed(parsed, turn.answer)
         assert output_ids(ours, turn.history, again, tools, kwargs) == turn.output, text
         spans = rebuilder.assistant_spans(turn.prompt + turn.output)
         assert spans and spans[-1][1] == len(turn.prompt) + len(turn.output)
